@@ -1,0 +1,35 @@
+# One command each, on a fresh machine:
+#   make demo   installs everything, builds the kernel suite for cuda:90 and hip:gfx942 (no GPU needed)
+#               and shows every kernel's levels and resources
+#   make test   installs everything and runs the test suite (what CI runs, through .ci/run)
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= out
+
+.PHONY: setup demo test lint gpu-check clean
+
+setup: $(VENV)/.kstrata-installed
+
+$(VENV)/.kstrata-installed: pyproject.toml tools/setup.sh
+	tools/setup.sh $(VENV)
+
+demo: setup
+	$(BIN)/kstrata doctor
+	$(BIN)/kstrata suite build --target cuda:90 --target hip:gfx942 --cache-dir $(OUT)/suite-cache
+
+test: setup
+	$(BIN)/python -m pytest -n 2 --durations=10
+
+lint: setup
+	$(BIN)/ruff check .
+	# mypy needs the package by its name: a link `kstrata` -> the repository root
+	mkdir -p build/mypy && ln -sfn ../.. build/mypy/kstrata
+	cd build/mypy && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p kstrata.ir -p kstrata.backends -p kstrata.tools \
+	  -m kstrata.testsuite.kernels.spec -m kstrata.testsuite.kernels.run -m kstrata.testsuite.kernels.build
+
+# On a machine with an NVIDIA GPU: every suite kernel against its reference, dated results under testsuite/results/.
+gpu-check: setup
+	$(BIN)/python -m kstrata.testsuite.kernels.run --device cuda --results testsuite/results
+
+clean:
+	rm -rf $(OUT) build *.egg-info

@@ -1,0 +1,1 @@
+"""Search: planning, proposers (built-in rules and LLMs), tree search and the skill library."""

@@ -1,0 +1,1 @@
+"""Targets and their tools: discovery, rebuilds, disassembly, resource reports, launching binaries."""

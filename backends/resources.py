@@ -1,0 +1,48 @@
+"""Per-kernel resource usage, the same shape for both vendors, and the dispatch from a bundle."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kstrata.ir.bundle import KernelBundle
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """What a kernel's binary asks of the hardware, read from the binary or its metadata.
+
+    NVIDIA: `registers` per thread, `local_bytes` per thread (spills land there), `shared_bytes`
+    static shared memory in the cubin, `stack_bytes`. AMD: `registers` is the VGPR count, with SGPRs,
+    AGPRs and spill counts beside it; `shared_bytes` is LDS, `local_bytes` is private (scratch) memory.
+    Fields a vendor does not report are `None`.
+    """
+
+    vendor: str
+    registers: int
+    shared_bytes: int
+    local_bytes: int
+    stack_bytes: int | None = None
+    sgprs: int | None = None
+    agprs: int | None = None
+    vgpr_spills: int | None = None
+    sgpr_spills: int | None = None
+    wavefront_size: int | None = None
+    #: Where the numbers were read from, e.g. `cuobjdump -res-usage` or `AMDGCN metadata`.
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resource_usage(bundle: KernelBundle) -> ResourceUsage:
+    """Resource usage of `bundle`'s binary (cubin via cuobjdump, hsaco via its AMDGCN metadata)."""
+    if bundle.target.backend == "cuda":
+        from .nvidia import cubin_resource_usage
+
+        cubin = bundle.level("cubin")
+        assert isinstance(cubin, bytes)
+        return cubin_resource_usage(cubin, bundle.name)
+    from .amd import amdgcn_resource_usage
+
+    return amdgcn_resource_usage(bundle.text("amdgcn"), bundle.name)

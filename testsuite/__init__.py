@@ -1,0 +1,1 @@
+"""Our own kernels, KernelBench-format tasks and the tests of the project."""

@@ -1,0 +1,1 @@
+"""The `kstrata` command line, benchmark drivers and report rendering."""
