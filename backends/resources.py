@@ -14,7 +14,9 @@ class ResourceUsage:
 
     NVIDIA: `registers` per thread, `local_bytes` per thread (spills land there), `shared_bytes`
     static shared memory in the cubin, `stack_bytes`. AMD: `registers` is the VGPR count, with SGPRs,
-    AGPRs and spill counts beside it; `shared_bytes` is LDS, `local_bytes` is private (scratch) memory.
+    AGPRs and spill counts beside it; `shared_bytes` is the code object's static LDS (Triton passes its
+    own LDS allocation, `KernelBundle.shared`, dynamically at launch), `local_bytes` is private (scratch)
+    memory.
     Fields a vendor does not report are `None`.
     """
 

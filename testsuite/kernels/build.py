@@ -29,11 +29,17 @@ SPECIALIZATION_SEED = 0
 
 
 def specialization(kernel: SuiteKernel) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], list[list[Any]]]]:
-    """Triton signature, constexprs and attributes of `kernel`, from the arguments of the default seed."""
-    from triton.runtime.jit import mangle_type
+    """Triton signature, constexprs and attributes of `kernel`, from the arguments of the default seed.
+
+    Uses Triton's own launch-time specialization: an integer equal to 1 becomes a constexpr, pointers
+    and integers divisible by 16 get `tt.divisibility = 16`.
+    """
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
 
     args = kernel.make_args(torch.Generator().manual_seed(SPECIALIZATION_SEED))
     signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = dict(kernel.constexprs)
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for index, name in enumerate(kernel.param_names):
         if name in kernel.constexprs:
@@ -41,15 +47,13 @@ def specialization(kernel: SuiteKernel) -> tuple[dict[str, str], dict[str, Any],
             continue
         if name not in args:
             raise ValueError(f"suite kernel {kernel.name}: make_args gave no value for parameter {name!r}")
-        value = args[name]
-        signature[name] = mangle_type(value)
-        if isinstance(value, torch.Tensor):
-            aligned = value.data_ptr() % 16 == 0
-        else:
-            aligned = isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
-        if aligned:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, dict(kernel.constexprs), attrs
+        mangled, spec = native_specialize_impl(BaseBackend, args[name], False, True, True)
+        if mangled == "constexpr":
+            constexprs[name] = spec
+        elif spec:
+            attrs[(index,)] = BaseBackend.parse_attr(spec)
+        signature[name] = mangled
+    return signature, constexprs, attrs
 
 
 def compile_for(kernel: SuiteKernel, target: Target) -> Any:
@@ -136,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns.only and kernel.name not in ns.only:
             continue
         for target in targets:
+            if target.backend in kernel.unsupported_backends:
+                print(f"skip {kernel.name:32s} {target!s:12s} not supported on {target.backend}")
+                continue
             try:
                 compiled = compile_for(kernel, target)
                 print(f"ok   {kernel.name:32s} {target!s:12s} shared={compiled.metadata.shared}")

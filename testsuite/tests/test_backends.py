@@ -65,7 +65,9 @@ def test_resources_for_both_vendors(suite_cache: Path) -> None:
         assert usage.registers > 0
         if usage.vendor == "amd":
             assert usage.wavefront_size == 64 and usage.sgprs
-            assert usage.shared_bytes == b.shared  # LDS in the code object equals Triton's allocation
+            # Triton allocates LDS dynamically at launch (`shared` in its metadata); the code object's
+            # static LDS is what the kernel declares itself, never more than that.
+            assert usage.shared_bytes <= (b.shared or 0)
     assert by_vendor["nvidia"] and by_vendor["amd"]
 
 

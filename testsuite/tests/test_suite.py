@@ -16,7 +16,7 @@ from kstrata.testsuite.kernels import all_kernels
 
 REQUIRED_TAGS = {
     "softmax", "layernorm", "rmsnorm", "matmul", "fp16", "bf16", "tf32", "tf32x3", "ieee", "fp8", "batched",
-    "attention", "conv", "gather", "transpose", "dropout", "atomic", "scan", "scf.for", "scf.while", "scf.if",
+    "attention", "conv2d", "gather", "transpose", "dropout", "atomic", "scan", "scf.for", "scf.while", "scf.if",
     "masked-tail", "int8", "epilogue-fusion", "argmax",
 }
 
