@@ -102,6 +102,9 @@ class KernelBundle:
     extra_files: dict[str, bytes] = field(default_factory=dict)
     #: Things a user should know about how the bundle was loaded.
     notes: list[str] = field(default_factory=list)
+    #: The entry's parameters when no TTIR/TTGIR is at hand (e.g. a bundle patched at the assembly
+    #: level, whose upper levels were dropped after its ABI was checked unchanged).
+    declared_params: tuple[KernelParam, ...] | None = None
 
     # -- levels ---------------------------------------------------------------------------------
     def level(self, name: str) -> Artifact:
@@ -175,6 +178,8 @@ class KernelBundle:
         for level in ("ttir", "ttgir"):
             if level in self.levels:
                 return parse_entry_params(self.text(level), self.name, origin=self.origin)
+        if self.declared_params is not None:
+            return self.declared_params
         raise BundleError(f"kernel {self.name}: no TTIR or TTGIR to read the signature from", path=self.origin)
 
     @property

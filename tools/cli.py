@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import typer
 from kstrata import __version__
 from kstrata.ir.errors import KstrataError
+from kstrata.tools.cli_task import task_app
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -23,8 +24,12 @@ app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lower
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 suite_app = typer.Typer(help="The project's own kernel suite.", no_args_is_help=True)
 bundle_app = typer.Typer(help="Kernel bundles: one kernel at every level.", no_args_is_help=True)
+asm_app = typer.Typer(help="Assembly level: patches, rebuilds and reports (PTX/cubin, AMDGCN/hsaco).",
+                      no_args_is_help=True)
 app.add_typer(suite_app, name="suite")
 app.add_typer(bundle_app, name="bundle")
+app.add_typer(asm_app, name="asm")
+app.add_typer(task_app, name="task")
 
 out = Console()
 err = Console(stderr=True)
@@ -244,6 +249,136 @@ def _print_bundle(s: dict[str, Any]) -> None:
     for note in s["notes"]:
         out.print(f"  [dim]note: {note}[/]", highlight=False)
     out.print()
+
+
+# ---------------------------------------------------------------------------------------------------
+# asm
+# ---------------------------------------------------------------------------------------------------
+def _one_bundle(path: Path, kernel: str | None) -> Any:
+    from kstrata.ir.triton_layout import load_any
+
+    bundles, errors = load_any(path)
+    if errors:
+        raise errors[0]
+    if kernel:
+        bundles = [b for b in bundles if b.name == kernel]
+    if len(bundles) != 1:
+        names = ", ".join(sorted({b.name for b in bundles})) or "none"
+        _fail(f"{path}: expected one kernel, found {len(bundles)} ({names}); pass a cache entry or --kernel")
+    return bundles[0]
+
+
+@asm_app.command("rebuild")
+def asm_rebuild(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE", help="A cache or dump entry (or a root with --kernel)."),
+    level: str = typer.Option(None, "--level", help="ptx or amdgcn (default: the target's assembly level)."),
+    kernel: str = typer.Option(None, "--kernel", "-k"),
+    out_dir: Path = typer.Option(None, "--out", help="Write the rebuilt binary here."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rebuild the binary from the assembly level with Triton's options and compare it with the original."""
+    from kstrata.backends.asm import rebuild
+
+    bundle = _one_bundle(bundle_path, kernel)
+    if level and level != bundle.target.asm_level:
+        _fail(f"{bundle.target} kernels are rebuilt from {bundle.target.asm_level}, not {level}")
+    binary, report = rebuild(bundle)
+    payload = {"kernel": bundle.name, "target": str(bundle.target), **report.to_json()}
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dest = out_dir / f"{bundle.name}.{bundle.target.binary_level}"
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.write_bytes(binary)
+        tmp.replace(dest)
+        payload["written"] = str(dest)
+    if as_json:
+        _emit_json(payload)
+    else:
+        out.print(f"{bundle.name} {bundle.target}: rebuilt from {report.level}: {report.detail}", highlight=False)
+    if not report.same_code:
+        raise typer.Exit(1)
+
+
+@asm_app.command("patch")
+def asm_patch(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE", help="A cache or dump entry (or a root with --kernel)."),
+    patch_path: Path = typer.Argument(..., metavar="PATCH", help="A kstrata asm patch (.patch text or .json)."),
+    out_dir: Path = typer.Option(..., "--out", help="Directory for the patched kernel (override layout)."),
+    kernel: str = typer.Option(None, "--kernel", "-k"),
+    force: bool = typer.Option(False, "--force", help="Replace an existing, different entry in --out."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Apply PATCH strictly, rebuild the binary, check the ABI, and write the kernel to --out."""
+    from kstrata.backends.asm import patch_bundle
+    from kstrata.backends.patch import AsmPatch
+    from kstrata.ir.triton_layout import write_override
+
+    bundle = _one_bundle(bundle_path, kernel)
+    patched = patch_bundle(bundle, AsmPatch.load(patch_path))
+    levels = [bundle.target.asm_level, bundle.target.binary_level]
+    payload = patched.to_json()
+    if patched.bundle.override_key:
+        entry = write_override(patched.bundle, out_dir, levels=levels, overwrite=force)
+        payload["override_entry"] = str(entry)
+        payload["use"] = (f"TRITON_KERNEL_OVERRIDE=1 TRITON_OVERRIDE_DIR={out_dir} (with a fresh TRITON_CACHE_DIR "
+                          "or TRITON_ALWAYS_COMPILE=1)")
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for lv in levels:
+            art = patched.bundle.level(lv)
+            (out_dir / f"{bundle.name}.{lv}").write_bytes(art if isinstance(art, bytes) else art.encode())
+        payload["written"] = [str(out_dir / f"{bundle.name}.{lv}") for lv in levels]
+        payload["note"] = "override key unknown (plain cache entry): files written without a Triton override key"
+    report = out_dir / f"{bundle.name}.patch-report.json"
+    report.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    if as_json:
+        _emit_json(payload)
+        return
+    for h in patched.result.hunks:
+        out.print(f"hunk {h.index}: applied at line {h.start_line} (-{h.removed} +{h.added})", highlight=False)
+    for name, verdict in patched.checks.items():
+        out.print(f"check {name}: {verdict}", highlight=False)
+    before, after = patched.resources_before, patched.resources_after
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            out.print(f"  {key}: {before.get(key)} -> {after.get(key)}", highlight=False)
+    out.print(f"written: {payload.get('override_entry') or out_dir}", highlight=False)
+
+
+@asm_app.command("report")
+def asm_report_cmd(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE", help="A cache or dump entry (or a root with --kernel)."),
+    kernel: str = typer.Option(None, "--kernel", "-k"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Resources (registers, spills, shared/LDS, scratch, occupancy), instruction mix and ABI."""
+    from kstrata.backends.asm import asm_report
+
+    bundle = _one_bundle(bundle_path, kernel)
+    report = asm_report(bundle)
+    if as_json:
+        _emit_json(report)
+        return
+    out.print(f"[bold]{bundle.name}[/] {bundle.target}", highlight=False)
+    res = {k: v for k, v in report["resources"].items() if v is not None and k not in ("vendor", "source")}
+    out.print("  resources: " + " ".join(f"{k}={v}" for k, v in res.items()), highlight=False)
+    if "ptxas" in report:
+        p = report["ptxas"]
+        out.print(f"  ptxas: {p['registers']} registers, spill stores {p['spill_store_bytes']} B, "
+                  f"spill loads {p['spill_load_bytes']} B, stack {p['stack_frame_bytes']} B", highlight=False)
+    if "occupancy" in report:
+        o = report["occupancy"]
+        out.print(f"  occupancy: {o['warps_per_sm']} warps/SM ({o['fraction']:.0%}), limited by {o['limiter']}",
+                  highlight=False)
+    mix = report["instruction_mix"]
+    cats = " ".join(f"{k}={v}" for k, v in mix["by_category"].items())
+    out.print(f"  instructions: {mix['total']} ({cats})", highlight=False)
+    for cat, widths in mix["widths"].items():
+        if cat.startswith(("load", "store")):
+            out.print(f"    {cat} by width: " + ", ".join(f"{w}b x{n}" for w, n in widths.items()), highlight=False)
+    abi = report["abi"]
+    out.print(f"  ABI: {len(abi['params'])} params, {abi['threads_per_block']} threads/block, "
+              f"shared {abi['shared_bytes']} B", highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------------
