@@ -1,0 +1,26 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """C = A @ B for two square fp32 matrices."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(A, B)
+
+
+N = 4096
+DTYPE = torch.float32
+
+
+def get_inputs():
+    A = torch.randn(N, N, dtype=DTYPE)
+    B = torch.randn(N, N, dtype=DTYPE)
+    return [A, B]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,1 @@
+"""Level 1: single operations (GEMM, convolution, activations, norms, reductions, scans, losses)."""
