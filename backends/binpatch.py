@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from typing import Any
 from kstrata.ir.errors import KstrataError
 
 from .elf import read_elf
-from .tools import run_tool
 
 BINARY_PATCH_SCHEMA = "kstrata.binary-patch/1"
 
@@ -97,21 +95,11 @@ def _nvidia_listing(cubin: bytes) -> dict[str, dict[int, str]]:
 
 
 def _amd_listing(hsaco: bytes, arch: str) -> dict[str, dict[int, str]]:
-    """AMDGCN per section `.text`: {".text": {offset in section: instruction text}}."""
-    from .amd import find_amd_tool
+    """AMDGCN of `.text`, padding included: {".text": {offset in section: instruction text}}."""
+    from .amd import disassemble_hsaco
 
-    elf = read_elf(hsaco)
-    base = elf.section(".text").addr
-    with tempfile.NamedTemporaryFile(suffix=".hsaco") as f:
-        f.write(hsaco)
-        f.flush()
-        out = run_tool([find_amd_tool("llvm-objdump").path, "-d", f"--mcpu={arch}", "--no-show-raw-insn", f.name]).stdout
-    listing: dict[int, str] = {}
-    for line in out.splitlines():
-        m = re.match(r"\s*([0-9a-f]+):\s+(\S.*?)\s*(?://.*)?$", line)
-        if m and not line.rstrip().endswith(">:"):
-            listing[int(m.group(1), 16) - base] = " ".join(m.group(2).split())
-    return {".text": listing}
+    base = read_elf(hsaco).section(".text").addr
+    return {".text": {i.address - base: i.text for i in disassemble_hsaco(hsaco, arch, functions_only=False)}}
 
 
 def _section_listing(binary: bytes, vendor: str, arch: str, section: str) -> dict[int, str]:

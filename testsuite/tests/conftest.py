@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kstrata.ir.target import Target
 
 REFERENCE_TARGETS = ("cuda:90", "hip:gfx942")

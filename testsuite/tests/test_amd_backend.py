@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kstrata.backends import rocprof
 from kstrata.backends.amd import (
     amd_instruction_mix,

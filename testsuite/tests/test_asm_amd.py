@@ -81,3 +81,22 @@ def test_asm_cli_on_amd(hip_bundles: list[KernelBundle], tmp_path: Path) -> None
     assert patched.returncode == 0, patched.stderr
     entry = Path(json.loads(patched.stdout)["override_entry"])
     assert (entry / f"{b.name}.hsaco").exists() and "s_waitcnt vmcnt(0)" in (entry / f"{b.name}.amdgcn").read_text()
+
+
+def test_binary_patch_on_an_hsaco(hip_bundles: list[KernelBundle]) -> None:
+    from kstrata.backends.binpatch import BinaryEdit, BinaryPatch, BinaryPatchError, apply_binary_patch
+    from kstrata.backends.elf import read_elf
+
+    b = _bundle(hip_bundles, "vector_add_kernel")
+    hsaco = b.level("hsaco")
+    assert isinstance(hsaco, bytes)
+    text = read_elf(hsaco).section(".text")
+    last = text.size - 4  # the fill after s_endpgm: s_nop 0 / s_code_end words
+    old = text.data[last:last + 4]
+    new = (0xBF800001).to_bytes(4, "little")  # s_nop 1
+    patched, report = apply_binary_patch(hsaco, BinaryPatch((BinaryEdit(".text", last, old, new, "s_nop 1"),)),
+                                         "amd", "gfx942")
+    assert report[0]["after"] == "s_nop 1" and patched != hsaco
+    with pytest.raises(BinaryPatchError, match="multiples of 4"):
+        apply_binary_patch(hsaco, BinaryPatch((BinaryEdit(".text", last - 2, text.data[last - 2:last], new[:2]),)),
+                           "amd", "gfx942")

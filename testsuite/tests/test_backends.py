@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kstrata.backends.amd import amdgcn_resource_usage, find_amd_tool
 from kstrata.backends.nvidia import find_nvidia_tool
 from kstrata.backends.resources import resource_usage

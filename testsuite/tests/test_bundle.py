@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from kstrata.ir.bundle import KernelBundle, parse_entry_params
 from kstrata.ir.errors import BundleError, TargetError
 from kstrata.ir.target import Target

@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs 
 @pytest.mark.parametrize("name", ["vector_add", "softmax_online", "bmm_fp16_bt"])
 def test_original_rebuilt_and_patched_cubins_agree(name: str) -> None:
     import torch
+
     from kstrata.backends.asm import patch_bundle
     from kstrata.backends.launch import LoadedKernel
     from kstrata.backends.nvidia import rebuild_cubin

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kstrata.backends.asm import AsmCheckError, asm_report, patch_bundle, rebuild
 from kstrata.backends.binpatch import BinaryEdit, BinaryPatch, BinaryPatchError, _nvidia_listing, apply_binary_patch
 from kstrata.backends.elf import read_elf

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from kstrata.ir.triton_layout import load_cache_root
 from kstrata.testsuite.kernels import all_kernels
 

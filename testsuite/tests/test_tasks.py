@@ -13,6 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import typer
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from typer.testing import CliRunner
+
 from kstrata.agents.tasks import (
     TASK_SPEC_SCHEMA,
     FlopCounter,
@@ -27,9 +31,6 @@ from kstrata.agents.tasks import (
 )
 from kstrata.testsuite.tasks import TASKS_DIR
 from kstrata.tools.cli_task import task_app
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from typer.testing import CliRunner
 
 TASK_PATHS = find_tasks(TASKS_DIR)
 #: Tasks that only move data: no arithmetic, so zero FLOPs is the right answer.
