@@ -77,11 +77,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kstrata.ir.errors import KstrataError
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from kstrata.ir.errors import KstrataError
 
 #: The version of `TaskSpec.to_json()`'s layout; bump it when a field changes meaning or goes away.
 TASK_SPEC_SCHEMA = "kstrata.task-spec/1"

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from kstrata import __version__
-from kstrata.ir.errors import KstrataError
-from kstrata.tools.cli_task import task_app
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from kstrata import __version__
+from kstrata.ir.errors import KstrataError
+from kstrata.tools.cli_task import task_app
 
 app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lowering, and prove it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

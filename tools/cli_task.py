@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from kstrata.agents.tasks import TaskSpec, TensorSpec, ValueSpec, find_tasks, load_task
-from kstrata.ir.errors import KstrataError
 from rich.console import Console
 from rich.table import Table
+
+from kstrata.agents.tasks import TaskSpec, TensorSpec, ValueSpec, find_tasks, load_task
+from kstrata.ir.errors import KstrataError
 
 task_app = typer.Typer(help="KernelBench-format tasks: inputs, outputs, FLOPs, bytes and arithmetic intensity.",
                        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

@@ -32,6 +32,7 @@ READ_ONLY_KERNELS = (
 
 def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     import torch
+
     from kstrata.backends.asm import patch_bundle
     from kstrata.backends.launch import LoadedKernel, time_gpu
     from kstrata.backends.nvidia import compare_cubins, rebuild_cubin

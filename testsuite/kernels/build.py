@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 from kstrata.ir.target import Target
