@@ -736,6 +736,9 @@ def _descriptor_fields(kd: KernelDescriptor | None, arch: str) -> dict[str, tupl
     }
 
 
+_ACCESS_HINTS = frozenset({".actual_access"})
+
+
 def _compare_args(kernel: str, a: Sequence[KernelArg], b: Sequence[KernelArg]) -> list[MetadataDifference]:
     diffs = []
     if len(a) != len(b):
@@ -747,7 +750,10 @@ def _compare_args(kernel: str, a: Sequence[KernelArg], b: Sequence[KernelArg]) -
         ax, ay = dict(x.attributes), dict(y.attributes)
         for key in sorted(set(ax) | set(ay)):
             if ax.get(key) != ay.get(key):
-                diffs.append(MetadataDifference(kernel, f"args[{i}].{key.lstrip('.')}", "abi", ax.get(key), ay.get(key)))
+                # `.actual_access` reports what the code does with the argument (read_only, …): the
+                # runtime may use it as a hint, but the launch does not depend on it.
+                kind: DifferenceKind = "setup" if key in _ACCESS_HINTS else "abi"
+                diffs.append(MetadataDifference(kernel, f"args[{i}].{key.lstrip('.')}", kind, ax.get(key), ay.get(key)))
     for i, extra in enumerate(a[len(b):], start=len(b)):
         diffs.append(MetadataDifference(kernel, f"args[{i}]", "abi", f"{extra.value_kind}@{extra.offset}", None))
     for i, extra in enumerate(b[len(a):], start=len(a)):

@@ -288,6 +288,24 @@ def load_dump_root(path: str | os.PathLike[str]) -> tuple[list[KernelBundle], li
     return bundles, errors
 
 
+def override_keys_from_dump(dump_root: str | os.PathLike[str]) -> dict[str, str]:
+    """sha256 of each dumped binary (cubin/hsaco) -> its dump directory's name, which is Triton's override key.
+
+    A program run with `TRITON_KERNEL_DUMP=1` leaves both a cache entry (with metadata) and a dump entry
+    (keyed for overrides) per kernel; the identical binary ties the two together.
+    """
+    import hashlib
+
+    keys: dict[str, str] = {}
+    root = Path(dump_root)
+    if not root.is_dir():
+        raise BundleError("no such dump directory", path=root)
+    for entry in sorted(p for p in root.iterdir() if p.is_dir()):
+        for binary in [*entry.glob("*.cubin"), *entry.glob("*.hsaco")]:
+            keys[hashlib.sha256(binary.read_bytes()).hexdigest()] = entry.name
+    return keys
+
+
 def load_any(path: str | os.PathLike[str]) -> tuple[list[KernelBundle], list[KstrataError]]:
     """Load whatever `path` is: a cache entry, a cache root, a dump entry or a dump root."""
     p = Path(path)

@@ -31,6 +31,8 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(bundle_app, name="bundle")
 app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
+passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
+app.add_typer(passes_app, name="passes")
 
 out = Console()
 err = Console(stderr=True)
@@ -380,6 +382,112 @@ def asm_report_cmd(
     abi = report["abi"]
     out.print(f"  ABI: {len(abi['params'])} params, {abi['threads_per_block']} threads/block, "
               f"shared {abi['shared_bytes']} B", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# passes
+# ---------------------------------------------------------------------------------------------------
+@passes_app.command("list")
+def passes_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every registered pass (built-in and from the `kstrata.passes` entry-point group)."""
+    from kstrata.passes.registry import available_passes, get_pass
+
+    rows = [get_pass(name).describe() | {"source": target} for name, target in sorted(available_passes().items())]
+    if as_json:
+        _emit_json({"passes": rows})
+        return
+    table = Table(title=f"{len(rows)} passes")
+    for col in ("name", "level", "backends", "exact", "summary"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["level"], ",".join(r["backends"]), "yes" if r["tolerance"] is None else r["tolerance"],
+                      r["summary"])
+    out.print(table)
+
+
+@passes_app.command("show")
+def passes_show(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+    """A pass's level, options, soundness conditions and documentation."""
+    from kstrata.passes.registry import get_pass
+
+    info = get_pass(name).describe()
+    if as_json:
+        _emit_json(info)
+        return
+    out.print(f"[bold]{info['name']}[/]  level={info['level']}  backends={','.join(info['backends'])}  "
+              f"exact={'yes' if info['tolerance'] is None else info['tolerance']}", highlight=False)
+    for opt, meta in info["options"].items():
+        out.print(f"  option {opt}: {meta['type']} = {meta['default']!r}", highlight=False)
+    out.print()
+    out.print(info["doc"], highlight=False)
+
+
+@passes_app.command("apply")
+def passes_apply(
+    path: Path = typer.Argument(..., help="An IR file (.ttir .ttgir .llir .ptx .amdgcn) or a cache/dump entry."),
+    pipeline: str = typer.Option(..., "--pipeline", "-p"),
+    target: str = typer.Option(None, "--target", "-t", help="Target of a bare IR file (default: read from it)."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the result here instead of stdout."),
+) -> None:
+    """Run a pipeline's passes on one file and print the text of the last level it touched (no rebuild).
+
+    This is the tool the golden (FileCheck) tests drive; `run-passes` is the one that rebuilds and writes
+    overrides."""
+    from kstrata.passes.pipeline import apply_passes_only, parse_pipeline
+    from kstrata.passes.standalone import bundle_for_file
+
+    bundle = bundle_for_file(path, target)
+    text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
+    comment = ";" if level in ("llir", "amdgcn") else "//"
+    header = "".join(f"{comment} kstrata: metadata {k}={v}\n" for k, v in sorted(updates.items()))
+    text = header + text
+    if output:
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(output)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@app.command("run-passes")
+def run_passes_cmd(
+    cache_dir: Path = typer.Argument(..., help="A Triton cache root or dump directory (read only)."),
+    pipeline: str = typer.Option(..., "--pipeline", "-p", help="e.g. 'llir(noalias-args{assume=true}),ptx(cache-hints)'."),
+    out_dir: Path = typer.Option(..., "--out", help="Override directory to write (TRITON_OVERRIDE_DIR layout)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Kernels processed in parallel."),
+    dump_dir: Path = typer.Option(None, "--dump-dir", help="Triton dump directory of the same run (override keys)."),
+    kernel: str = typer.Option(None, "--kernel", "-k", help="Only entries with a file whose name contains this."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds per kernel."),
+    force: bool = typer.Option(False, "--force", help="Redo kernels already done by an earlier run."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Apply a pass pipeline to every kernel of a Triton cache and write a Triton override directory."""
+    from kstrata.passes.runner import run_passes
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json or not err.is_terminal) as progress:
+        task = progress.add_task("kernels", total=None)
+
+        def step(outcome: dict[str, Any]) -> None:
+            progress.advance(task)
+            if not as_json and outcome["status"] == "failed":
+                err.print(f"[red]FAIL[/] {outcome['name']} ({outcome['entry']}): {outcome['error']}", highlight=False)
+
+        report = run_passes(cache_dir, pipeline, out_dir, jobs=jobs, timeout=timeout, force=force, on_kernel=step,
+                            kernel_filter=kernel, dump_dir=dump_dir)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        c = report.counts()
+        out.print(f"{len(report.kernels)} kernels: {c['changed']} changed, {c['unchanged']} unchanged, "
+                  f"{c['failed']} failed in {report.seconds:.1f} s", highlight=False)
+        out.print(f"report: {out_dir / 'run-passes-report.md'}", highlight=False)
+        roots = sorted({str(Path(k["override_entry"]).parent) for k in report.kernels if k.get("override_entry")})
+        for root in roots:
+            out.print(f"use: TRITON_KERNEL_OVERRIDE=1 TRITON_OVERRIDE_DIR={root} with a fresh TRITON_CACHE_DIR "
+                      "(or TRITON_ALWAYS_COMPILE=1)", highlight=False)
+    if report.counts()["failed"]:
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------------------------------------

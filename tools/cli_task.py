@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from kstrata.agents.tasks import TaskSpec, TensorSpec, ValueSpec, find_tasks, load_task
 from kstrata.ir.errors import KstrataError
+
+if TYPE_CHECKING:  # the task module imports torch: only when a task command runs
+    from kstrata.agents.tasks import TaskSpec, TensorSpec
 
 task_app = typer.Typer(help="KernelBench-format tasks: inputs, outputs, FLOPs, bytes and arithmetic intensity.",
                        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -38,6 +40,8 @@ def task_show(
     as_json: JsonFlag = False,
 ) -> None:
     """Inputs, outputs, dtypes, parameters, FLOPs, minimum bytes and arithmetic intensity of one task."""
+    from kstrata.agents.tasks import load_task
+
     spec = load_task(task).spec
     if as_json:
         _emit_json(spec.to_json())
@@ -51,6 +55,8 @@ def task_list(
     as_json: JsonFlag = False,
 ) -> None:
     """Every task under DIRECTORY, one line each; a bad file is reported, the rest still listed (exit 1)."""
+    from kstrata.agents.tasks import find_tasks, load_task
+
     specs: list[TaskSpec] = []
     errors: list[dict[str, str]] = []
     for path in find_tasks(directory):
@@ -67,7 +73,9 @@ def task_list(
         for col in ("task", "dtypes", "inputs", "FLOPs", "min bytes", "FLOP/B"):
             table.add_column(col, justify="right" if col in ("FLOPs", "min bytes", "FLOP/B") else "left")
         for s in specs:
-            shapes = ", ".join(_shape(a) for a in s.inputs if isinstance(a, TensorSpec))
+            from kstrata.agents.tasks import TensorSpec as _TensorSpec
+
+            shapes = ", ".join(_shape(a) for a in s.inputs if isinstance(a, _TensorSpec))
             table.add_row(_relative(s.path, directory), ",".join(_short(d) for d in s.dtypes), shapes, _flops(s.flops),
                           _bytes(s.min_bytes), f"{s.arithmetic_intensity:.2f}")
         out.print(table)
@@ -84,6 +92,8 @@ def _print_spec(s: TaskSpec) -> None:
         args.add_column(col, justify="right" if col == "bytes" else "left")
     for role, items in (("init", s.init_inputs), ("input", s.inputs), ("output", s.outputs)):
         for a in items:
+            from kstrata.agents.tasks import ValueSpec
+
             if isinstance(a, ValueSpec):
                 args.add_row(role, a.name, f"= {a.value!r}", a.type, "", "", "")
             else:

@@ -1,0 +1,293 @@
+"""Pipelines: `ttir(a,b{x=1 y=2}),ttgir(c),llir(d),ptx(e),amdgcn(f)` parsed, and run on a bundle.
+
+Running a pipeline: passes run in order, each on the text of its level as the previous passes left it.
+After every pass that changed something the level's verifier runs; a pass that fails (raises, or
+leaves IR that does not verify) is reported with a reproducer directory (the IR before the pass, the
+pipeline and the pass options). After each level group that changed something, every level below it
+is rebuilt with Triton's stages, so later groups see the kernel as it now is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.ir.bundle import KernelBundle
+from kstrata.ir.errors import KstrataError
+
+from .base import PASS_LEVELS, KernelPass, PassContext, PassError
+from .registry import get_pass
+
+
+class PipelineSyntaxError(PassError):
+    """A pipeline string that cannot be read; says at which column."""
+
+    def __init__(self, spec: str, column: int, message: str) -> None:
+        self.spec = spec
+        self.column = column
+        super().__init__(f"pipeline:1:{column + 1}: {message}\n  {spec}\n  {' ' * column}^")
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    level: str
+    passes: tuple[KernelPass, ...]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    stages: tuple[PipelineStage, ...]
+
+    def spelling(self) -> str:
+        return ",".join(f"{s.level}(" + ",".join(p.spelling() for p in s.passes) + ")" for s in self.stages)
+
+    @property
+    def passes(self) -> list[tuple[str, KernelPass]]:
+        return [(s.level, p) for s in self.stages for p in s.passes]
+
+
+_NAME = re.compile(r"[A-Za-z_][\w-]*")
+_VALUE = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s{}(),]+')
+
+
+def parse_pipeline(spec: str) -> Pipeline:
+    """Parse a pipeline string; unknown levels, passes and options are errors pointing at the column."""
+    pos = 0
+    stages: list[PipelineStage] = []
+
+    def skip_ws() -> None:
+        nonlocal pos
+        while pos < len(spec) and spec[pos].isspace():
+            pos += 1
+
+    def expect(ch: str) -> None:
+        nonlocal pos
+        skip_ws()
+        if pos >= len(spec) or spec[pos] != ch:
+            got = repr(spec[pos]) if pos < len(spec) else "the end"
+            raise PipelineSyntaxError(spec, pos, f"expected {ch!r}, got {got}")
+        pos += 1
+
+    def name(what: str) -> tuple[str, int]:
+        nonlocal pos
+        skip_ws()
+        m = _NAME.match(spec, pos)
+        if not m:
+            raise PipelineSyntaxError(spec, pos, f"expected a {what}")
+        pos = m.end()
+        return m.group(0), m.start()
+
+    if not spec.strip():
+        raise PipelineSyntaxError(spec, 0, "empty pipeline")
+    last_level = -1
+    while True:
+        level, at = name("level (" + ", ".join(PASS_LEVELS) + ")")
+        if level not in PASS_LEVELS:
+            raise PipelineSyntaxError(spec, at, f"unknown level {level!r}; levels: {', '.join(PASS_LEVELS)}")
+        order = PASS_LEVELS.index(level) if level != "amdgcn" else PASS_LEVELS.index("ptx")
+        if order < last_level:
+            raise PipelineSyntaxError(spec, at, f"level {level} comes after a lower level: list levels top down")
+        last_level = order
+        expect("(")
+        passes: list[KernelPass] = []
+        skip_ws()
+        while pos < len(spec) and spec[pos] != ")":
+            pname, pat = name("pass name")
+            options: dict[str, str] = {}
+            skip_ws()
+            if pos < len(spec) and spec[pos] == "{":
+                pos += 1
+                while True:
+                    skip_ws()
+                    if pos < len(spec) and spec[pos] == "}":
+                        pos += 1
+                        break
+                    key, _ = name("option name")
+                    expect("=")
+                    skip_ws()
+                    m = _VALUE.match(spec, pos)
+                    if not m:
+                        raise PipelineSyntaxError(spec, pos, f"expected a value for option {key!r}")
+                    value = m.group(0)
+                    options[key] = json.loads(value) if value.startswith('"') else value
+                    pos = m.end()
+            try:
+                cls = get_pass(pname)
+                instance = cls.from_options(options)
+            except PassError as exc:
+                raise PipelineSyntaxError(spec, pat, exc.message) from None
+            if cls.level != level:
+                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {cls.level}, not {level}")
+            passes.append(instance)
+            skip_ws()
+            if pos < len(spec) and spec[pos] == ",":
+                pos += 1
+                skip_ws()
+        expect(")")
+        stages.append(PipelineStage(level, tuple(passes)))
+        skip_ws()
+        if pos >= len(spec):
+            break
+        expect(",")
+    return Pipeline(tuple(stages))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class PassRecord:
+    level: str
+    spelling: str
+    status: str  # "changed", "unchanged", "skipped" or "failed"
+    reason: str = ""
+    lines_added: int = 0
+    lines_removed: int = 0
+    metadata_updates: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PipelineOutcome:
+    bundle: KernelBundle
+    records: list[PassRecord]
+    #: The highest level any pass changed (the levels below it were rebuilt), or None.
+    first_changed: str | None
+    repro: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.first_changed is not None
+
+
+class PassFailure(KstrataError):
+    """A pass raised or left IR that does not verify; `repro` is the reproducer directory."""
+
+    def __init__(self, message: str, *, repro: str | None, record: PassRecord) -> None:
+        self.repro = repro
+        self.record = record
+        super().__init__(message + (f" (reproducer: {repro})" if repro else ""))
+
+
+def _diff_counts(before: str, after: str) -> tuple[int, int]:
+    added = removed = 0
+    for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0):
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return added, removed
+
+
+def _write_repro(repro_root: Path, bundle: KernelBundle, level: str, pipeline: Pipeline, kpass: KernelPass,
+                 text_before: str, error: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    d = repro_root / f"{bundle.name}-{bundle.target.backend}-{kpass.name}-{stamp}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"before.{level}").write_text(text_before)
+    (d / "pipeline.txt").write_text(pipeline.spelling() + "\n")
+    (d / "pass.json").write_text(json.dumps({"pass": kpass.name, "spelling": kpass.spelling(), "level": level,
+                                             "options": dataclasses.asdict(kpass), "kernel": bundle.name,
+                                             "target": str(bundle.target), "origin": bundle.origin}, indent=2))
+    (d / "error.txt").write_text(error)
+    return str(d)
+
+
+def run_pipeline(bundle: KernelBundle, pipeline: Pipeline, repro_root: str | Path | None = None) -> PipelineOutcome:
+    """Run `pipeline` on `bundle`; returns the new bundle (lower levels rebuilt) and a record per pass."""
+    from kstrata.backends.rebuild import rebuild_from
+
+    from .verifiers import verify_level
+
+    state = bundle
+    records: list[PassRecord] = []
+    first_changed: str | None = None
+    for stage in pipeline.stages:
+        level = stage.level
+        if level not in bundle.target.levels:
+            records += [PassRecord(level, p.spelling(), "skipped", f"{bundle.target} has no {level} level")
+                        for p in stage.passes]
+            continue
+        text = state.text(level)
+        updates: dict[str, Any] = {}
+        stage_changed = False
+        for kpass in stage.passes:
+            record = PassRecord(level, kpass.spelling(), "unchanged")
+            records.append(record)
+            start = time.perf_counter()
+            view = dataclasses.replace(state, levels={**state.levels, level: text},
+                                       metadata={**state.metadata, **updates})
+            ctx = PassContext(view, level)
+            if bundle.target.backend not in kpass.backends:
+                record.status, record.reason = "skipped", f"pass applies to {', '.join(kpass.backends)} only"
+                continue
+            why_not = kpass.precondition(ctx)
+            if why_not:
+                record.status, record.reason = "skipped", why_not
+                continue
+            try:
+                result = kpass.apply(ctx)
+                if result.text != text:
+                    verify_level(view, level, result.text)
+            except Exception as exc:
+                record.status = "failed"
+                record.reason = f"{type(exc).__name__}: {exc}"
+                record.seconds = time.perf_counter() - start
+                repro = None
+                if repro_root is not None:
+                    repro = _write_repro(Path(repro_root), bundle, level, pipeline, kpass, text,
+                                         "".join(traceback.format_exception(exc)))
+                raise PassFailure(f"kernel {bundle.name}: pass {kpass.spelling()} failed at {level}: {record.reason}",
+                                  repro=repro, record=record) from exc
+            record.seconds = time.perf_counter() - start
+            record.notes = result.notes
+            if result.text != text or result.metadata_updates:
+                record.status = "changed"
+                record.lines_added, record.lines_removed = _diff_counts(text, result.text)
+                record.metadata_updates = dict(result.metadata_updates)
+                text = result.text
+                updates.update(result.metadata_updates)
+                stage_changed = True
+        if stage_changed:
+            state = rebuild_from(state, level, text, option_overrides=updates)
+            if first_changed is None:
+                first_changed = level
+    return PipelineOutcome(state, records, first_changed)
+
+
+def apply_passes_only(bundle: KernelBundle, pipeline: Pipeline) -> tuple[str, dict[str, Any], str]:
+    """Run the pipeline's passes without rebuilding lower levels: the text of the last level touched,
+    the metadata updates the passes asked for, and that level.
+
+    Preconditions still decide (a pass that does not hold changes nothing) and the verifier still runs.
+    Used by golden tests and to look at what a pass does to one file.
+    """
+    from .verifiers import verify_level
+
+    state = bundle
+    last = pipeline.stages[-1].level
+    updates: dict[str, Any] = {}
+    for stage in pipeline.stages:
+        level = stage.level
+        for kpass in stage.passes:
+            ctx = PassContext(state, level)
+            if kpass.level == "ttgir" and "ttgir" not in state.levels and "ttir" not in state.levels:
+                raise PassError(f"pass {kpass.name} needs the kernel's TTIR")
+            if bundle.target.backend not in kpass.backends or kpass.precondition(ctx):
+                continue
+            result = kpass.apply(ctx)
+            if "ttgir" in state.levels or level != "ttgir":
+                verify_level(state, level, result.text)
+            updates.update(result.metadata_updates)
+            state = dataclasses.replace(state, levels={**state.levels, level: result.text},
+                                        metadata={**state.metadata, **result.metadata_updates})
+        last = level
+    return state.text(last), updates, last

@@ -1,0 +1,103 @@
+"""TTGIR passes that re-lower TTIR with different launch options, through Triton's own TTGIR pipeline.
+
+The number of warps and of software-pipelining stages decide a kernel's layouts, its shared-memory
+buffers and its occupancy; Triton fixes them at compile time (autotuning picks among a few). These
+passes produce the TTGIR Triton would have produced with other values, so that a search can try them
+on a compiled kernel without its Python source.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kstrata.backends.rebuild import compile_options
+
+from .base import KernelPass, PassContext, PassResult
+
+
+def relower_ttgir(ctx: PassContext, overrides: dict[str, Any]) -> str:
+    """Triton's TTIR -> TTGIR stage on the bundle's TTIR, with `overrides` applied to its options."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import Language
+    from triton.compiler.compiler import make_backend
+
+    bundle = ctx.bundle
+    backend = make_backend(bundle.target.to_triton())
+    options = backend.parse_options(compile_options(bundle, overrides))
+    stages: dict[str, Any] = {}
+    backend.add_stages(stages, options, Language.TRITON)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    with tempfile.TemporaryDirectory(prefix="kstrata-ttgir-") as tmp:
+        path = Path(tmp) / f"{bundle.name}.ttir"
+        path.write_text(bundle.text("ttir"))
+        module = ir.parse_mlir_module(str(path), context)
+        module.context = context
+        metadata: dict[str, Any] = dict(bundle.metadata)
+        return str(stages["ttgir"](module, metadata))
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class NumWarps(KernelPass):
+    """Re-lower the kernel with `n` warps per program (layouts, reductions and MMA tiling follow).
+
+    Helps when a kernel is latency bound at its current warp count (more warps hide more latency) or
+    register/occupancy bound (fewer warps, more programs per SM). Sound for every kernel: the program's
+    semantics do not depend on the warp count; Triton's lowering distributes the same tiles over more or
+    fewer threads. Launches must use the new block size (the override's metadata carries it).
+    """
+
+    name = "num-warps"
+    level = "ttgir"
+    n: int = 8
+
+    def precondition(self, ctx: PassContext) -> str | None:
+        if not _power_of_two(self.n) or self.n > 32:
+            return f"num_warps must be a power of two up to 32, not {self.n}"
+        if "ttir" not in ctx.bundle.levels:
+            return "no TTIR to re-lower"
+        if ctx.bundle.num_warps == self.n:
+            return f"the kernel already uses {self.n} warps"
+        return None
+
+    def apply(self, ctx: PassContext) -> PassResult:
+        return PassResult(relower_ttgir(ctx, {"num_warps": self.n}), {"num_warps": self.n},
+                          [f"num_warps {ctx.bundle.num_warps} -> {self.n}"])
+
+
+@dataclass(frozen=True)
+class NumStages(KernelPass):
+    """Re-lower the kernel with `n` software-pipelining stages for its loops.
+
+    Helps loops that wait on global memory (matmul K loops, attention over K/V): more stages keep more
+    loads in flight, at the cost of shared memory (which can lower occupancy or not fit). Sound for
+    every kernel: pipelining reorders loads across iterations with the waits Triton inserts. Kernels
+    without loops are unchanged.
+    """
+
+    name = "num-stages"
+    level = "ttgir"
+    n: int = 4
+
+    def precondition(self, ctx: PassContext) -> str | None:
+        if not 1 <= self.n <= 8:
+            return f"num_stages must be between 1 and 8, not {self.n}"
+        if "ttir" not in ctx.bundle.levels:
+            return "no TTIR to re-lower"
+        if "scf.for" not in ctx.bundle.text("ttir"):
+            return "the kernel has no scf.for loop to pipeline"
+        if ctx.bundle.num_stages == self.n:
+            return f"the kernel already uses {self.n} stages"
+        return None
+
+    def apply(self, ctx: PassContext) -> PassResult:
+        return PassResult(relower_ttgir(ctx, {"num_stages": self.n}), {"num_stages": self.n},
+                          [f"num_stages {ctx.bundle.num_stages} -> {self.n}"])

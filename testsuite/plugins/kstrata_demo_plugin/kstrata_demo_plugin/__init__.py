@@ -1,0 +1,1 @@
+"""A third-party kstrata pass package, installed by the plugin test."""

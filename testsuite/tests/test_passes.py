@@ -1,0 +1,285 @@
+"""The pass framework: registry, spelling, pipeline syntax and errors, preconditions, verification with
+reproducers, rebuilds, the entry-point plugin group, and `kstrata run-passes`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kstrata.ir.bundle import KernelBundle
+from kstrata.ir.target import Target
+from kstrata.ir.triton_layout import compile_jit, load_cache_root, update_index
+from kstrata.passes.base import KernelPass, PassContext, PassResult
+from kstrata.passes.pipeline import (
+    PassFailure,
+    Pipeline,
+    PipelineStage,
+    PipelineSyntaxError,
+    parse_pipeline,
+    run_pipeline,
+)
+from kstrata.passes.registry import BUILTIN_PASSES, available_passes, get_pass
+from kstrata.passes.runner import run_passes
+from kstrata.testsuite.kernels import get_kernel
+from kstrata.testsuite.kernels.build import bundle_for, specialization
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "kstrata_demo_plugin"
+
+
+def test_registry_keys_are_pass_names_and_the_catalogue_spans_four_levels() -> None:
+    levels = set()
+    for name in BUILTIN_PASSES:
+        cls = get_pass(name)
+        assert cls.name == name
+        assert (cls.__doc__ and "Sound" in cls.__doc__) or "sound" in (cls.__doc__ or "")
+        levels.add(cls.level)
+    assert len(BUILTIN_PASSES) >= 10 and len(levels) >= 4
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_PASSES))
+def test_spelling_round_trips(name: str) -> None:
+    cls = get_pass(name)
+    default = cls()
+    fields = dataclasses.fields(cls)
+    changed = default
+    if fields:
+        f = fields[0]
+        value = {"bool": True, "int": 2, "str": "cg"}.get(str(f.type).split(" ")[0], None)
+        if value is not None and value != getattr(default, f.name):
+            changed = dataclasses.replace(default, **{f.name: value})
+    for instance in (default, changed):
+        pipeline = parse_pipeline(f"{cls.level}({instance.spelling()})")
+        assert pipeline.passes == [(cls.level, instance)]
+        assert parse_pipeline(pipeline.spelling()) == pipeline
+
+
+@pytest.mark.parametrize(("spec", "column", "message"), [
+    ("ttir(", 6, "expected ')'"),
+    ("tir(cache-hints)", 1, "unknown level 'tir'"),
+    ("ptx(no-such-pass)", 5, "unknown pass 'no-such-pass'"),
+    ("ptx(cache-hints{colour=red})", 5, "has no option 'colour'"),
+    ("ptx(max-registers{n=many})", 5, "not a valid int"),
+    ("llir(cache-hints)", 6, "works at ptx, not llir"),
+    ("ptx(cache-hints),llir(noalias-args)", 18, "comes after a lower level"),
+    ("", 1, "empty pipeline"),
+])
+def test_pipeline_errors_point_at_the_column(spec: str, column: int, message: str) -> None:
+    with pytest.raises(PipelineSyntaxError) as info:
+        parse_pipeline(spec)
+    assert f"pipeline:1:{column}:" in str(info.value) and message in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def softmax() -> KernelBundle:
+    return bundle_for(get_kernel("softmax_online"), Target.parse("cuda:90"))
+
+
+def test_precondition_that_does_not_hold_changes_nothing_and_says_why(softmax: KernelBundle) -> None:
+    outcome = run_pipeline(softmax, parse_pipeline("llir(noalias-args),ptx(ld-nc)"))
+    assert not outcome.changed and outcome.bundle.levels == softmax.levels
+    assert [r.status for r in outcome.records] == ["skipped", "skipped"]
+    assert "overlap" in outcome.records[0].reason and "overlap" in outcome.records[1].reason
+
+
+IN_PLACE_PTX = """.version 8.7
+.target sm_90a
+.address_size 64
+
+.visible .entry k(
+\t.param .u64 .ptr .global .align 1 k_param_0,
+\t.param .u32 k_param_1
+)
+.reqntid 128
+{
+\t.reg .b32 \t%r<4>;
+\t.reg .b64 \t%rd<4>;
+\tld.param.b64 \t%rd1, [k_param_0];
+\tld.param.b32 \t%r1, [k_param_1];
+\tmul.wide.s32 \t%rd2, %r1, 4;
+\tadd.s64 \t%rd3, %rd1, %rd2;
+\tld.global.b32 \t%r2, [%rd3];
+\tadd.s32 \t%r3, %r2, 1;
+\tst.global.b32 \t[%rd3], %r3;
+\tret;
+}
+"""
+
+
+def test_ld_nc_refuses_a_kernel_that_reads_what_it_writes() -> None:
+    from kstrata.passes.pipeline import apply_passes_only
+
+    in_place = KernelBundle("k", Target.parse("cuda:90"), {"ptx": IN_PLACE_PTX}, {"name": "k"})
+    pipeline = parse_pipeline("ptx(ld-nc{assume_noalias=true})")
+    why = get_pass("ld-nc")(assume_noalias=True).precondition(PassContext(in_place, "ptx"))
+    assert why == "the kernel writes through k_param_0, which it also loads from"
+    assert apply_passes_only(in_place, pipeline)[0] == IN_PLACE_PTX
+    # the same kernel writing elsewhere is accepted: the size parameter feeding both addresses does not count
+    elsewhere = IN_PLACE_PTX.replace("st.global.b32 \t[%rd3]", "st.global.b32 \t[%rd2]")
+    other = KernelBundle("k", Target.parse("cuda:90"), {"ptx": elsewhere}, {"name": "k"})
+    assert "ld.global.nc.b32" in apply_passes_only(other, pipeline)[0]
+
+
+def test_pass_on_another_backend_is_skipped(softmax: KernelBundle) -> None:
+    outcome = run_pipeline(softmax, parse_pipeline("amdgcn(nontemporal-hints)"))
+    assert outcome.records[0].status == "skipped" and "cuda:90 has no amdgcn" in outcome.records[0].reason
+
+
+def test_pipeline_rebuilds_the_levels_below(softmax: KernelBundle) -> None:
+    outcome = run_pipeline(softmax, parse_pipeline("llir(noalias-args{assume=true}),ptx(cache-hints)"))
+    assert outcome.first_changed == "llir"
+    assert [r.status for r in outcome.records] == ["changed", "changed"]
+    new = outcome.bundle
+    assert "noalias" in new.text("llir") and "ld.global.cs" in new.text("ptx")
+    assert new.level("cubin") != softmax.level("cubin")
+    assert new.text("ttgir") == softmax.text("ttgir")
+
+
+def test_option_pass_rebuilds_with_the_new_launch_options(softmax: KernelBundle) -> None:
+    outcome = run_pipeline(softmax, parse_pipeline("ttgir(num-warps{n=8})"))
+    new = outcome.bundle
+    assert new.num_warps == 8 and '"ttg.num-warps" = 8' in new.text("ttgir")
+    assert new.abi().threads_per_block == 256 and ".reqntid 256" in new.text("ptx")
+
+
+@dataclasses.dataclass(frozen=True)
+class _BreaksPtx(KernelPass):
+    """Writes PTX that does not parse (for the reproducer test)."""
+
+    name = "breaks-ptx"
+    level = "ptx"
+
+    def apply(self, ctx: PassContext) -> PassResult:
+        return PassResult(ctx.text.replace(".reqntid", ".reqntid 1,"))
+
+
+def test_failing_pass_writes_a_reproducer(softmax: KernelBundle, tmp_path: Path) -> None:
+    pipeline = Pipeline((PipelineStage("ptx", (_BreaksPtx(),)),))
+    with pytest.raises(PassFailure) as info:
+        run_pipeline(softmax, pipeline, tmp_path)
+    repro = Path(info.value.repro or "")
+    assert repro.is_dir() and (repro / "before.ptx").read_text() == softmax.text("ptx")
+    assert "breaks-ptx" in (repro / "pipeline.txt").read_text()
+    assert json.loads((repro / "pass.json").read_text())["kernel"] == softmax.name
+    assert "launch bounds changed" in (repro / "error.txt").read_text()
+
+
+def test_plugin_pass_from_an_entry_point(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(site), str(PLUGIN)], check=True, capture_output=True, timeout=300)
+    code = ("from kstrata.passes.registry import get_pass, available_passes; "
+            "from kstrata.passes.pipeline import parse_pipeline; "
+            "p = parse_pipeline('ptx(ptx-comment{text=hi})'); print(p.spelling(), available_passes()['ptx-comment'])")
+    env = {**os.environ, "PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ptx(ptx-comment{text=hi})", "kstrata_demo_plugin.passes:PtxComment"]
+    assert "ptx-comment" not in available_passes()  # not installed in this process
+
+
+# -- run-passes ------------------------------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kstrata.testsuite.kernels.build import build_suite
+
+    root = tmp_path_factory.mktemp("small-cache")
+    kernels = [get_kernel(n) for n in ("vector_add", "softmax_online", "matmul_fp16")]
+    for t in ("cuda:90", "hip:gfx942"):
+        assert not build_suite(Target.parse(t), root, kernels).errors
+    return root
+
+
+def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:
+    before = _tree(small_cache)
+    out = tmp_path / "out"
+    spec = "llir(noalias-args{assume=true}),ptx(cache-hints),amdgcn(nontemporal-hints)"
+    report = run_passes(small_cache, spec, out, jobs=2)
+    assert _tree(small_cache) == before  # never writes into the cache it reads
+    assert report.counts() == {"changed": 6, "unchanged": 0, "failed": 0}
+    for k in report.kernels:
+        entry = Path(k["override_entry"])
+        assert entry.parent.name == ("cuda-90" if k["target"] == "cuda:90" else "hip-gfx942")
+        binary = "cubin" if k["target"] == "cuda:90" else "hsaco"
+        assert {f.suffix for f in entry.iterdir()} == {".llir", f".{'ptx' if binary == 'cubin' else 'amdgcn'}",
+                                                       f".{binary}"}
+        assert k["checks"]["signature"] == "unchanged" and k["resources_after"]["registers"] > 0
+    data = json.loads((out / "run-passes-report.json").read_text())
+    assert data["counts"]["changed"] == 6 and "| vector_add_kernel |" in (out / "run-passes-report.md").read_text()
+    # resumable: a second run reads the recorded outcomes instead of working again
+    again = run_passes(small_cache, spec, out, jobs=2)
+    assert again.kernels == report.kernels and again.seconds < report.seconds
+
+
+def test_run_passes_refuses_to_write_into_the_cache(small_cache: Path) -> None:
+    from kstrata.ir.errors import KstrataError
+
+    with pytest.raises(KstrataError, match="must not be inside the cache"):
+        run_passes(small_cache, "ptx(cache-hints)", small_cache / "out")
+
+
+def test_failed_kernel_is_reported_and_the_run_goes_on(small_cache: Path, tmp_path: Path) -> None:
+    report = run_passes(small_cache, "ttgir(num-warps{n=64})", tmp_path / "o")
+    assert report.counts()["changed"] == 0
+    assert all(p["status"] == "skipped" and "power of two" in p["reason"] for k in report.kernels for p in k["passes"])
+
+
+def test_override_key_collisions_are_refused(tmp_path: Path) -> None:
+    kernel = get_kernel("vector_add")
+    sig, constexprs, attrs = specialization(kernel)
+    cache = tmp_path / "cache"
+    records = {}
+    for warps in (4, 8):  # two variants of one kernel: Triton gives them one override key
+        b = compile_jit(kernel.fn, sig, "cuda:90", constexprs, attrs, {"num_warps": warps}, cache_dir=cache)
+        records[Path(b.origin or "").name] = {"override_key": b.override_key, "name": b.name, "target": "cuda:90"}
+    update_index(cache, records)
+    report = run_passes(cache, "ptx(cache-hints)", tmp_path / "out")
+    assert report.counts()["failed"] == 2
+    assert all("override key collision" in k["error"] for k in report.kernels)
+    assert not any((tmp_path / "out" / "cuda-90").glob("*/*.ptx"))
+
+
+def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
+                           "ptx(cache-hints)", "--out", str(tmp_path / "o"), "--json", "--kernel", "vector_add"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["counts"] == {"changed": 1, "unchanged": 1, "failed": 0}  # the hip vector_add has no PTX
+    bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
+                          "ptx(cache-hints", "--out", str(tmp_path / "o2")], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert bad.returncode == 2 and "pipeline:1:" in bad.stderr and "Traceback" not in bad.stderr
+    listed = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "passes", "list", "--json"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert {p["name"] for p in json.loads(listed.stdout)["passes"]} >= set(BUILTIN_PASSES)
+
+
+def test_every_pass_fires_on_the_suite(suite_cache: Path) -> None:
+    """Each built-in pass changes at least one suite kernel's code (with the options it needs)."""
+    bundles, _ = load_cache_root(suite_cache)
+    options = {"ld-nc": "{assume_noalias=true}", "noalias-args": "{assume=true}", "ptxas-options": "{opt_level=1}",
+               "max-registers": "{n=64}", "num-warps": "{n=8}", "num-stages": "{n=4}"}
+    for name in BUILTIN_PASSES:
+        cls = get_pass(name)
+        pipeline = parse_pipeline(f"{cls.level}({name}{options.get(name, '')})")
+        fired = False
+        for b in bundles:
+            if b.target.backend not in cls.backends:
+                continue
+            outcome = run_pipeline(b, pipeline)
+            binary = b.target.binary_level
+            if outcome.changed and outcome.bundle.level(binary) != b.level(binary):
+                fired = True
+                break
+        assert fired, f"{name} changed no suite kernel's binary"
+    assert set(available_passes()) >= set(BUILTIN_PASSES)
