@@ -201,65 +201,88 @@ def _write_repro(repro_root: Path, bundle: KernelBundle, level: str, pipeline: P
     return str(d)
 
 
+@dataclass
+class StageOutcome:
+    """The passes of one level run on one kernel: the level's new text and the metadata updates."""
+
+    text: str
+    updates: dict[str, Any]
+    records: list[PassRecord]
+
+    @property
+    def changed(self) -> bool:
+        return any(r.status == "changed" for r in self.records)
+
+
+def run_stage(bundle: KernelBundle, stage: PipelineStage, pipeline: Pipeline | None = None,
+              repro_root: str | Path | None = None, verify: bool = True) -> StageOutcome:
+    """Run the passes of `stage` on `bundle` (which holds the level's current text), verifying after each.
+
+    A pass for another backend, or whose precondition does not hold, is skipped with the reason. A pass
+    that raises or leaves IR that does not verify raises `PassFailure` (with a reproducer directory when
+    `repro_root` is given).
+    """
+    from .verifiers import verify_level
+
+    level = stage.level
+    if level not in bundle.target.levels:
+        return StageOutcome("", {}, [PassRecord(level, p.spelling(), "skipped", f"{bundle.target} has no {level} level")
+                                     for p in stage.passes])
+    text = bundle.text(level) if level in bundle.levels else ""
+    updates: dict[str, Any] = {}
+    records: list[PassRecord] = []
+    for kpass in stage.passes:
+        record = PassRecord(level, kpass.spelling(), "unchanged")
+        records.append(record)
+        start = time.perf_counter()
+        view = dataclasses.replace(bundle, levels={**bundle.levels, level: text} if text else dict(bundle.levels),
+                                   metadata={**bundle.metadata, **updates})
+        ctx = PassContext(view, level)
+        if bundle.target.backend not in kpass.backends:
+            record.status, record.reason = "skipped", f"pass applies to {', '.join(kpass.backends)} only"
+            continue
+        why_not = kpass.precondition(ctx)
+        if why_not:
+            record.status, record.reason = "skipped", why_not
+            continue
+        try:
+            result = kpass.apply(ctx)
+            if verify and result.text != text and level in view.levels:
+                verify_level(view, level, result.text)
+        except Exception as exc:
+            record.status = "failed"
+            record.reason = f"{type(exc).__name__}: {exc}"
+            record.seconds = time.perf_counter() - start
+            repro = None
+            if repro_root is not None:
+                repro = _write_repro(Path(repro_root), bundle, level, pipeline or Pipeline((stage,)), kpass, text,
+                                     "".join(traceback.format_exception(exc)))
+            raise PassFailure(f"kernel {bundle.name}: pass {kpass.spelling()} failed at {level}: {record.reason}",
+                              repro=repro, record=record) from exc
+        record.seconds = time.perf_counter() - start
+        record.notes = result.notes
+        if result.text != text or result.metadata_updates:
+            record.status = "changed"
+            record.lines_added, record.lines_removed = _diff_counts(text, result.text)
+            record.metadata_updates = dict(result.metadata_updates)
+            text = result.text
+            updates.update(result.metadata_updates)
+    return StageOutcome(text, updates, records)
+
+
 def run_pipeline(bundle: KernelBundle, pipeline: Pipeline, repro_root: str | Path | None = None) -> PipelineOutcome:
     """Run `pipeline` on `bundle`; returns the new bundle (lower levels rebuilt) and a record per pass."""
     from kstrata.backends.rebuild import rebuild_from
-
-    from .verifiers import verify_level
 
     state = bundle
     records: list[PassRecord] = []
     first_changed: str | None = None
     for stage in pipeline.stages:
-        level = stage.level
-        if level not in bundle.target.levels:
-            records += [PassRecord(level, p.spelling(), "skipped", f"{bundle.target} has no {level} level")
-                        for p in stage.passes]
-            continue
-        text = state.text(level)
-        updates: dict[str, Any] = {}
-        stage_changed = False
-        for kpass in stage.passes:
-            record = PassRecord(level, kpass.spelling(), "unchanged")
-            records.append(record)
-            start = time.perf_counter()
-            view = dataclasses.replace(state, levels={**state.levels, level: text},
-                                       metadata={**state.metadata, **updates})
-            ctx = PassContext(view, level)
-            if bundle.target.backend not in kpass.backends:
-                record.status, record.reason = "skipped", f"pass applies to {', '.join(kpass.backends)} only"
-                continue
-            why_not = kpass.precondition(ctx)
-            if why_not:
-                record.status, record.reason = "skipped", why_not
-                continue
-            try:
-                result = kpass.apply(ctx)
-                if result.text != text:
-                    verify_level(view, level, result.text)
-            except Exception as exc:
-                record.status = "failed"
-                record.reason = f"{type(exc).__name__}: {exc}"
-                record.seconds = time.perf_counter() - start
-                repro = None
-                if repro_root is not None:
-                    repro = _write_repro(Path(repro_root), bundle, level, pipeline, kpass, text,
-                                         "".join(traceback.format_exception(exc)))
-                raise PassFailure(f"kernel {bundle.name}: pass {kpass.spelling()} failed at {level}: {record.reason}",
-                                  repro=repro, record=record) from exc
-            record.seconds = time.perf_counter() - start
-            record.notes = result.notes
-            if result.text != text or result.metadata_updates:
-                record.status = "changed"
-                record.lines_added, record.lines_removed = _diff_counts(text, result.text)
-                record.metadata_updates = dict(result.metadata_updates)
-                text = result.text
-                updates.update(result.metadata_updates)
-                stage_changed = True
-        if stage_changed:
-            state = rebuild_from(state, level, text, option_overrides=updates)
-            if first_changed is None:
-                first_changed = level
+        outcome = run_stage(state, stage, pipeline, repro_root)
+        records += outcome.records
+        if outcome.changed:
+            state = rebuild_from(state, stage.level, outcome.text, option_overrides=outcome.updates)
+            first_changed = first_changed or stage.level
     return PipelineOutcome(state, records, first_changed)
 
 
@@ -270,24 +293,14 @@ def apply_passes_only(bundle: KernelBundle, pipeline: Pipeline) -> tuple[str, di
     Preconditions still decide (a pass that does not hold changes nothing) and the verifier still runs.
     Used by golden tests and to look at what a pass does to one file.
     """
-    from .verifiers import verify_level
-
     state = bundle
-    last = pipeline.stages[-1].level
     updates: dict[str, Any] = {}
+    last = pipeline.stages[-1].level
     for stage in pipeline.stages:
-        level = stage.level
-        for kpass in stage.passes:
-            ctx = PassContext(state, level)
-            if kpass.level == "ttgir" and "ttgir" not in state.levels and "ttir" not in state.levels:
-                raise PassError(f"pass {kpass.name} needs the kernel's TTIR")
-            if bundle.target.backend not in kpass.backends or kpass.precondition(ctx):
-                continue
-            result = kpass.apply(ctx)
-            if "ttgir" in state.levels or level != "ttgir":
-                verify_level(state, level, result.text)
-            updates.update(result.metadata_updates)
-            state = dataclasses.replace(state, levels={**state.levels, level: result.text},
-                                        metadata={**state.metadata, **result.metadata_updates})
-        last = level
+        outcome = run_stage(state, stage, pipeline)
+        if outcome.changed:
+            state = dataclasses.replace(state, levels={**state.levels, stage.level: outcome.text},
+                                        metadata={**state.metadata, **outcome.updates})
+            updates.update(outcome.updates)
+        last = stage.level
     return state.text(last), updates, last

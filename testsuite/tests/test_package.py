@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,14 @@ def test_pyproject_lists_every_package_folder() -> None:
 
 @pytest.mark.slow
 def test_installed_copy_imports_outside_the_source_tree(tmp_path: Path) -> None:
+    # Build from a copy: a build in the source tree leaves kstrata.egg-info there, whose (possibly stale)
+    # entry points would shadow the installed ones for any process started in the tree.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", ".venv", "out", ".whl",
+                                                                "__pycache__", ".pytest_cache", ".mypy_cache"))
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, capture_output=True, timeout=600)
+                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=600)
     code = ("import kstrata, pathlib, sys; "
             + "; ".join(f"import kstrata.{p}" for p in SUBPACKAGES)
             + "; from kstrata.testsuite.kernels import all_kernels; "

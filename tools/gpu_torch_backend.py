@@ -1,0 +1,138 @@
+"""On an NVIDIA GPU: `torch.compile(..., backend="kstrata")` against Inductor's default on real models.
+
+    python -m kstrata.tools.gpu_torch_backend --results DIR [--pipeline SPEC]
+
+For an MLP, a transformer block, a convolutional block and a few of the project's tasks: compile with
+Inductor and with the kstrata backend (same Inductor, kernels rewritten by the pipeline), compare the
+outputs, list what the backend rewrote, and time both (CUDA events, L2 flushed, median of 50). Writes
+`torch-backend-gpu-<date>.json` and `.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TASKS = ("level2/01_gemm_bias_relu_fp16.py", "level1/19_layernorm_fp16.py", "level1/17_softmax_fp32.py")
+
+
+def _models() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, d: int = 1024, heads: int = 16) -> None:
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x: Any) -> Any:
+            h = self.n1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.n2(x))
+
+    mlp = nn.Sequential(nn.Linear(1024, 4096), nn.SiLU(), nn.Linear(4096, 1024), nn.LayerNorm(1024))
+    conv = nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.Conv2d(128, 64, 1),
+                         nn.GELU()).eval()
+    return {
+        "mlp_fp16": (mlp.cuda().half(), (torch.randn(8192, 1024, device="cuda", dtype=torch.half),)),
+        "transformer_block_bf16": (Block().cuda().bfloat16().eval(),
+                                   (torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16),)),
+        "conv_block_fp32": (conv.cuda(), (torch.randn(32, 64, 56, 56, device="cuda"),)),
+    }
+
+
+def _task_models(root: Path) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    from kstrata.agents.tasks import load_task
+
+    out = {}
+    for rel in TASKS:
+        task = load_task(root / rel)
+        model, inputs = task.instantiate("cuda")
+        out[f"task:{Path(rel).stem}"] = (model, tuple(inputs))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import triton
+
+    import kstrata.tools.torch_backend as tb
+    from kstrata.backends.launch import time_gpu
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--pipeline", default=tb.DEFAULT_PIPELINE)
+    ns = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: needs an NVIDIA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    models = _models()
+    try:
+        models.update(_task_models(Path(__file__).resolve().parents[1] / "testsuite" / "tasks"))
+    except Exception as exc:  # tasks are optional here; say why they are missing
+        print(f"tasks skipped: {type(exc).__name__}: {exc}", flush=True)
+    rows = []
+    cache = tempfile.mkdtemp(prefix="kstrata-tb-")
+    for name, (model, inputs) in models.items():
+        row: dict[str, Any] = {"model": name}
+        try:
+            with torch.no_grad():
+                torch._dynamo.reset()
+                inductor = torch.compile(model)
+                ref = inductor(*inputs)
+                t_ind = time_gpu(lambda m=inductor, i=inputs: m(*i), runs=50)
+                torch._dynamo.reset()
+                before = len(tb.report())
+                ours = torch.compile(model, backend="kstrata", options={"pipeline": ns.pipeline, "cache_dir": cache})
+                out = ours(*inputs)
+                t_ks = time_gpu(lambda m=ours, i=inputs: m(*i), runs=50)
+            kernels = tb.report()[before:]
+            row.update(
+                bitwise_equal=bool(torch.equal(ref, out)),
+                max_abs_diff=float((ref.float() - out.float()).abs().max()),
+                rewritten=sum(k["status"] == "rewritten" for k in kernels),
+                unchanged=sum(k["status"] == "unchanged" for k in kernels),
+                fallback=[k for k in kernels if k["status"] == "fallback"],
+                kernels=kernels, inductor_us=t_ind.to_json(), kstrata_us=t_ks.to_json(),
+                speedup=t_ind.median_us / t_ks.median_us,
+            )
+        except Exception as exc:  # a failing model is reported, the run goes on
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+        print(json.dumps({k: row.get(k) for k in ("model", "bitwise_equal", "rewritten", "speedup", "error")}),
+              flush=True)
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version()}
+    ns.results.mkdir(parents=True, exist_ok=True)
+    stem = f"torch-backend-gpu-{env['date'][:10]}"
+    (ns.results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.torch-backend-gpu/1", "environment": env,
+                                                         "pipeline": ns.pipeline, "models": rows},
+                                                        indent=2, default=str) + "\n")
+    lines = [f"# torch.compile backend on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton "
+             f"{env['triton']} · CUDA {env['cuda']} · pipeline `{ns.pipeline}`", "",
+             "| model | outputs equal Inductor's | kernels rewritten / unchanged / fallback | Inductor µs | kstrata µs | speedup |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error'][:120]} | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {'bit-identical' if r['bitwise_equal'] else 'max diff ' + format(r['max_abs_diff'], '.3g')} "
+                     f"| {r['rewritten']} / {r['unchanged']} / {len(r['fallback'])} | {r['inductor_us']['median_us']:.1f} "
+                     f"| {r['kstrata_us']['median_us']:.1f} | {r['speedup']:.3f} |")
+    (ns.results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all("error" not in r and r["bitwise_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

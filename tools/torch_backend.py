@@ -1,0 +1,255 @@
+"""`torch.compile(model, backend="kstrata")`: Inductor, with every Triton kernel it generates routed
+through a kstrata pass pipeline.
+
+The backend compiles with Inductor and installs, process-wide, Triton's stages inspection hook
+(`triton.knobs.runtime.add_stages_inspection_hook`). For each Triton compile the hook wraps the stages
+the pipeline has passes for: after Triton's own stage produced a level, kstrata's passes for that level
+run on it (each followed by its verifier), and the next stage consumes the result. Option passes
+(`num-warps`, `num-stages`) re-lower TTIR into TTGIR and update the launch metadata; `ptxas-options`
+reaches the cubin stage. When a pass or a check fails, the stage's unmodified output is used and the
+reason is logged and reported: a kernel is never lost.
+
+Kernels compiled through kstrata are cached by Triton in a directory keyed by the pipeline and the tool
+versions (`<cache_dir>/<hash>/`), so a second run of the same model finds them there and does no
+rewriting work. Inductor compiles in this process (`compile_threads=1`) so the hook sees every kernel.
+
+Options (`options={...}` or environment variables):
+- `pipeline` / `KSTRATA_PIPELINE`: the pass pipeline (default: `llir(noalias-args{assume=true}),ptx(cache-hints)`;
+  `noalias-args` holds because Inductor never passes overlapping buffers to one kernel except through a
+  single in-out pointer).
+- `verify` / `KSTRATA_VERIFY`: `static` (default: each pass's verifier runs) or `none`.
+- `cache_dir` / `KSTRATA_CACHE_DIR`: where rewritten kernels are cached (default `~/.cache/kstrata/triton`).
+- `report` / `KSTRATA_REPORT`: a JSON-lines file, one line per kernel (rewritten or not, and why).
+- `only_inductor` / `KSTRATA_ONLY_INDUCTOR`: rewrite only Inductor's kernels (`triton_*`), default true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.ir.errors import KstrataError
+
+log = logging.getLogger("kstrata.torch_backend")
+
+DEFAULT_PIPELINE = "llir(noalias-args{assume=true}),ptx(cache-hints)"
+_OPTION_ENV = {"pipeline": "KSTRATA_PIPELINE", "verify": "KSTRATA_VERIFY", "cache_dir": "KSTRATA_CACHE_DIR",
+               "report": "KSTRATA_REPORT", "only_inductor": "KSTRATA_ONLY_INDUCTOR"}
+
+
+class BackendOptionError(KstrataError):
+    """An option of the kstrata torch.compile backend that cannot be used."""
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    pipeline: str = DEFAULT_PIPELINE
+    verify: str = "static"
+    cache_dir: str = str(Path.home() / ".cache" / "kstrata" / "triton")
+    report: str | None = None
+    only_inductor: bool = True
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> BackendConfig:
+        """Options given to torch.compile override the environment, which overrides the defaults."""
+        from kstrata.passes.pipeline import parse_pipeline
+
+        given = dict(options or {})
+        unknown = sorted(set(given) - set(_OPTION_ENV))
+        if unknown:
+            raise BackendOptionError(f"unknown kstrata backend options {unknown}; known: {sorted(_OPTION_ENV)}")
+        values: dict[str, Any] = {}
+        for key, env in _OPTION_ENV.items():
+            if key in given:
+                values[key] = given[key]
+            elif os.environ.get(env):
+                values[key] = os.environ[env]
+        if "only_inductor" in values and isinstance(values["only_inductor"], str):
+            values["only_inductor"] = values["only_inductor"].lower() in ("1", "true", "yes")
+        config = cls(**values)
+        if config.verify not in ("static", "none"):
+            raise BackendOptionError(f"verify must be 'static' or 'none', not {config.verify!r}")
+        parse_pipeline(config.pipeline)  # a bad pipeline is an error now, with its column
+        return config
+
+    def cache_key(self) -> str:
+        """What the cached kernels depend on besides their source: the pipeline and the tool versions."""
+        import torch
+        import triton
+
+        from kstrata import __version__
+
+        key = json.dumps({"pipeline": self.pipeline, "verify": self.verify, "kstrata": __version__,
+                          "triton": triton.__version__, "torch": torch.__version__}, sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+@dataclass
+class KernelRecord:
+    name: str
+    target: str
+    status: str  # "rewritten", "unchanged", "fallback"
+    passes: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+class _Session:
+    """The installed hook and what it did, shared by every model compiled with the same config."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        from kstrata.passes.pipeline import parse_pipeline
+
+        self.config = config
+        self.pipeline = parse_pipeline(config.pipeline)
+        self.records: list[KernelRecord] = []
+        self.lock = threading.Lock()
+
+    def record(self, rec: KernelRecord) -> None:
+        with self.lock:
+            self.records.append(rec)
+        if rec.status == "fallback":
+            log.warning("kstrata: kernel %s left unmodified: %s", rec.name, rec.reason)
+        if self.config.report:
+            path = Path(self.config.report)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self.lock, path.open("a") as f:
+                f.write(json.dumps(dataclasses.asdict(rec)) + "\n")
+
+    def hook(self, backend: Any, stages: dict[str, Callable[..., Any]], options: Any, language: Any,
+             capability: Any) -> None:
+        """Triton's stages inspection hook: wrap the stages the pipeline has passes for."""
+        from kstrata.ir.target import Target
+
+        target = Target.from_triton(backend.target)
+        state: dict[str, Any] = {"levels": {}, "name": None, "skip": None, "changed": [], "failed": None}
+        levels_with_passes = {s.level for s in self.pipeline.stages if s.passes}
+        for level in list(stages):
+            original = stages[level]
+            stages[level] = self._wrap(level, original, target, state, levels_with_passes, backend, options, capability)
+
+    def _wrap(self, level: str, original: Callable[..., Any], target: Any, state: dict[str, Any],
+              levels_with_passes: set[str], backend: Any, options: Any, capability: Any) -> Callable[..., Any]:
+        def stage(src: Any, metadata: dict[str, Any]) -> Any:
+            if level == "cubin" and metadata.get("ptx_options") != getattr(options, "ptx_options", None):
+                out = backend.make_cubin(src, metadata, dataclasses.replace(options, ptx_options=metadata["ptx_options"]),
+                                         capability)
+            else:
+                out = original(src, metadata)
+            if isinstance(out, bytes):
+                self._finish(state, target)
+                return out
+            text = str(out)
+            if state["name"] is None:
+                import re
+
+                m = re.search(r"tt\.func public @([\w$]+)", text)
+                state["name"] = m.group(1) if m else "?"
+                if self.config.only_inductor and not state["name"].startswith("triton_"):
+                    state["skip"] = "not an Inductor kernel"
+            state["levels"][level] = text
+            if state["skip"] or state["failed"] or level not in levels_with_passes:
+                return out
+            return self._rewrite(level, out, text, target, state, metadata)
+
+        return stage
+
+    def _rewrite(self, level: str, out: Any, text: str, target: Any, state: dict[str, Any],
+                 metadata: dict[str, Any]) -> Any:
+        from kstrata.ir.bundle import KernelBundle
+        from kstrata.passes.pipeline import run_stage
+
+        stage_spec = next(s for s in self.pipeline.stages if s.level == level)
+        bundle = KernelBundle(state["name"], target, dict(state["levels"]), dict(metadata))
+        try:
+            outcome = run_stage(bundle, stage_spec, verify=self.config.verify == "static")
+            if not outcome.changed:
+                return out
+            new: Any = outcome.text
+            if level in ("ttir", "ttgir"):
+                new = _parse_mlir(outcome.text, level, out)
+        except Exception as exc:  # a kernel is never lost: keep Triton's output and say why
+            state["failed"] = f"{level}: {type(exc).__name__}: {exc}"
+            return out
+        metadata.update(outcome.updates)
+        state["levels"][level] = outcome.text
+        state["changed"] += [r.spelling for r in outcome.records if r.status == "changed"]
+        return new
+
+    def _finish(self, state: dict[str, Any], target: Any) -> None:
+        if state["skip"]:
+            return
+        if state["failed"]:
+            self.record(KernelRecord(state["name"] or "?", str(target), "fallback", state["changed"], state["failed"]))
+        elif state["changed"]:
+            self.record(KernelRecord(state["name"], str(target), "rewritten", state["changed"]))
+        else:
+            self.record(KernelRecord(state["name"] or "?", str(target), "unchanged"))
+
+
+def _parse_mlir(text: str, level: str, like: Any) -> Any:
+    from triton._C.libtriton import ir
+
+    context = like.context
+    with tempfile.TemporaryDirectory(prefix="kstrata-stage-") as tmp:
+        path = Path(tmp) / f"kernel.{level}"
+        path.write_text(text)
+        module = ir.parse_mlir_module(str(path), context)
+    module.context = context
+    return module
+
+
+_sessions: dict[BackendConfig, _Session] = {}
+_installed: _Session | None = None
+_said_no_triton = False
+
+
+def _install(config: BackendConfig) -> _Session:
+    """Install the hook and the pipeline-keyed Triton cache for `config` (process-wide)."""
+    global _installed
+    from triton import knobs
+
+    session = _sessions.setdefault(config, _Session(config))
+    if _installed is not session:
+        if _installed is not None and knobs.runtime.add_stages_inspection_hook is not _installed.hook:
+            raise BackendOptionError("another Triton stages hook is installed; kstrata will not replace it")
+        knobs.runtime.add_stages_inspection_hook = session.hook
+        cache = Path(config.cache_dir) / config.cache_key()
+        cache.mkdir(parents=True, exist_ok=True)
+        knobs.cache.dir = str(cache)
+        _installed = session
+    return session
+
+
+def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """The torch.compile backend: Inductor, with Triton kernels rewritten by the configured pipeline."""
+    global _said_no_triton
+    import torch
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    config = BackendConfig.from_options(options)
+    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    if not on_gpu:
+        if not _said_no_triton:
+            log.warning("kstrata: the inputs are not on a GPU, so Inductor generates no Triton kernels; "
+                        "compiling with Inductor unchanged")
+            _said_no_triton = True
+        return compile_fx(gm, example_inputs)
+    _install(config)
+    with inductor_config.patch(compile_threads=1):
+        compiled: Callable[..., Any] = compile_fx(gm, example_inputs)
+    return compiled
+
+
+def report() -> list[dict[str, Any]]:
+    """What the backend did to every kernel so far in this process."""
+    return [dataclasses.asdict(r) for s in _sessions.values() for r in s.records]
