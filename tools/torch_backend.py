@@ -11,7 +11,9 @@ reason is logged and reported: a kernel is never lost.
 
 Kernels compiled through kstrata are cached by Triton in a directory keyed by the pipeline and the tool
 versions (`<cache_dir>/<hash>/`), so a second run of the same model finds them there and does no
-rewriting work. Inductor compiles in this process (`compile_threads=1`) so the hook sees every kernel.
+rewriting work. The hook and that cache directory are set only while the backend compiles a graph;
+Inductor compiles in this process then (`compile_threads=1`, FX graph cache off) so the hook sees
+every kernel. A kernel Inductor compiles lazily after that (at a first call) is Triton's own.
 
 Options (`options={...}` or environment variables):
 - `pipeline` / `KSTRATA_PIPELINE`: the pass pipeline (default: `llir(noalias-args{assume=true}),ptx(cache-hints)`;
@@ -25,6 +27,7 @@ Options (`options={...}` or environment variables):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,7 +35,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,25 +211,37 @@ def _parse_mlir(text: str, level: str, like: Any) -> Any:
 
 
 _sessions: dict[BackendConfig, _Session] = {}
-_installed: _Session | None = None
 _said_no_triton = False
 
 
-def _install(config: BackendConfig) -> _Session:
-    """Install the hook and the pipeline-keyed Triton cache for `config` (process-wide)."""
-    global _installed
+@contextlib.contextmanager
+def _installed(config: BackendConfig) -> Iterator[_Session]:
+    """While compiling: the stages hook and the pipeline-keyed Triton cache directory, then restore both.
+
+    Inductor keeps compiled kernels in process-wide caches keyed by their source; they are cleared
+    before (so the kernels are compiled here, under the hook) and after (so a later plain Inductor
+    compile of the same source does not pick up a rewritten kernel).
+    """
+    from torch._inductor.async_compile import CompiledTritonKernels
+    from torch._inductor.codecache import PyCodeCache
     from triton import knobs
 
     session = _sessions.setdefault(config, _Session(config))
-    if _installed is not session:
-        if _installed is not None and knobs.runtime.add_stages_inspection_hook is not _installed.hook:
-            raise BackendOptionError("another Triton stages hook is installed; kstrata will not replace it")
-        knobs.runtime.add_stages_inspection_hook = session.hook
-        cache = Path(config.cache_dir) / config.cache_key()
-        cache.mkdir(parents=True, exist_ok=True)
+    previous_hook = knobs.runtime.add_stages_inspection_hook
+    if previous_hook is not None and previous_hook is not session.hook:
+        raise BackendOptionError("another Triton stages hook is installed; kstrata will not replace it")
+    cache = Path(config.cache_dir) / config.cache_key()
+    cache.mkdir(parents=True, exist_ok=True)
+    CompiledTritonKernels.cache_clear()
+    PyCodeCache.cache_clear()
+    with knobs.cache.scope(), knobs.runtime.scope():
         knobs.cache.dir = str(cache)
-        _installed = session
-    return session
+        knobs.runtime.add_stages_inspection_hook = session.hook
+        try:
+            yield session
+        finally:
+            CompiledTritonKernels.cache_clear()
+            PyCodeCache.cache_clear()
 
 
 def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -244,8 +259,9 @@ def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, An
                         "compiling with Inductor unchanged")
             _said_no_triton = True
         return compile_fx(gm, example_inputs)
-    _install(config)
-    with inductor_config.patch(compile_threads=1):
+    # In this process (the hook is not in Inductor's compile workers), without the FX graph cache (a hit
+    # would load kernels compiled without the pipeline).
+    with _installed(config), inductor_config.patch(compile_threads=1, fx_graph_cache=False):
         compiled: Callable[..., Any] = compile_fx(gm, example_inputs)
     return compiled
 
