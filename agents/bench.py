@@ -1,0 +1,594 @@
+"""`kstrata bench`: every task of a suite under each baseline, timed, checked, placed on the roofline.
+
+Baselines (`BASELINES`): `eager` (the task's `Model` as written), `compile` (`torch.compile(model)`),
+`compile-max-autotune` (`torch.compile(model, mode="max-autotune")`). Each task runs on its own inputs
+(`get_inputs()` under KernelBench's seed 42, made on the GPU), timed as `kstrata.agents.evaluate` times:
+CUDA events, a device-wide synchronize before the end event, the L2 flushed before each run, warm-up,
+the median of `runs` runs with the 10th/90th percentiles. A compiled baseline is correct when its outputs
+match eager's within KernelBench's tolerance for the dtype (`allclose`, atol = rtol).
+
+The tasks run in a worker process (`python -m kstrata.agents.bench --worker`), one after another; a task
+that crashes the worker or outlasts `task_timeout_s` is recorded as failed and the worker restarts at the
+next task. Results go to `bench-results.json` after every task, so an interrupted run resumes where it
+stopped (tasks already in the file are skipped). At the end: `bench-report.md` (per-task time, speedup
+vs eager, fraction of speed of light, correctness; geometric means and KernelBench's fast_p) and PNG plots
+(`bench-speedup.png`, `bench-roofline.png`, `bench-sol-fraction.png`).
+
+fast_p follows KernelBench's `fastp` (src/score.py): the fraction of *all* tasks that are correct and
+faster than the baseline by more than p (speedup > p); fast_0 is the fraction correct.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH_SCHEMA = "kstrata.bench/1"
+BASELINES = ("eager", "compile", "compile-max-autotune")
+FAST_P = (0.0, 1.0, 1.5, 2.0)
+RESULTS_FILE = "bench-results.json"
+REPORT_FILE = "bench-report.md"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summary arithmetic (no GPU)
+# ---------------------------------------------------------------------------------------------------
+def geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def fast_p(correct: list[bool], speedups: list[float | None], p: float) -> float:
+    """KernelBench's fast_p: the fraction of all tasks that are correct and have speedup > p."""
+    n = len(correct)
+    if n == 0:
+        return 0.0
+    hits = sum(1 for c, s in zip(correct, speedups, strict=True) if c and s is not None and s > p)
+    return hits / n
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Per baseline: tasks, correct, geometric mean speedup vs eager (correct tasks), fast_p, mean SOL fraction."""
+    tasks = results["tasks"]
+    baselines = results["baselines"]
+    out: dict[str, Any] = {}
+    for b in baselines:
+        correct, accepted, speedups, fractions = [], [], [], []
+        for entry in tasks.values():
+            r = entry["baselines"].get(b)
+            if r is None:
+                continue
+            ok = bool(r.get("ok") and r.get("correct"))
+            correct.append(ok)
+            accepted.append(ok and not r.get("flags"))
+            speedups.append(r.get("speedup_vs_eager"))
+            if ok and r.get("sol_fraction"):
+                fractions.append(r["sol_fraction"])
+        good = [s for c, s in zip(correct, speedups, strict=True) if c and s]
+        out[b] = {"tasks": len(correct), "correct": sum(correct), "flagged": sum(c and not a for c, a in zip(correct, accepted, strict=True)),
+                  "geomean_speedup_vs_eager": geomean(good),
+                  "fast_p": {f"fast_{p:g}": fast_p(correct, speedups, p) for p in FAST_P},
+                  # The same without the flagged results (faster than speed of light, or > 10x): not accepted.
+                  "fast_p_unflagged": {f"fast_{p:g}": fast_p(accepted, speedups, p) for p in FAST_P},
+                  "geomean_sol_fraction": geomean(fractions)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker
+# ---------------------------------------------------------------------------------------------------
+def _worker(task_paths: list[str], baselines: list[str], runs: int, seed: int, warm_only: bool = False,
+            device: str = "cuda") -> None:
+    import statistics
+
+    import torch
+
+    from kstrata.agents.eval_worker import _build, _flat_outputs, make_inputs, time_cuda
+    from kstrata.agents.evaluate import kernelbench_tolerance
+    from kstrata.agents.tasks import import_task_module
+
+    def emit(obj: dict[str, Any]) -> None:
+        sys.stdout.write("RESULT " + json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    for path in task_paths:
+        sys.stdout.write(f"START {path}\n")
+        sys.stdout.flush()
+        try:
+            module = import_task_module(path)
+            model, _ = _build(module.Model, module, seed, device)
+            inputs = make_inputs(module, 0, seed, device)
+            with torch.no_grad():
+                ref = _flat_outputs(model(*inputs))
+        except Exception as exc:
+            for b in baselines:
+                emit({"task": path, "baseline": b, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            continue
+        for b in baselines:
+            try:
+                torch._dynamo.reset()
+                if b == "eager":
+                    fn: Any = model
+                elif b == "compile":
+                    fn = torch.compile(model)
+                elif b == "compile-max-autotune":
+                    fn = torch.compile(model, mode="max-autotune")
+                else:
+                    raise ValueError(f"unknown baseline {b!r}")
+                with torch.no_grad():
+                    t0 = time.perf_counter()
+                    out = _flat_outputs(fn(*inputs))
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    first_s = time.perf_counter() - t0
+                    correct, max_err = True, 0.0
+                    for r, o in zip(ref, out, strict=True):
+                        if isinstance(r, torch.Tensor):
+                            if r.shape != o.shape or r.dtype != o.dtype:
+                                correct = False
+                                continue
+                            tol = kernelbench_tolerance(r.dtype)
+                            if tol is None:
+                                correct &= bool(torch.equal(r, o))
+                            else:
+                                correct &= bool(torch.allclose(r.double(), o.double(), atol=tol, rtol=tol, equal_nan=True))
+                                d = (r.double() - o.double()).abs()
+                                d = d[d.isfinite()]
+                                max_err = max(max_err, float(d.max()) if d.numel() else 0.0)
+                    if warm_only:  # compile caches filled; nothing measured
+                        continue
+                    if device == "cuda":
+
+                        def call(fn: Any = fn, inputs: list[Any] = inputs) -> Any:
+                            return fn(*inputs)
+
+                        timing = time_cuda(call, runs)
+                    else:  # CPU (tests only): wall time, no cache flush
+                        ts = []
+                        for _ in range(runs):
+                            t1 = time.perf_counter()
+                            fn(*inputs)
+                            ts.append((time.perf_counter() - t1) * 1e6)
+                        q = statistics.quantiles(ts, n=10)
+                        timing = {"median_us": statistics.median(ts), "p10_us": q[0], "p90_us": q[-1],
+                                  "min_us": min(ts), "runs": runs, "cuda_graph": False}
+                emit({"task": path, "baseline": b, "ok": True, "correct": correct, "max_abs_err_vs_eager": max_err,
+                      "first_call_s": first_s, "timing": timing})
+                del out
+            except Exception as exc:
+                emit({"task": path, "baseline": b, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        del model, inputs, ref
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        sys.stdout.write(f"DONE {path}\n")
+        sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The parent
+# ---------------------------------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    import platform
+
+    import torch
+
+    v = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda),
+         # PyTorch's precision defaults, which both baselines use: cuDNN's TF32 makes fp32 convolutions TF32.
+         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+         "cudnn_allow_tf32": str(torch.backends.cudnn.allow_tf32)}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except Exception:
+        pass
+    return v
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, *, runs: int = 100,
+              seed: int = 42, task_timeout_s: float = 600.0, ceilings_dir: str | Path | None = None,
+              only: list[str] | None = None, jobs: int = 1, on_progress: Callable[[str], None] = print,
+              device: str = "cuda", ceilings: Any = None) -> dict[str, Any]:
+    """Benchmark every task under `suite_dir` with `baselines`, resuming from `out_dir/bench-results.json`.
+
+    `device="cpu"` with given `ceilings` exists for tests of the driver; CPU times mean nothing here.
+    """
+    import torch
+
+    from kstrata.agents.roofline import assess, load_or_measure
+    from kstrata.agents.tasks import find_tasks, load_task
+
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("kstrata bench needs a CUDA GPU")
+    if "eager" not in baselines:
+        baselines = ["eager", *baselines]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / RESULTS_FILE
+    suite = Path(suite_dir)
+    if ceilings is None:
+        ceilings, ceil_path = load_or_measure(ceilings_dir or out)
+        source = ceil_path.name
+    else:
+        source = "given"
+    on_progress(f"ceilings ({source}): copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, matmul " +
+                ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in ceilings.matmul_flops_per_s.items()))
+    if results_path.exists():
+        results: dict[str, Any] = json.loads(results_path.read_text())
+        results["baselines"] = list(dict.fromkeys([*results.get("baselines", []), *baselines]))
+    else:
+        results = {"schema": BENCH_SCHEMA, "suite": str(suite),
+                   "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                   "versions": _versions(), "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                   "runs": runs, "seed": seed, "baselines": list(baselines), "tasks": {}}
+    results["ceilings"] = ceilings.to_json()
+    paths = find_tasks(suite)
+    if only:
+        paths = [p for p in paths if any(o in str(p) for o in only)]
+    names = {p: str(p.relative_to(suite)) if p.is_relative_to(suite) else p.name for p in paths}
+    todo = [p for p in paths if not all(b in results["tasks"].get(names[p], {}).get("baselines", {}) for b in baselines)]
+    on_progress(f"{len(paths)} tasks, {len(paths) - len(todo)} already in {results_path}, {len(todo)} to run")
+    compiled = [b for b in baselines if b != "eager"]
+    warmers = _start_warmers(todo, compiled, jobs, seed) if jobs > 1 and compiled and todo else []
+    specs: dict[Path, Any] = {}
+    for p in todo:
+        entry = results["tasks"].setdefault(names[p], {"path": str(p), "baselines": {}})
+        try:
+            spec = load_task(p).spec
+            specs[p] = spec
+            entry.update({"dtypes": list(spec.dtypes), "flops": spec.flops, "min_bytes": spec.min_bytes,
+                          "arithmetic_intensity": spec.arithmetic_intensity})
+        except Exception as exc:
+            for b in baselines:
+                entry["baselines"][b] = {"ok": False, "error": f"task does not load: {exc}"}
+    todo = [p for p in todo if p in specs]
+    pending = list(todo)
+    if warmers:
+        _wait_warmers(warmers, task_timeout_s * len(pending) / jobs, on_progress)
+    done_count = len(paths) - len(todo)
+    while pending:
+        need = {str(p): [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]] for p in pending}
+        worker_baselines = sorted({b for bs in need.values() for b in bs}, key=list(BASELINES).index)
+        proc = subprocess.Popen([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(runs),
+                                 "--device", device,
+                                 "--seed", str(seed), "--baselines", ",".join(worker_baselines),
+                                 *[str(p) for p in pending]],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(stream: Any = proc.stdout, sink: queue.Queue[str | None] = lines) -> None:
+            for text in stream:
+                sink.put(text)
+            sink.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        current: Path | None = None
+        deadline = time.monotonic() + task_timeout_s
+        restart = False
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = "TIMEOUT"
+            if line is None or line == "TIMEOUT":
+                why = "timed out" if line == "TIMEOUT" else f"worker died (exit code {proc.poll()})"
+                if current is not None:
+                    entry = results["tasks"][names[current]]
+                    for b in baselines:
+                        entry["baselines"].setdefault(b, {"ok": False, "error": why})
+                    pending.remove(current)
+                    done_count += 1
+                    on_progress(f"[{done_count}/{len(paths)}] {names[current]}: {why}")
+                    _write_json(results_path, results)
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+                restart = current is not None or line == "TIMEOUT"
+                if not restart:  # died between tasks or before the first: the rest cannot run either
+                    for q in list(pending):
+                        for b in baselines:
+                            results["tasks"][names[q]]["baselines"].setdefault(b, {"ok": False, "error": why})
+                        pending.remove(q)
+                    _write_json(results_path, results)
+                break
+            if line.startswith("START "):
+                current = Path(line[6:].strip())
+                deadline = time.monotonic() + task_timeout_s
+            elif line.startswith("RESULT "):
+                r = json.loads(line[7:])
+                p = Path(r.pop("task"))
+                b = r.pop("baseline")
+                results["tasks"][names[p]]["baselines"][b] = r
+            elif line.startswith("DONE ") and current is not None:
+                _finish_task(results["tasks"][names[current]], specs[current], ceilings, baselines, assess)
+                pending.remove(current)
+                done_count += 1
+                on_progress(f"[{done_count}/{len(paths)}] {names[current]}: " + _progress_line(results["tasks"][names[current]], baselines))
+                _write_json(results_path, results)
+                current = None
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if not restart:
+            break
+    results["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    results["summary"] = summarize(results)
+    _write_json(results_path, results)
+    write_report(results, out)
+    return results
+
+
+def _start_warmers(paths: list[Path], baselines: list[str], jobs: int, seed: int) -> list[subprocess.Popen[bytes]]:
+    """Compile every task in `jobs` parallel workers first (CPU-bound), so that the timed, sequential pass
+    finds torch.compile's caches warm. Nothing is measured there; a failure shows again in the timed pass."""
+    slices = [paths[i::jobs] for i in range(jobs)]
+    return [subprocess.Popen([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--warm-only", "--seed", str(seed),
+                              "--baselines", ",".join(baselines), *[str(p) for p in part]],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            for part in slices if part]
+
+
+def _wait_warmers(procs: list[subprocess.Popen[bytes]], timeout_s: float, on_progress: Callable[[str], None]) -> None:
+    start = time.monotonic()
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    on_progress(f"compile caches warmed by {len(procs)} parallel workers ({time.monotonic() - start:.0f} s after the "
+                "task specs were read)")
+
+
+def _finish_task(entry: dict[str, Any], spec: Any, ceilings: Any, baselines: list[str], assess: Any) -> None:
+    eager = entry["baselines"].get("eager", {})
+    eager_us = eager.get("timing", {}).get("median_us") if eager.get("ok") else None
+    for b in baselines:
+        r = entry["baselines"].get(b)
+        if not r or not r.get("ok"):
+            continue
+        t = r["timing"]["median_us"]
+        speedup = eager_us / t if eager_us and b != "eager" else (1.0 if b == "eager" else None)
+        r["speedup_vs_eager"] = speedup
+        point = assess(spec, ceilings, t * 1e-6, speedup)
+        r["sol_fraction"] = point.fraction
+        r["roofline"] = point.to_json()
+        r["flags"] = list(point.flags)
+        if point.flags:
+            r["accepted"] = False
+
+
+def _progress_line(entry: dict[str, Any], baselines: list[str]) -> str:
+    parts = []
+    for b in baselines:
+        r = entry["baselines"].get(b, {})
+        if not r.get("ok"):
+            parts.append(f"{b} FAILED ({r.get('error', '?')[:80]})")
+            continue
+        s = f"{b} {r['timing']['median_us']:.1f} us"
+        if b != "eager" and r.get("speedup_vs_eager"):
+            s += f" ({r['speedup_vs_eager']:.2f}x)"
+        s += f" {100 * r.get('sol_fraction', 0):.0f}% SOL" + ("" if r.get("correct") else " INCORRECT")
+        parts.append(s)
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report: markdown and plots
+# ---------------------------------------------------------------------------------------------------
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    baselines = results["baselines"]
+    summary = results.get("summary") or summarize(results)
+    c = results.get("ceilings", {})
+    lines = [f"# kstrata bench: {results['suite']}", "",
+             f"Device: {results['device']}; versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) +
+             f"; started {results.get('started')}, finished {results.get('finished', '(unfinished)')}.", "",
+             f"Timing: median of {results['runs']} runs (CUDA events, synchronize before the end event, L2 flushed "
+             "before each run, warm-up); ± is the 10th–90th percentile range. Inputs: the task's own `get_inputs()` "
+             f"(seed {results['seed']}). Correct: outputs match eager within KernelBench's tolerance for the dtype.", ""]
+    if c:
+        lines += ["Ceilings (measured " + c.get("date", "?") + f"): copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s; matmul " +
+                  ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in c["matmul_flops_per_s"].items()) +
+                  ". SOL: speed-of-light time from the task's FLOPs and minimum bytes; %SOL = SOL time / measured time.", ""]
+    lines += ["## Summary", "", "| baseline | tasks | correct | flagged | geomean speedup vs eager | " +
+              " | ".join(f"fast_{p:g}" for p in FAST_P) + " | fast_1 unflagged | geomean %SOL |",
+              "|---|---:|---:|---:|---:|" + "---:|" * len(FAST_P) + "---:|---:|"]
+    for b in baselines:
+        s = summary[b]
+        fr = s["geomean_sol_fraction"]
+        unflagged = s.get("fast_p_unflagged", {}).get("fast_1")
+        lines.append(f"| {b} | {s['tasks']} | {s['correct']} | {s.get('flagged', 0)} | "
+                     f"{_fmt(s['geomean_speedup_vs_eager'], '.3f')} | " +
+                     " | ".join(f"{s['fast_p'][f'fast_{p:g}']:.2f}" for p in FAST_P) +
+                     f" | {_fmt(unflagged, '.2f')} | {_fmt(None if fr is None else 100 * fr, '.1f')} |")
+    lines += ["", "fast_p (KernelBench): fraction of all tasks that are correct and faster than eager by more than p. "
+              "For eager itself the speedup is 1.0 by definition. *Flagged*: correct but faster than speed of light "
+              "or more than 10x faster than eager, so not accepted until explained; *fast_1 unflagged* leaves them "
+              "out. The geometric mean speedup is over the correct tasks.", "", "## Per task", ""]
+    head = "| task | dtype | GFLOP | MB | SOL µs | bound |"
+    rule = "|---|---|---:|---:|---:|---|"
+    for b in baselines:
+        head += f" {b} µs | {b} %SOL |" + ("" if b == "eager" else f" {b} speedup | {b} ok |")
+        rule += "---:|---:|" + ("" if b == "eager" else "---:|---|")
+    lines += [head, rule]
+    for name, e in results["tasks"].items():
+        row = f"| {name} | {','.join(e.get('dtypes', []))} | {e.get('flops', 0) / 1e9:.2f} | {e.get('min_bytes', 0) / 1e6:.1f} |"
+        roof = next((r.get("roofline") for r in e["baselines"].values() if r.get("roofline")), None)
+        row += f" {_fmt(roof['sol_seconds'] * 1e6 if roof else None, '.1f')} | {roof['bound'] if roof else '—'} |"
+        for b in baselines:
+            r = e["baselines"].get(b, {})
+            if not r.get("ok"):
+                row += " failed |" + ("" if b == "eager" else " | | " + r.get("error", "not run")[:60].replace("|", "/") + " |")
+                if b == "eager":
+                    row += " |"
+                continue
+            t = r["timing"]
+            cell = f" {t['median_us']:.1f} ±{(t['p90_us'] - t['p10_us']) / 2:.1f} | {100 * r.get('sol_fraction', 0):.1f} |"
+            if b != "eager":
+                flag = " ⚑" if r.get("flags") else ""
+                cell += f" {_fmt(r.get('speedup_vs_eager'), '.2f')}{flag} | {'yes' if r.get('correct') else 'NO'} |"
+            row += cell
+        lines.append(row)
+    flagged = [(n, b, r["flags"]) for n, e in results["tasks"].items() for b, r in e["baselines"].items() if r.get("flags")]
+    if flagged:
+        lines += ["", "## Flagged (not accepted until explained)", ""]
+        lines += [f"- {n} / {b}: {'; '.join(f)}" for n, b, f in flagged]
+    return "\n".join(lines) + "\n"
+
+
+def render_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    tasks = results["tasks"]
+    names = list(tasks)
+    baselines = results["baselines"]
+    others = [b for b in baselines if b != "eager"]
+    colors = {"eager": "#4C72B0", "compile": "#DD8452", "compile-max-autotune": "#55A868"}
+
+    # 1. Speedup over eager per task, log scale.
+    if others:
+        fig, ax = plt.subplots(figsize=(9, 0.28 * len(names) + 1.5))
+        h = 0.8 / len(others)
+        for k, b in enumerate(others):
+            ys, xs, cs = [], [], []
+            for i, n in enumerate(names):
+                r = tasks[n]["baselines"].get(b, {})
+                s = r.get("speedup_vs_eager")
+                if r.get("ok") and s:
+                    ys.append(i + k * h)
+                    xs.append(s)
+                    cs.append(colors.get(b, "gray") if r.get("correct") else "#BBBBBB")
+            # Bars grow from 1.0: slower than eager to the left, faster to the right.
+            ax.barh(ys, [x - 1.0 for x in xs], height=h, color=cs, label=b, left=1.0)
+            for y, x in zip(ys, xs, strict=True):
+                ax.text(x * (1.03 if x >= 1 else 0.97), y, f"{x:.2f}", va="center", ha="left" if x >= 1 else "right",
+                        fontsize=6)
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlim(right=ax.get_xlim()[1] * 1.4)  # room for the labels
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(names))], names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("speedup over eager (log scale; grey = incorrect)")
+        ax.set_title(f"{results['device']}: speedup over eager PyTorch")
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        p = out_dir / "bench-speedup.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+
+    # 2. Roofline: achieved TFLOP/s against arithmetic intensity, with the measured roofs.
+    c = results.get("ceilings")
+    if c:
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        bw = c["copy_bytes_per_s"]
+        xs = [e.get("arithmetic_intensity", 0) for e in tasks.values() if e.get("arithmetic_intensity")]
+        if xs:
+            lo, hi = max(min(xs) / 2, 1e-3), max(xs) * 2
+            grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+            for k, rate in c["matmul_flops_per_s"].items():
+                ax.plot(grid, [min(bw * x, rate) / 1e12 for x in grid], lw=1, alpha=0.6, label=f"roof {k}")
+            for b in baselines:
+                px, py = [], []
+                for e in tasks.values():
+                    r = e["baselines"].get(b, {})
+                    if r.get("ok") and e.get("arithmetic_intensity") and e.get("flops"):
+                        px.append(e["arithmetic_intensity"])
+                        py.append(e["flops"] / (r["timing"]["median_us"] * 1e-6) / 1e12)
+                ax.scatter(px, py, s=18, color=colors.get(b, "gray"), label=b, zorder=3)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("arithmetic intensity (FLOP per minimum byte)")
+            ax.set_ylabel("achieved TFLOP/s")
+            ax.set_title(f"{results['device']}: tasks on the measured roofline")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            p = out_dir / "bench-roofline.png"
+            fig.savefig(p, dpi=110)
+            plt.close(fig)
+            written.append(p)
+
+    # 3. Fraction of speed of light per task and baseline.
+    fig, ax = plt.subplots(figsize=(9, 0.28 * len(names) + 1.5))
+    h = 0.8 / len(baselines)
+    for k, b in enumerate(baselines):
+        ys, xs = [], []
+        for i, n in enumerate(names):
+            r = tasks[n]["baselines"].get(b, {})
+            if r.get("ok") and r.get("sol_fraction") is not None:
+                ys.append(i + k * h)
+                xs.append(100 * r["sol_fraction"])
+        ax.barh(ys, xs, height=h, color=colors.get(b, "gray"), label=b)
+    ax.axvline(100, color="black", lw=0.8)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(names))], names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of speed of light (100% = at the roofline bound)")
+    ax.set_title(f"{results['device']}: fraction of speed of light")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    p = out_dir / "bench-sol-fraction.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+    return written
+
+
+def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write the markdown report and the plots (plots skipped, with a note, if matplotlib is missing)."""
+    md = out_dir / REPORT_FILE
+    md.write_text(render_markdown(results))
+    written = [md]
+    try:
+        written += render_plots(results, out_dir)
+    except ImportError:
+        pass
+    return written
+
+
+def _main(argv: list[str]) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="kstrata.agents.bench")
+    p.add_argument("--worker", action="store_true", required=True)
+    p.add_argument("--baselines", required=True)
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--warm-only", action="store_true")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("tasks", nargs="*")
+    a = p.parse_args(argv)
+    _worker(a.tasks, a.baselines.split(","), a.runs, a.seed, a.warm_only, a.device)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

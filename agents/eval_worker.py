@@ -1,0 +1,458 @@
+"""One side of an evaluation, in its own process: the reference, or the candidate under watch.
+
+Run by `kstrata.agents.evaluate.run_worker` as `python -m kstrata.agents.eval_worker --role ROLE ...`;
+not a public interface. The worker writes `report.json` (checks, timing, errors) and one
+`trial{i}.pt` per trial (the outputs, on the CPU) into `--workdir`. The parent judges the values.
+
+The references to the timer and the synchronization functions are taken when this module is imported,
+before anything imports the candidate (see `evaluate`'s docstring for every check made here).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+# Taken first: the candidate is imported only later, so these are the real objects.
+_REAL: dict[str, object] = {
+    "time.perf_counter": time.perf_counter,
+    "time.time": time.time,
+    "torch.cuda.Event": torch.cuda.Event,
+    "torch.cuda.Event.record": torch.cuda.Event.record,
+    "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+    "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize,
+    "torch.cuda.synchronize": torch.cuda.synchronize,
+    "torch.cuda.current_stream": torch.cuda.current_stream,
+    "torch.cuda.Stream.synchronize": torch.cuda.Stream.synchronize,
+    "torch.Tensor.clone": torch.Tensor.clone,
+    "torch.Tensor.copy_": torch.Tensor.copy_,
+    "torch.Tensor.zero_": torch.Tensor.zero_,
+    "torch.Tensor.fill_": torch.Tensor.fill_,
+    "torch.equal": torch.equal,
+    "torch.save": torch.save,
+}
+_perf_counter = time.perf_counter
+_Event = torch.cuda.Event
+_synchronize = torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
+_clone = torch.Tensor.clone
+_copy = torch.Tensor.copy_
+_equal = torch.equal
+_save = torch.save
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from kstrata.agents.evaluate import DISTRIBUTIONS  # noqa: E402
+from kstrata.agents.tasks import import_task_module  # noqa: E402
+
+#: Bytes of the poisoned block (at least; more when the inputs are larger).
+POISON_BYTES = 256 << 20
+
+
+def _attr(path: str) -> object:
+    obj: Any = {"time": time, "torch": torch}[path.split(".")[0]]
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def timer_tampering() -> list[str]:
+    """The names among the saved references that no longer point at the saved objects."""
+    changed = []
+    for name, real in _REAL.items():
+        try:
+            now = _attr(name)
+        except AttributeError:
+            changed.append(name)
+            continue
+        if now is not real:
+            changed.append(name)
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------------
+def trial_seed(seed: int, trial: int) -> int:
+    return seed if trial == 0 else (seed * 1_000_003 + trial * 7919) % (2**31 - 1)
+
+
+def make_inputs(module: Any, trial: int, seed: int, device: str) -> list[Any]:
+    """The task's `get_inputs()` under the trial's seed, on `device`, with the trial's distribution applied."""
+    s = trial_seed(seed, trial)
+    torch.manual_seed(s)
+    with torch.device(device):
+        inputs = list(module.get_inputs())
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    dist = DISTRIBUTIONS[trial % len(DISTRIBUTIONS)]
+    if dist == "task":
+        return inputs
+    gen = torch.Generator(device=device).manual_seed(s + 1)
+    return [reshape_values(x, dist, gen) if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x
+            for x in inputs]
+
+
+def reshape_values(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
+    """New values for `x` of another distribution, keeping its shape, dtype, location, scale and sign domain."""
+    xf = x.detach().float()
+    finite = xf[xf.isfinite()]
+    m = float(finite.mean()) if finite.numel() else 0.0
+    s = float(finite.std()) if finite.numel() > 1 else 1.0
+    if not math.isfinite(s) or s == 0.0:
+        s = max(abs(m), 1.0)
+    nonneg = bool(finite.numel()) and float(finite.min()) >= 0.0
+    shape, dev = x.shape, x.device
+    z = torch.randn(shape, generator=gen, device=dev)
+    if dist == "shifted-scaled":
+        y = m + s * (1.5 * z + 1.0)
+    elif dist == "uniform-offset":
+        y = m + s * (4.0 * torch.rand(shape, generator=gen, device=dev) - 1.0)  # uniform on [m - s, m + 3s]
+    elif dist == "heavy-tailed":
+        w = torch.randn(shape, generator=gen, device=dev)
+        y = m + s * (z * torch.exp(0.75 * w)).clamp(-16.0, 16.0)
+    elif dist == "zeros-negatives":
+        u = torch.rand(shape, generator=gen, device=dev)
+        y = xf.clone()
+        if not nonneg:
+            y = torch.where(u < 0.35, -y, y)
+        y = torch.where((u >= 0.35) & (u < 0.55), torch.zeros_like(y), y)
+        y = torch.where((u >= 0.55) & (u < 0.60), torch.full_like(y, -0.0), y)
+        return y.to(x.dtype)
+    else:
+        raise ValueError(f"unknown distribution {dist!r}")
+    if nonneg:
+        y = y.abs()
+    return y.to(x.dtype)
+
+
+def digest(values: list[Any]) -> str:
+    """sha256 over every tensor's bytes (and the repr of other values), in order."""
+    h = hashlib.sha256()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            t = v.detach().contiguous()
+            h.update(str((tuple(t.shape), t.dtype)).encode())
+            h.update(t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+        else:
+            h.update(repr(v).encode())
+    return h.hexdigest()
+
+
+def _flat_outputs(out: Any) -> list[Any]:
+    leaves, _ = tree_flatten(out)
+    return list(leaves)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Allocator poisoning and storage checks
+# ---------------------------------------------------------------------------------------------------
+def poison_allocator(device: str, nbytes: int) -> None:
+    """Leave only 0xFF-filled free blocks in the caching allocator (NaN in fp32/fp16/bf16)."""
+    if device != "cuda":
+        return
+    _synchronize()
+    torch.cuda.empty_cache()
+    big = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    big.fill_(0xFF)
+    small = [torch.empty(1 << 19, dtype=torch.uint8, device=device) for _ in range(8)]
+    for t in small:
+        t.fill_(0xFF)
+    _synchronize()
+    del big, small
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.data_ptr() + st.nbytes()
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(_equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _thread_origin(t: threading.Thread) -> str:
+    target = getattr(t, "_target", None)
+    fn = target if target is not None else type(t).run
+    code = getattr(fn, "__code__", None)
+    return code.co_filename if code is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------
+def time_cuda(fn: Callable[[], Any], runs: int, warmup: int = 10, cuda_graph: bool = False,
+              flush_bytes: int = 256 << 20) -> dict[str, Any]:
+    """Median time of `fn` (through the references saved at import): per run an L2 flush, a start event,
+    the call, a device-wide synchronize, an end event."""
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    call = fn
+    if cuda_graph:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(_current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        _current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        call = graph.replay
+    for _ in range(warmup):
+        call()
+    _synchronize()
+    times = []
+    for _ in range(runs):
+        flush.zero_()
+        start = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        call()
+        _synchronize()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    times.sort()
+    q = statistics.quantiles(times, n=10)
+    return {"median_us": statistics.median(times), "p10_us": q[0], "p90_us": q[-1], "min_us": times[0],
+            "runs": runs, "cuda_graph": cuda_graph}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two roles
+# ---------------------------------------------------------------------------------------------------
+def _versions() -> dict[str, str]:
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except Exception:
+        pass
+    if torch.version.cuda:
+        v["cuda"] = str(torch.version.cuda)
+    return v
+
+
+def _build(model_class: Any, module: Any, seed: int, device: str) -> tuple[Any, list[Any]]:
+    # KernelBench's protocol: seed, init inputs and model on the CPU, then move to the device.
+    torch.manual_seed(seed)
+    init = list(module.get_init_inputs())
+    torch.manual_seed(seed)
+    model = model_class(*init)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+        model.eval()
+    return model, init
+
+
+def _to_double(model: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
+    import copy
+
+    m64 = copy.deepcopy(model).double()
+    ins = [x.double() if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x for x in inputs]
+    return m64, ins
+
+
+def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.policy == "strict":  # IEEE fp32: no TF32 in matmuls or cuDNN convolutions (see evaluate's docstring)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    report["precision"] = {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+                           "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    module = import_task_module(args.task)
+    model, _ = _build(module.Model, module, args.seed, args.device)
+    m64: Any = None
+    fp64_note = ""
+    trials = []
+    with torch.no_grad():
+        for i in range(args.trials):
+            inputs = make_inputs(module, i, args.seed, args.device)
+            out = _flat_outputs(model(*inputs))
+            if args.device == "cuda":
+                _synchronize()
+            outputs64 = None
+            if not fp64_note:
+                try:
+                    if m64 is None:
+                        m64, _ = _to_double(model, [])
+                    _, ins64 = _to_double(torch.nn.Identity(), inputs)
+                    outputs64 = [o.cpu() if isinstance(o, torch.Tensor) else o for o in _flat_outputs(m64(*ins64))]
+                except Exception as exc:
+                    fp64_note = f"the float64 reference failed: {type(exc).__name__}: {str(exc)[:200]}"
+                    outputs64 = None
+            entry = {"input_digest": digest(inputs), "outputs": [o.cpu() if isinstance(o, torch.Tensor) else o for o in out],
+                     "outputs64": outputs64, "fp64_note": fp64_note}
+            _save(entry, Path(args.workdir) / f"trial{i}.pt")
+            trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
+                           "seed": trial_seed(args.seed, i), "checks": []})
+            del out, outputs64
+        report["trials"] = trials
+        report["fp64_note"] = fp64_note
+        if args.timing and args.device == "cuda":
+            report["timing"] = time_cuda(lambda: model(*inputs), args.runs, cuda_graph=args.cuda_graph)
+
+
+def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    device = args.device
+    checks: list[dict[str, Any]] = []
+    report["checks"] = checks
+    task_module = import_task_module(args.task)
+    threads_before_import = set(threading.enumerate())
+    report["phase"] = "import"
+    cand_module = import_task_module(args.candidate)
+    cand_file = str(Path(args.candidate).resolve())
+    model_new = getattr(cand_module, "ModelNew", None)
+    if model_new is None:
+        raise RuntimeError("the candidate file defines no `ModelNew`")
+    tampered = timer_tampering()
+    checks.append({"name": "timer-integrity-after-import", "ok": not tampered,
+                   "detail": f"replaced by the candidate: {', '.join(tampered)}" if tampered else ""})
+    report["phase"] = "init"
+    model, _ = _build(model_new, task_module, args.seed, device)
+    report["phase"] = "forward"
+    trials = []
+    buffers: list[Any] | None = None
+    kept_outputs: list[torch.Tensor] = []  # alive, so a fresh honest output can never reuse their memory
+    stream0 = _current_stream() if device == "cuda" else None
+    with torch.no_grad():
+        for i in range(args.trials):
+            fresh = make_inputs(task_module, i, args.seed, device)
+            if buffers is None:
+                buffers = fresh
+            else:
+                # Same tensors, new data: defeats caches keyed by pointer, shape or identity.
+                for j, (b, f) in enumerate(zip(buffers, fresh, strict=True)):
+                    if isinstance(b, torch.Tensor):
+                        _copy(b, f)
+                    else:
+                        buffers[j] = f
+            del fresh
+            in_digest = digest(buffers)
+            in_spans = [_span(b) for b in buffers if isinstance(b, torch.Tensor)]
+            nbytes = max(POISON_BYTES, 2 * sum(b.numel() * b.element_size() for b in buffers if isinstance(b, torch.Tensor)))
+            poison_allocator(device, nbytes)
+            threads_before = set(threading.enumerate())
+            t_checks: list[dict[str, Any]] = []
+            out = _flat_outputs(model(*buffers))
+            # The value as the current stream sees it the moment forward returns: this is what is judged.
+            snapshot = [_clone(o) if isinstance(o, torch.Tensor) else o for o in out]
+            if device == "cuda":
+                _synchronize()
+            time.sleep(0.05)  # give a background thread the chance to write after the return
+            if device == "cuda":
+                _synchronize()
+            late = [k for k, (a, b) in enumerate(zip(snapshot, out, strict=True)) if not _same_bits(a, b)]
+            t_checks.append({"name": "no-work-after-return", "ok": not late,
+                             "detail": (f"output(s) {late} changed after forward returned: work left running on another "
+                                        "stream or in a background thread; synchronize with the current stream before "
+                                        "returning") if late else ""})
+            if device == "cuda":
+                now = _current_stream()
+                t_checks.append({"name": "current-stream", "ok": now == stream0,
+                                 "detail": "" if now == stream0 else "forward changed the current CUDA stream"})
+            new_threads = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+            own = [t.name for t in new_threads if _thread_origin(t) == cand_file]
+            t_checks.append({"name": "no-background-threads", "ok": not own,
+                             "detail": f"threads started by the candidate still running: {', '.join(own)}" if own else ""})
+            after = digest(buffers)
+            t_checks.append({"name": "inputs-unchanged", "ok": after == in_digest,
+                             "detail": "" if after == in_digest else "forward wrote to its inputs (they must be read-only)"})
+            alias = []
+            for k, o in enumerate(out):
+                if not isinstance(o, torch.Tensor):
+                    continue
+                span = _span(o)
+                if any(_overlaps(span, s) for s in in_spans):
+                    alias.append(f"output {k} shares memory with an input")
+                if any(_overlaps(span, _span(p)) for p in kept_outputs):
+                    alias.append(f"output {k} shares memory with an earlier trial's output (a cached result?)")
+            t_checks.append({"name": "no-aliasing", "ok": not alias, "detail": "; ".join(alias)})
+            tampered = timer_tampering()
+            t_checks.append({"name": "timer-integrity", "ok": not tampered,
+                             "detail": f"replaced by the candidate: {', '.join(tampered)}" if tampered else ""})
+            _save({"input_digest": in_digest, "outputs": [s.cpu() if isinstance(s, torch.Tensor) else s for s in snapshot]},
+                  Path(args.workdir) / f"trial{i}.pt")
+            kept_outputs.extend(o for o in out if isinstance(o, torch.Tensor))
+            trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
+                           "seed": trial_seed(args.seed, i), "checks": t_checks})
+            del snapshot, out
+        report["trials"] = trials
+        leftover = [t.name for t in set(threading.enumerate()) - threads_before_import
+                    if t.is_alive() and _thread_origin(t) == cand_file]
+        if leftover:
+            checks.append({"name": "no-background-threads", "ok": False,
+                           "detail": f"threads started by the candidate still running: {', '.join(leftover)}"})
+        report["phase"] = "timing"
+        if args.timing and device == "cuda" and buffers is not None:
+            bufs = buffers
+            report["timing"] = time_cuda(lambda: model(*bufs), args.runs, cuda_graph=args.cuda_graph)
+            tampered = timer_tampering()
+            if tampered:
+                checks.append({"name": "timer-integrity-after-timing", "ok": False,
+                               "detail": f"replaced by the candidate: {', '.join(tampered)}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kstrata.agents.eval_worker")
+    p.add_argument("--role", choices=("reference", "candidate"), required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--candidate")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--trials", type=int, default=6)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--timing", action="store_true")
+    p.add_argument("--cuda-graph", action="store_true")
+    p.add_argument("--policy", default="strict")
+    args = p.parse_args(argv)
+    report: dict[str, Any] = {"role": args.role, "ok": False, "versions": _versions(), "phase": "setup"}
+    if args.device == "cuda":
+        report["device_name"] = torch.cuda.get_device_name()
+    else:
+        report["device_name"] = f"cpu ({platform.machine()})"
+    try:
+        if args.role == "reference":
+            run_reference(args, report)
+        else:
+            run_candidate(args, report)
+        report["ok"] = True
+    except BaseException as exc:  # a candidate's SystemExit is a failure to report, not an exit
+        report["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        report["traceback"] = traceback.format_exc()[-3000:]
+        print(report["traceback"], file=sys.stderr)
+    tmp = Path(args.workdir) / "report.json.tmp"
+    tmp.write_text(json.dumps(report, default=str))
+    tmp.replace(Path(args.workdir) / "report.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave at once: a candidate's lingering (non-daemon) threads must not keep the process alive.
+    import os
+
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Roofline: the device's measured ceilings, the speed-of-light time of a task, and the fraction reached.
+
+`measure_ceilings()` measures, on the current CUDA device: the copy bandwidth (a 1 GiB device-to-device
+copy, read + write bytes over time), and the dense matmul rate per dtype (8192^3 `torch.mm` on random
+data: fp32 with TF32 off (`highest`), fp32 with TF32 (`high`), fp16, bf16), each the median of timed runs
+after warm-up (CUDA events, a synchronize before the end event). `load_or_measure(cache_dir)` keeps the
+result in a dated JSON file `ceilings-<device>-<YYYY-MM-DD>.json` and reuses one younger than `max_age_days`.
+
+Speed of light of a task (`speed_of_light`): the larger of
+- compute: its matmul FLOPs at the measured matmul rate of the task's precision (fp32 tasks at the
+  TF32-off rate: the `strict` policy of `kstrata.agents.evaluate` does not admit TF32) plus its other FLOPs
+  (pointwise, transcendental, reductions) at the fp32 TF32-off matmul rate, a stand-in for the CUDA cores'
+  FMA rate that is an optimistic bound for them (special functions run slower);
+- memory: its minimum bytes (`TaskSpec.min_bytes`) at the measured copy bandwidth.
+
+`assess(spec, ceilings, seconds, speedup)` gives the fraction of speed of light reached (speed-of-light
+time / measured time, 1.0 = at the roof) and flags a result faster than speed of light or more than
+`SUSPICIOUS_SPEEDUP` times faster than its baseline: a flagged result is not accepted until explained.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CEILINGS_SCHEMA = "kstrata.ceilings/1"
+#: A speedup above this over the baseline is flagged (KernelBench-era lesson: such results are usually bugs).
+SUSPICIOUS_SPEEDUP = 10.0
+#: Measured faster than speed of light by more than this fraction (timer resolution) is flagged.
+SOL_MARGIN = 0.02
+MATMUL_DTYPES = ("float32", "tf32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What the device can do, measured: bytes per second of a copy, FLOP per second of a matmul per dtype."""
+
+    device: str
+    date: str
+    copy_bytes_per_s: float
+    matmul_flops_per_s: dict[str, float]
+    versions: dict[str, str] = field(default_factory=dict)
+    method: str = ("copy: 1 GiB device-to-device, (read+write) bytes / median time; matmul: 8192^3 torch.mm on "
+                   "random data, 2*n^3 / median time; CUDA events, synchronize before the end event")
+    schema: str = CEILINGS_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ceilings:
+        if data.get("schema") != CEILINGS_SCHEMA:
+            raise ValueError(f"ceilings schema {data.get('schema')!r} is not {CEILINGS_SCHEMA!r}")
+        return cls(**data)
+
+    def matmul_rate(self, dtype: str) -> float:
+        """The matmul rate for a task precision (fp32 at the TF32-off rate; other floats at fp32's)."""
+        return self.matmul_flops_per_s.get(dtype, self.matmul_flops_per_s["float32"])
+
+
+def _median_ms(fn: Any, runs: int, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))
+
+
+def measure_ceilings(matmul_n: int = 8192, copy_bytes: int = 1 << 30) -> Ceilings:
+    """Measure copy bandwidth and matmul rates on the current CUDA device (a few seconds)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measuring ceilings needs a CUDA GPU")
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+    src.fill_(1)
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda dst=dst, src=src: dst.copy_(src), runs=20)
+    copy_bw = 2 * copy_bytes / (ms * 1e-3)
+    del src, dst
+    rates: dict[str, float] = {}
+    saved = torch.get_float32_matmul_precision()
+    try:
+        for name in MATMUL_DTYPES:
+            dtype = {"float32": torch.float32, "tf32": torch.float32, "float16": torch.float16,
+                     "bfloat16": torch.bfloat16}[name]
+            torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
+            a = torch.randn(matmul_n, matmul_n, device="cuda", dtype=dtype)
+            b = torch.randn(matmul_n, matmul_n, device="cuda", dtype=dtype)
+            c = torch.empty(matmul_n, matmul_n, device="cuda", dtype=dtype)
+            ms = _median_ms(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), runs=10)
+            rates[name] = 2 * matmul_n**3 / (ms * 1e-3)
+            del a, b, c
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    versions = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    return Ceilings(device=torch.cuda.get_device_name(), date=_dt.date.today().isoformat(), copy_bytes_per_s=copy_bw,
+                    matmul_flops_per_s=rates, versions=versions)
+
+
+def _slug(device: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+
+
+def load_or_measure(cache_dir: str | Path, max_age_days: int = 30) -> tuple[Ceilings, Path]:
+    """The newest cached ceilings of this device younger than `max_age_days`, else measure and cache them."""
+    import torch
+
+    cache = Path(cache_dir)
+    device = torch.cuda.get_device_name()
+    today = _dt.date.today()
+    candidates = sorted(cache.glob(f"ceilings-{_slug(device)}-*.json"), reverse=True) if cache.is_dir() else []
+    for path in candidates:
+        try:
+            c = Ceilings.from_json(json.loads(path.read_text()))
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError):
+            continue
+        if (today - _dt.date.fromisoformat(c.date)).days <= max_age_days:
+            return c, path
+    c = measure_ceilings()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"ceilings-{_slug(device)}-{c.date}.json"
+    path.write_text(json.dumps(c.to_json(), indent=2) + "\n")
+    return c, path
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    """One measured time against the roofline: speed of light, which roof bounds it, the fraction reached."""
+
+    seconds: float
+    sol_seconds: float
+    compute_seconds: float
+    memory_seconds: float
+    bound: str  # "compute" or "memory"
+    fraction: float  # sol_seconds / seconds: 1.0 is at the roof
+    achieved_flops_per_s: float
+    achieved_bytes_per_s: float
+    flags: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["flags"] = list(self.flags)
+        return d
+
+
+def speed_of_light(spec: Any, ceilings: Ceilings) -> tuple[float, float, float]:
+    """(speed-of-light seconds, compute seconds, memory seconds) of one forward pass of a task."""
+    by_kind = dict(spec.flops_by_kind)
+    matmul = by_kind.get("matmul", 0) if spec.flops_source == "counted" else spec.flops
+    other = max(0, spec.flops - matmul)
+    dtype = spec.dtypes[0] if spec.dtypes else "float32"
+    compute = matmul / ceilings.matmul_rate(dtype) + other / ceilings.matmul_flops_per_s["float32"]
+    memory = spec.min_bytes / ceilings.copy_bytes_per_s
+    return max(compute, memory), compute, memory
+
+
+def assess(spec: Any, ceilings: Ceilings, seconds: float, speedup: float | None = None) -> RooflinePoint:
+    """Place a measured time on the roofline and flag what cannot be true without an explanation."""
+    sol, compute, memory = speed_of_light(spec, ceilings)
+    fraction = sol / seconds if seconds > 0 else float("inf")
+    flags = []
+    if fraction > 1.0 + SOL_MARGIN:
+        flags.append(f"faster than speed of light ({fraction:.2f}x the roofline bound of {sol * 1e6:.1f} us)")
+    if speedup is not None and speedup > SUSPICIOUS_SPEEDUP:
+        flags.append(f"speedup {speedup:.1f}x is above {SUSPICIOUS_SPEEDUP:g}x")
+    return RooflinePoint(seconds=seconds, sol_seconds=sol, compute_seconds=compute, memory_seconds=memory,
+                         bound="compute" if compute >= memory else "memory", fraction=fraction,
+                         achieved_flops_per_s=spec.flops / seconds if seconds > 0 else 0.0,
+                         achieved_bytes_per_s=spec.min_bytes / seconds if seconds > 0 else 0.0, flags=tuple(flags))

@@ -1,0 +1,401 @@
+"""The hardened evaluator, the roofline and the bench report.
+
+CPU tests (CI): the policy arithmetic and KernelBench's tolerances, output comparison, the trial input
+distributions, storage checks, process isolation and timeouts, and every adversarial candidate that can
+be shown on a CPU, against small copies of the suite's tasks (the same `Model`, smaller sizes). GPU
+tests (`gpu` marker): every adversarial candidate against the suite's tasks on the GPU, correct
+candidates accepted, timing and the roofline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kstrata.agents import bench, roofline
+from kstrata.agents.eval_worker import _overlaps, _same_bits, digest, make_inputs, reshape_values
+from kstrata.agents.evaluate import (
+    DISTRIBUTIONS,
+    KERNELBENCH_TOLERANCE,
+    STRICT_FACTOR,
+    EvalError,
+    compare_output,
+    evaluate,
+    kernelbench_tolerance,
+    strict_bounds,
+)
+from kstrata.agents.tasks import import_task_module
+from kstrata.testsuite.tasks import TASKS_DIR
+
+from .conftest import has_cuda
+
+ADVERSARIAL = Path(__file__).resolve().parents[1] / "adversarial"
+gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+
+
+def shrunk_task(tmp_path: Path, task: str, sizes: dict[str, int]) -> Path:
+    """A copy of a suite task with its module-level size constants replaced (same Model, smaller inputs)."""
+    src = (TASKS_DIR / task).read_text()
+    for name, value in sizes.items():
+        src, n = re.subn(rf"^{name} = \d+$", f"{name} = {value}", src, flags=re.M)
+        assert n == 1, f"{task} has no line `{name} = <int>`"
+    path = tmp_path / Path(task).name
+    path.write_text(src)
+    return path
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body).lstrip())
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tolerances and the strict policy
+# ---------------------------------------------------------------------------------------------------
+def test_kernelbench_tolerances_are_kernelbenchs() -> None:
+    assert KERNELBENCH_TOLERANCE == {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+    assert kernelbench_tolerance(torch.float32) == 1e-4
+    assert kernelbench_tolerance("bfloat16") == 1e-2
+    assert kernelbench_tolerance(torch.int64) is None
+
+
+def test_strict_rejects_tf32_and_bf16_on_the_h200_gemm_figures() -> None:
+    # Relative errors against float64 of a 4096^3 fp32 GEMM measured on an H200 (issue 7).
+    fp32, tf32, bf16 = 8.4e-7, 2.8e-5, 1.8e-3
+    _, bound = strict_bounds(torch.float32, 0.0, fp32, 1.0)
+    assert fp32 <= bound < tf32 < bf16
+    assert bound == pytest.approx(STRICT_FACTOR * fp32 + 8 * torch.finfo(torch.float32).eps)
+    # KernelBench's fp32 tolerance would admit TF32 there: 1e-4 relative is above TF32's error.
+    assert tf32 < KERNELBENCH_TOLERANCE["float32"]
+
+
+def test_compare_output_strict_versus_kernelbench() -> None:
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(256, 256, dtype=torch.float64, generator=g) * 50
+    noise = torch.randn(256, 256, dtype=torch.float64, generator=g).clamp(-4, 4)
+    ref = (truth * (1 + 1e-7 * noise)).float()
+    close = (truth * (1 + 2e-7 * noise)).float()  # within 4x the reference's own error
+    lowp = (truth * (1 + 2e-5 * noise)).float()  # TF32-like: far above it, inside KernelBench's 1e-4
+    ok = compare_output("o", ref, close, truth)
+    assert ok.strict_ok and ok.kernelbench_ok and ok.strict_basis == "float64"
+    bad = compare_output("o", ref, lowp, truth)
+    assert bad.kernelbench_ok and not bad.strict_ok
+    assert "error against float64" in bad.detail
+    # Without a float64 reference, strict falls back to KernelBench's check and says why.
+    fb = compare_output("o", ref, lowp, None, fp64_note="the float64 reference failed: X")
+    assert fb.strict_ok == fb.kernelbench_ok and "float64 reference failed" in fb.strict_basis
+
+
+def test_compare_output_integers_nonfinite_and_values() -> None:
+    a = torch.tensor([1, 2, 3])
+    assert compare_output("i", a, a.clone(), None).strict_ok
+    r = compare_output("i", a, torch.tensor([1, 2, 4]), None)
+    assert not r.strict_ok and not r.kernelbench_ok and "1 of 3" in r.detail
+    x = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare_output("f", x, x.clone(), x.double()).strict_ok
+    y = compare_output("f", x, torch.tensor([1.0, 0.0, float("inf")]), x.double())
+    assert not y.strict_ok and y.nonfinite_mismatches == 1
+    assert compare_output("v", 3, 3, None).strict_ok and not compare_output("v", 3, 4, None).strict_ok
+
+
+# ---------------------------------------------------------------------------------------------------
+# Trial inputs and storage checks
+# ---------------------------------------------------------------------------------------------------
+def test_trial_inputs_keep_shapes_dtypes_domains_and_are_seeded(tmp_path: Path) -> None:
+    task = write(tmp_path, "t.py", """
+        import torch
+        import torch.nn as nn
+        class Model(nn.Module):
+            def forward(self, x, p, idx):
+                return x
+        def get_inputs():
+            return [torch.randn(64, 32, dtype=torch.bfloat16), torch.rand(64, 32).softmax(-1),
+                    torch.randint(0, 10, (64,))]
+        def get_init_inputs():
+            return []
+    """)
+    module = import_task_module(task)
+    assert len(DISTRIBUTIONS) >= 5 and DISTRIBUTIONS[0] == "task"
+    seen = set()
+    for trial in range(len(DISTRIBUTIONS)):
+        x, p, idx = make_inputs(module, trial, 42, "cpu")
+        assert x.shape == (64, 32) and x.dtype == torch.bfloat16 and p.dtype == torch.float32
+        assert idx.dtype == torch.int64 and int(idx.max()) < 10
+        assert bool((p >= 0).all()), "a non-negative input stays non-negative"
+        again = make_inputs(module, trial, 42, "cpu")
+        assert digest([x, p, idx]) == digest(again), "inputs are a function of (task, trial, seed)"
+        seen.add(digest([x]))
+    assert len(seen) == len(DISTRIBUTIONS)
+    zeros = make_inputs(module, DISTRIBUTIONS.index("zeros-negatives"), 42, "cpu")[0].float()
+    assert int((zeros == 0).sum()) > 0 and int((zeros < 0).sum()) > 0
+    shifted = reshape_values(torch.randn(10000), "shifted-scaled", torch.Generator().manual_seed(1))
+    assert float(shifted.mean()) > 0.5 and float(shifted.std()) > 1.2
+
+
+def test_storage_overlap_and_bitwise_equality() -> None:
+    assert _overlaps((0, 10), (5, 20)) and not _overlaps((0, 10), (10, 20)) and not _overlaps((0, 0), (0, 5))
+    nan = torch.tensor([float("nan"), 1.0])
+    assert _same_bits(nan, nan.clone())
+    assert not _same_bits(nan, torch.tensor([float("nan"), 2.0]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Isolation: crashes, hangs, exits and import errors are verdicts, not harness failures
+# ---------------------------------------------------------------------------------------------------
+TINY_TASK = """
+    import torch
+    import torch.nn as nn
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+    def get_inputs():
+        return [torch.randn(32, 64)]
+    def get_init_inputs():
+        return []
+"""
+
+
+@pytest.mark.parametrize(("body", "failure", "words"), [
+    ("import os\nclass ModelNew:\n    def __init__(self):\n        os.abort()\n", "crash", "SIGABRT"),
+    ("import time, torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        time.sleep(1000)\n",
+     "timeout", "timed out"),
+    ("import sys, torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        sys.exit(0)\n",
+     "crash", "SystemExit"),
+    ("import torch\nclass Model(torch.nn.Module):\n    pass\n", "import", "no `ModelNew`"),
+    ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x[:, :3].relu()\n",
+     "shape", "expected shape"),
+])
+def test_candidate_failures_are_verdicts(tmp_path: Path, body: str, failure: str, words: str) -> None:
+    task = write(tmp_path, "task.py", TINY_TASK)
+    cand = tmp_path / "cand.py"
+    cand.write_text(body)
+    # The hang is cut at 6 s (wherever the worker is by then, the verdict is a timeout); the others finish.
+    v = evaluate(task, cand, device="cpu", timeout_s=6 if failure == "timeout" else 120, trials=5)
+    assert not v.accepted and v.failure == failure, v.reason
+    assert words in v.reason
+    assert json.loads(json.dumps(v.to_json()))["accepted"] is False
+
+
+def test_harness_errors_are_raised(tmp_path: Path) -> None:
+    task = write(tmp_path, "task.py", TINY_TASK)
+    with pytest.raises(EvalError, match="no such candidate"):
+        evaluate(task, tmp_path / "missing.py", device="cpu")
+    with pytest.raises(EvalError, match="at least 5 trials"):
+        evaluate(task, task, device="cpu", trials=3)
+    with pytest.raises(EvalError, match="unknown policy"):
+        evaluate(task, task, device="cpu", policy="lenient")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Adversarial candidates on the CPU (small copies of the suite's tasks)
+# ---------------------------------------------------------------------------------------------------
+RELU = ("level1/11_relu_fp32.py", {"batch_size": 64, "dim": 512})
+GEMM = ("level1/01_square_gemm_fp32.py", {"N": 192})
+KL = ("level1/34_kl_div_fp32.py", {"batch_size": 128, "num_classes": 1024})
+
+CPU_ADVERSARIAL = [
+    ("cached_output", RELU, "no-aliasing"),
+    ("empty_output_reuse", RELU, None),
+    ("input_zeroing", RELU, "inputs-unchanged"),
+    ("background_thread", RELU, "no-background-threads"),
+    ("lower_precision_bf16", GEMM, None),
+    ("pointer_cache", RELU, None),
+    ("patched_timer", RELU, "timer-integrity"),
+    ("reference_result", RELU, None),
+    ("constant_output", KL, None),
+]
+
+
+@pytest.mark.parametrize(("name", "task", "check"), CPU_ADVERSARIAL, ids=[c[0] for c in CPU_ADVERSARIAL])
+def test_adversarial_candidates_are_rejected_on_cpu(tmp_path: Path, name: str, task: tuple[str, dict[str, int]],
+                                                    check: str | None) -> None:
+    path = shrunk_task(tmp_path, *task)
+    v = evaluate(path, ADVERSARIAL / f"{name}.py", device="cpu", timeout_s=60, trials=5)
+    assert not v.accepted, f"{name} was accepted: {v.reason}"
+    assert not v.correct_strict
+    if check:
+        assert check in v.reason, v.reason
+    if name == "constant_output":  # off the task's own distribution the shortcut fails under either policy
+        assert not any(t.passes("kernelbench") for t in v.trials if t.distribution != "task")
+
+
+def test_correct_candidates_are_accepted_on_cpu(tmp_path: Path) -> None:
+    relu = shrunk_task(tmp_path, *RELU)
+    v = evaluate(relu, ADVERSARIAL / "correct_torch_ops.py", device="cpu", timeout_s=60)
+    assert v.accepted and v.correct_strict and v.correct_kernelbench, v.reason
+    assert len(v.trials) == 6 and {t.distribution for t in v.trials} == set(DISTRIBUTIONS)
+    gemm = shrunk_task(tmp_path, *GEMM)
+    v = evaluate(gemm, ADVERSARIAL / "correct_gemm_fp32.py", device="cpu", timeout_s=60, policy="kernelbench")
+    assert v.accepted and v.correct_strict, v.reason
+
+
+def test_eval_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    relu = shrunk_task(tmp_path, *RELU)
+    cmd = [sys.executable, "-m", "kstrata.tools.cli_eval", "eval", str(relu), str(ADVERSARIAL / "input_zeroing.py"),
+           "--json", "--device", "cpu", "--trials", "5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["accepted"] is False and "inputs-unchanged" in data["reason"] and len(data["trials"]) == 5
+    proc = subprocess.run([*cmd[:4], str(tmp_path / "nope.py"), *cmd[5:]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "nope.py" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Roofline and the bench report
+# ---------------------------------------------------------------------------------------------------
+CEILINGS = roofline.Ceilings(device="Test GPU", date="2026-11-30", copy_bytes_per_s=4.0e12,
+                             matmul_flops_per_s={"float32": 50e12, "tf32": 400e12, "float16": 700e12,
+                                                 "bfloat16": 700e12})
+
+
+class _Spec:
+    def __init__(self, flops: int, min_bytes: int, dtype: str = "float32", matmul: int | None = None) -> None:
+        self.flops, self.min_bytes, self.dtypes, self.flops_source = flops, min_bytes, (dtype,), "counted"
+        self.flops_by_kind = (("matmul", flops if matmul is None else matmul),)
+
+
+def test_speed_of_light_and_flags() -> None:
+    gemm = _Spec(2 * 4096**3, 3 * 4096 * 4096 * 4)
+    sol, compute, memory = roofline.speed_of_light(gemm, CEILINGS)
+    assert sol == compute == pytest.approx(2 * 4096**3 / 50e12) and memory < compute
+    half = roofline.assess(gemm, CEILINGS, 2 * sol, speedup=1.2)
+    assert half.fraction == pytest.approx(0.5) and half.bound == "compute" and not half.flags
+    fast = roofline.assess(gemm, CEILINGS, 0.5 * sol, speedup=11.0)
+    assert len(fast.flags) == 2 and "speed of light" in fast.flags[0] and "above 10x" in fast.flags[1]
+    copy = _Spec(0, 8 << 30, matmul=0)
+    assert roofline.assess(copy, CEILINGS, (8 << 30) / 2e12).bound == "memory"
+    assert roofline.Ceilings.from_json(json.loads(json.dumps(CEILINGS.to_json()))) == CEILINGS
+
+
+def test_fast_p_and_geomean_follow_kernelbench() -> None:
+    correct = [True, True, False, True]
+    speed = [2.0, 0.5, 3.0, 1.2]
+    assert bench.fast_p(correct, speed, 0.0) == 0.75
+    assert bench.fast_p(correct, speed, 1.0) == 0.5
+    assert bench.fast_p(correct, speed, 1.5) == 0.25
+    assert bench.geomean([2.0, 0.5]) == pytest.approx(1.0) and bench.geomean([]) is None
+
+
+def _fake_results() -> dict[str, object]:
+    def entry(t: float, s: float | None, ok: bool = True) -> dict[str, object]:
+        return {"ok": True, "correct": ok, "timing": {"median_us": t, "p10_us": t * 0.9, "p90_us": t * 1.1, "min_us": t,
+                                                      "runs": 100}, "speedup_vs_eager": s, "sol_fraction": 0.5,
+                "roofline": {"sol_seconds": t * 0.5e-6, "bound": "memory"}, "flags": []}
+
+    return {"suite": "testsuite/tasks", "device": "Test GPU", "versions": {"torch": "x"}, "runs": 100, "seed": 42,
+            "baselines": ["eager", "compile"], "ceilings": CEILINGS.to_json(),
+            "tasks": {f"level1/{i}_t.py": {"dtypes": ["float32"], "flops": 1e9 * (i + 1), "min_bytes": 1e8,
+                                           "arithmetic_intensity": 10.0 * (i + 1),
+                                           "baselines": {"eager": entry(100.0, 1.0), "compile": entry(50.0 + 40 * i, 100 / (50 + 40 * i), i != 2)}}
+                      for i in range(4)}}
+
+
+def test_bench_report_markdown_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results = _fake_results()
+    results["summary"] = bench.summarize(results)
+    s = results["summary"]["compile"]
+    assert s["correct"] == 3 and s["fast_p"]["fast_1"] == 0.5 and s["fast_p"]["fast_0"] == 0.75
+    md = bench.render_markdown(results)
+    assert "fast_1.5" in md and "level1/3_t.py" in md and "| compile | 4 | 3 | 0 |" in md
+    assert s["fast_p_unflagged"] == s["fast_p"]
+    written = bench.write_report(results, tmp_path)
+    assert {p.name for p in written} == {"bench-report.md", "bench-speedup.png", "bench-roofline.png",
+                                         "bench-sol-fraction.png"}
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_bench_worker_runs_tasks_on_cpu(tmp_path: Path) -> None:
+    task = write(tmp_path, "1_relu.py", TINY_TASK)
+    proc = subprocess.run([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--baselines", "eager",
+                           "--runs", "5", "--device", "cpu", str(task)], capture_output=True, text=True, timeout=120)
+    rows = [json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(rows) == 1 and rows[0]["ok"] and rows[0]["correct"] and rows[0]["timing"]["runs"] == 5
+
+
+def test_bench_driver_resumes_and_reports_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    write(suite, "1_relu.py", TINY_TASK)
+    write(suite, "2_broken.py", "import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    out = tmp_path / "out"
+    lines: list[str] = []
+    results = bench.run_bench(suite, ["eager"], out, runs=5, device="cpu", ceilings=CEILINGS, on_progress=lines.append)
+    assert results["tasks"]["1_relu.py"]["baselines"]["eager"]["ok"]
+    assert not results["tasks"]["2_broken.py"]["baselines"]["eager"]["ok"]
+    assert (out / "bench-report.md").exists() and (out / "bench-sol-fraction.png").exists()
+    again = bench.run_bench(suite, ["eager"], out, runs=5, device="cpu", ceilings=CEILINGS, on_progress=lines.append)
+    assert "2 tasks, 2 already in" in " ".join(lines) and again["tasks"].keys() == results["tasks"].keys()
+
+
+# ---------------------------------------------------------------------------------------------------
+# On the GPU
+# ---------------------------------------------------------------------------------------------------
+RELU_GPU = ("level1/11_relu_fp32.py", {"batch_size": 2048, "dim": 4096})
+GPU_ADVERSARIAL = [
+    ("cached_output", RELU_GPU, "no-aliasing"),
+    ("empty_output_reuse", RELU_GPU, None),
+    ("input_zeroing", RELU_GPU, "inputs-unchanged"),
+    ("side_stream", RELU_GPU, None),
+    ("background_thread", RELU_GPU, None),
+    ("lower_precision_tf32", ("level1/01_square_gemm_fp32.py", {}), None),
+    ("lower_precision_bf16", ("level1/01_square_gemm_fp32.py", {}), None),
+    ("pointer_cache", RELU_GPU, None),
+    ("patched_timer", RELU_GPU, "timer-integrity"),
+    ("reference_result", RELU_GPU, None),
+    ("constant_output", ("level1/34_kl_div_fp32.py", {}), None),
+]
+
+
+def _gpu_task(tmp_path: Path, task: tuple[str, dict[str, int]]) -> Path:
+    return shrunk_task(tmp_path, *task) if task[1] else TASKS_DIR / task[0]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("name", "task", "check"), GPU_ADVERSARIAL, ids=[c[0] for c in GPU_ADVERSARIAL])
+def test_adversarial_candidates_are_rejected_on_gpu(tmp_path: Path, name: str, task: tuple[str, dict[str, int]],
+                                                    check: str | None) -> None:
+    v = evaluate(_gpu_task(tmp_path, task), ADVERSARIAL / f"{name}.py", device="cuda", timeout_s=300,
+                 timing=name == "patched_timer", runs=100)
+    print(f"VERDICT {name}: accepted={v.accepted} strict={v.correct_strict} kernelbench={v.correct_kernelbench} "
+          f"kernelbench_task_inputs={v.correct_kernelbench_task_inputs} failure={v.failure} reason={v.reason}")
+    assert not v.accepted and not v.correct_strict, v.reason
+    if name == "lower_precision_tf32":  # the verdict names the error against float64 and PyTorch's own
+        assert "error against float64" in v.reason and "PyTorch's own float32 error" in v.reason, v.reason
+    if check:
+        assert check in v.reason, v.reason
+
+
+@pytest.fixture(scope="module")
+def gpu_ceilings(tmp_path_factory: pytest.TempPathFactory) -> roofline.Ceilings:
+    return roofline.load_or_measure(tmp_path_factory.mktemp("ceilings"))[0]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("name", "task"), [
+    ("correct_torch_ops", RELU_GPU), ("correct_triton_relu", RELU_GPU),
+    ("correct_gemm_fp32", ("level1/01_square_gemm_fp32.py", {})),
+])
+def test_correct_candidates_are_accepted_on_gpu(tmp_path: Path, name: str, task: tuple[str, dict[str, int]],
+                                                gpu_ceilings: roofline.Ceilings) -> None:
+    v = evaluate(_gpu_task(tmp_path, task), ADVERSARIAL / f"{name}.py", device="cuda", timeout_s=300, timing=True,
+                 ceilings=gpu_ceilings)
+    print(f"VERDICT {name}: accepted={v.accepted} reason={v.reason} speedup={v.speedup} "
+          f"cand={v.candidate_timing} ref={v.reference_timing} roofline={v.roofline}")
+    assert v.correct_strict and v.correct_kernelbench, v.reason
+    assert v.candidate_timing is not None and v.candidate_timing.runs >= 100
+    assert v.speedup is not None and math.isfinite(v.speedup)
+    assert v.accepted, v.reason

@@ -1,0 +1,152 @@
+"""`kstrata eval` and `kstrata bench`: the hardened evaluator and the suite benchmark.
+
+`eval_app` and `bench_app` are typer sub-apps with one command each; `kstrata.tools.cli` mounts them as
+`eval` and `bench`. Run on its own, this module offers both (`python -m kstrata.tools.cli_eval eval
+TASK.py CANDIDATE.py`). Exit codes: 0 accepted (eval) or finished (bench); 1 rejected, or a bench task
+failed; 2 a user error (one line naming the file).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kstrata.ir.errors import KstrataError
+
+#: Each sub-app is one command (its callback): options may follow the arguments, as in any command.
+_ONE_COMMAND: dict[str, Any] = {"allow_interspersed_args": True}
+eval_app = typer.Typer(help="Judge a KernelBench ModelNew candidate against a task, hardened against cheating.",
+                       add_completion=False, pretty_exceptions_enable=False, context_settings=_ONE_COMMAND)
+bench_app = typer.Typer(help="Benchmark a suite of tasks under eager and torch.compile baselines.",
+                        add_completion=False, pretty_exceptions_enable=False, context_settings=_ONE_COMMAND)
+
+out = Console()
+err = Console(stderr=True)
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _emit_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_cmd(
+    task: Annotated[Path, typer.Argument(help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
+    candidate: Annotated[Path, typer.Argument(help="A file defining ModelNew.")],
+    as_json: JsonFlag = False,
+    policy: Annotated[str, typer.Option("--policy", help="strict (float64-anchored, default) or kernelbench.")] = "strict",
+    trials: Annotated[int, typer.Option("--trials", help="Correctness trials (at least 5).")] = 6,
+    seed: Annotated[int, typer.Option("--seed")] = 42,
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = "",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each process may run.")] = 600.0,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs (median reported).")] = 100,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time through a CUDA graph.")] = False,
+    no_timing: Annotated[bool, typer.Option("--no-timing", help="Check correctness only.")] = False,
+    ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Where measured ceilings are cached.")] = None,
+) -> None:
+    """Run the reference and the candidate in separate processes and judge the candidate."""
+    from kstrata.agents.evaluate import EvalError, evaluate
+
+    ceilings = None
+    dev = device or None
+    if not no_timing and (dev or "") != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            from kstrata.agents.roofline import load_or_measure
+
+            ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
+    try:
+        verdict = evaluate(task, candidate, policy=policy, trials=trials, seed=seed, device=dev, timeout_s=timeout,
+                           timing=False if no_timing else None, runs=runs, cuda_graph=cuda_graph, ceilings=ceilings)
+    except EvalError as exc:
+        raise KstrataError(str(exc)) from None
+    if as_json:
+        _emit_json(verdict.to_json())
+    else:
+        colour = "green" if verdict.accepted else "red"
+        out.print(f"[bold {colour}]{'ACCEPTED' if verdict.accepted else 'REJECTED'}[/] {verdict.candidate} for "
+                  f"{verdict.task} ({verdict.policy} policy): {verdict.reason}", highlight=False, soft_wrap=True)
+        out.print(f"correct: strict={verdict.correct_strict} kernelbench={verdict.correct_kernelbench} "
+                  f"kernelbench(task inputs only)={verdict.correct_kernelbench_task_inputs}", highlight=False)
+        if verdict.trials:
+            table = Table(title="trials")
+            for col in ("#", "inputs", "integrity", "strict", "kernelbench", "err vs fp64 (rel)", "PyTorch's own"):
+                table.add_column(col)
+            for t in verdict.trials:
+                o = t.outputs[0] if t.outputs else None
+                table.add_row(str(t.index), t.distribution, "ok" if t.integrity_ok else "FAIL",
+                              "ok" if t.passes("strict") else "FAIL", "ok" if t.passes("kernelbench") else "FAIL",
+                              f"{o.candidate_rel_l2:.3g}" if o and o.candidate_rel_l2 is not None else "—",
+                              f"{o.reference_rel_l2:.3g}" if o and o.reference_rel_l2 is not None else "—")
+            out.print(table)
+        if verdict.candidate_timing and verdict.reference_timing:
+            c, r = verdict.candidate_timing, verdict.reference_timing
+            out.print(f"time: candidate {c.median_us:.1f} us (p10 {c.p10_us:.1f}, p90 {c.p90_us:.1f}), reference "
+                      f"{r.median_us:.1f} us; speedup {verdict.speedup:.2f}x", highlight=False)
+        if verdict.roofline:
+            out.print(f"roofline: {100 * verdict.roofline['fraction']:.1f}% of speed of light "
+                      f"({verdict.roofline['bound']}-bound)", highlight=False)
+    if not verdict.accepted:
+        raise typer.Exit(1)
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_cmd(
+    suite_dir: Annotated[Path, typer.Argument(help="A directory of task files (searched recursively).")],
+    baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")] = "eager,compile",
+    as_json: JsonFlag = False,
+    out_dir: Annotated[Path, typer.Option("--out", help="Results JSON, markdown report and plots go here.")] = Path("bench-out"),
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per task and baseline (median).")] = 100,
+    task_timeout: Annotated[float, typer.Option("--task-timeout", help="Seconds one task may take.")] = 600.0,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only tasks whose path contains this (repeatable).")] = None,
+    ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings (default: --out).")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", help="Parallel workers that fill torch.compile's caches before the "
+                                                       "timed (sequential) pass.")] = 1,
+) -> None:
+    """Every task under SUITE_DIR under each baseline; resumes from OUT/bench-results.json."""
+    from kstrata.agents.bench import run_bench
+
+    if not suite_dir.is_dir():
+        raise KstrataError("no such suite directory", path=suite_dir)
+    names = [b.strip() for b in baselines.split(",") if b.strip()]
+    try:
+        results = run_bench(suite_dir, names, out_dir, runs=runs, task_timeout_s=task_timeout,
+                            ceilings_dir=ceilings_dir, only=only, jobs=jobs,
+                            on_progress=(lambda m: err.print(m, highlight=False)) if as_json else
+                            (lambda m: out.print(m, highlight=False)))
+    except (ValueError, RuntimeError) as exc:
+        raise KstrataError(str(exc)) from None
+    if as_json:
+        _emit_json(results)
+    else:
+        out.print(f"report: {out_dir / 'bench-report.md'}", highlight=False)
+        for b, s in results["summary"].items():
+            out.print(f"{b}: {s['correct']}/{s['tasks']} correct, geomean speedup vs eager "
+                      f"{s['geomean_speedup_vs_eager'] or 0:.3f}, " +
+                      ", ".join(f"{k}={v:.2f}" for k, v in s["fast_p"].items()), highlight=False)
+    failed = any(not r.get("ok") for e in results["tasks"].values() for r in e["baselines"].values())
+    if failed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Run `eval` or `bench` on its own, turning kstrata's user errors into one line and exit code 2."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True)
+    app.add_typer(eval_app, name="eval")
+    app.add_typer(bench_app, name="bench")
+    try:
+        app()
+    except KstrataError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
