@@ -19,6 +19,7 @@ from rich.table import Table
 
 from kstrata import __version__
 from kstrata.ir.errors import KstrataError
+from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_task import task_app
 
 app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lowering, and prove it.",
@@ -31,6 +32,8 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(bundle_app, name="bundle")
 app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
+app.add_typer(eval_app, name="eval")
+app.add_typer(bench_app, name="bench")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 
@@ -447,6 +450,35 @@ def passes_apply(
         tmp.replace(output)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def record_cmd(
+    ctx: typer.Context,
+    out_dir: Path = typer.Option(..., "--out", help="Directory for the launch records."),
+    max_per_kernel: int = typer.Option(1, "--max-per-kernel", help="Launches recorded per kernel."),
+    snapshots: bool = typer.Option(False, "--snapshots", help="Also save the inputs' contents (.npy)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run `-- CMD ...` and record its Triton kernel launches (kstrata.launch/1 files)."""
+    from kstrata.tools.record import record_command, summarize
+
+    command = list(ctx.args)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _fail("no command to record: kstrata record --out DIR -- python my_program.py", code=2)
+    rc, records = record_command(command, out_dir, max_per_kernel, snapshots)
+    rows = summarize(records)
+    if as_json:
+        _emit_json({"returncode": rc, "records": rows})
+    else:
+        for r in rows:
+            out.print(f"{r['kernel']:32s} {r['target']:12s} grid={r['grid']} args={r['args']} writes={r['written']}",
+                      highlight=False)
+        out.print(f"{len(rows)} launch records in {out_dir}; the program exited with {rc}", highlight=False)
+    if rc != 0:
+        raise typer.Exit(rc)
 
 
 @app.command("run-passes")

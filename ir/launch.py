@@ -1,0 +1,139 @@
+"""Launch records: what one kernel launch was given, enough to replay it on fresh data.
+
+A `LaunchRecord` names the kernel (by name and, when known, Triton's cache and override keys), the
+target, the grid and launch options, and every runtime argument: a tensor by dtype, shape, strides,
+storage size and offset (and, after recording, whether the launch changed its contents), a scalar by
+type and value. Tensor contents are not part of the record; `snapshot` names an optional `.npy` file
+of the contents before the launch, written beside the record.
+
+File format (JSON, versioned by `schema`):
+
+    {"schema": "kstrata.launch/1", "kernel": "add_kernel", "target": "cuda:90", "grid": [40, 1, 1],
+     "num_warps": 4, "num_stages": 3, "cache_key": "...", "override_key": "...",
+     "args": [{"name": "x_ptr", "kind": "tensor", "dtype": "float32", "shape": [5003], "stride": [1],
+               "storage_offset": 0, "storage_numel": 5003, "written": false, "snapshot": null},
+              {"name": "n", "kind": "scalar", "type": "i32", "value": 5003}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import KstrataError
+
+LAUNCH_SCHEMA = "kstrata.launch/1"
+
+
+class LaunchRecordError(KstrataError):
+    """A launch record that cannot be read or does not fit the kernel it is used with."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    dtype: str  # torch dtype name without "torch.", e.g. "float16"
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int = 0
+    storage_numel: int | None = None
+    #: Whether the recorded launch changed the tensor's contents (None when not observed).
+    written: bool | None = None
+    snapshot: str | None = None
+    kind: str = "tensor"
+
+    @property
+    def needed_numel(self) -> int:
+        """Elements the storage must hold for every index of the view."""
+        if not self.shape or 0 in self.shape:
+            return self.storage_offset
+        return self.storage_offset + 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride, strict=True))
+
+
+@dataclass(frozen=True)
+class ScalarArg:
+    name: str
+    type: str  # Triton's spelling: i32, i64, fp32, u1, …
+    value: int | float | bool
+    kind: str = "scalar"
+
+
+Arg = TensorArg | ScalarArg
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    kernel: str
+    target: str
+    grid: tuple[int, int, int]
+    args: tuple[Arg, ...]
+    num_warps: int | None = None
+    num_stages: int | None = None
+    cache_key: str | None = None
+    override_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema"] = LAUNCH_SCHEMA
+        data["grid"] = list(self.grid)
+        data["args"] = [asdict(a) for a in self.args]
+        for a in data["args"]:
+            if a["kind"] == "tensor":
+                a["shape"], a["stride"] = list(a["shape"]), list(a["stride"])
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, origin: str | None = None) -> LaunchRecord:
+        if not isinstance(data, dict) or data.get("schema") != LAUNCH_SCHEMA:
+            raise LaunchRecordError(f"not a launch record (expected schema {LAUNCH_SCHEMA})", path=origin)
+        try:
+            args: list[Arg] = []
+            for i, a in enumerate(data["args"]):
+                if a["kind"] == "tensor":
+                    args.append(TensorArg(a["name"], a["dtype"], tuple(a["shape"]), tuple(a["stride"]),
+                                          int(a.get("storage_offset", 0)), a.get("storage_numel"), a.get("written"),
+                                          a.get("snapshot")))
+                elif a["kind"] == "scalar":
+                    args.append(ScalarArg(a["name"], a["type"], a["value"]))
+                else:
+                    raise LaunchRecordError(f"argument {i} has unknown kind {a['kind']!r}", path=origin)
+            grid = tuple(int(g) for g in data["grid"]) + (1,) * (3 - len(data["grid"]))
+            return cls(data["kernel"], data["target"], (grid[0], grid[1], grid[2]), tuple(args),
+                       data.get("num_warps"), data.get("num_stages"), data.get("cache_key"), data.get("override_key"),
+                       dict(data.get("extra") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LaunchRecordError(f"malformed launch record: {type(exc).__name__}: {exc}", path=origin) from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LaunchRecord:
+        p = Path(path)
+        try:
+            return cls.from_json(json.loads(p.read_text()), str(p))
+        except FileNotFoundError:
+            raise LaunchRecordError("no such launch record", path=p) from None
+        except json.JSONDecodeError as exc:
+            raise LaunchRecordError(f"corrupt JSON: {exc}", path=p) from None
+
+    def check_against(self, params: tuple[Any, ...]) -> None:
+        """Raise when the record's runtime arguments do not match a kernel's parameters (names and kinds)."""
+        names = [a.name for a in self.args]
+        expected = [p.name for p in params]
+        if names != expected:
+            raise LaunchRecordError(f"kernel {self.kernel}: the record's arguments {names} do not match the kernel's "
+                                    f"parameters {expected}")
+        for a, p in zip(self.args, params, strict=True):
+            if (a.kind == "tensor") != p.is_pointer:
+                raise LaunchRecordError(f"kernel {self.kernel}: argument {a.name} is a {a.kind} in the record but "
+                                        f"{p.type} in the kernel")
