@@ -69,6 +69,29 @@ def _task_models(root: Path, all_tasks: bool) -> dict[str, tuple[Any, tuple[Any,
     return out
 
 
+def _write(results: Path, pipeline: str, rows: list[dict[str, Any]], env: dict[str, Any], final: bool) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    stem = f"torch-backend-gpu-{env['date'][:10]}"
+    (results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.torch-backend-gpu/1", "environment": env,
+                                                      "pipeline": pipeline, "complete": final, "models": rows},
+                                                     indent=2, default=str) + "\n")
+    lines = [f"# torch.compile backend on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton "
+             f"{env['triton']} · CUDA {env['cuda']} · pipeline `{pipeline}`", "",
+             "" if final else f"**Incomplete run: {len(rows)} models measured before it stopped.**", "",
+             "| model | outputs equal Inductor's | kernels rewritten / unchanged / fallback | Inductor µs | kstrata µs | speedup |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error'][:120]} | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {'bit-identical' if r['bitwise_equal'] else 'max diff ' + format(r['max_abs_diff'], '.3g')} "
+                     f"| {r['rewritten']} / {r['unchanged']} / {len(r['fallback'])} | {r['inductor_us']['median_us']:.1f} "
+                     f"| {r['kstrata_us']['median_us']:.1f} | {r['speedup']:.3f} |")
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    if final:
+        print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
@@ -90,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         models.update(_task_models(Path(__file__).resolve().parents[1] / "testsuite" / "tasks", ns.all_tasks))
     except Exception as exc:  # tasks are optional here; say why they are missing
         print(f"tasks skipped: {type(exc).__name__}: {exc}", flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     cache = tempfile.mkdtemp(prefix="kstrata-tb-")
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version()}
     for name, (model, inputs) in models.items():
         row: dict[str, Any] = {"model": name}
         try:
@@ -121,27 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("model", "bitwise_equal", "rewritten", "speedup", "error")}),
               flush=True)
-    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "cuda": torch.version.cuda, "python": platform.python_version()}
-    ns.results.mkdir(parents=True, exist_ok=True)
-    stem = f"torch-backend-gpu-{env['date'][:10]}"
-    (ns.results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.torch-backend-gpu/1", "environment": env,
-                                                         "pipeline": ns.pipeline, "models": rows},
-                                                        indent=2, default=str) + "\n")
-    lines = [f"# torch.compile backend on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton "
-             f"{env['triton']} · CUDA {env['cuda']} · pipeline `{ns.pipeline}`", "",
-             "| model | outputs equal Inductor's | kernels rewritten / unchanged / fallback | Inductor µs | kstrata µs | speedup |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error'][:120]} | | | | |")
-            continue
-        lines.append(f"| {r['model']} | {'bit-identical' if r['bitwise_equal'] else 'max diff ' + format(r['max_abs_diff'], '.3g')} "
-                     f"| {r['rewritten']} / {r['unchanged']} / {len(r['fallback'])} | {r['inductor_us']['median_us']:.1f} "
-                     f"| {r['kstrata_us']['median_us']:.1f} | {r['speedup']:.3f} |")
-    (ns.results / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        _write(ns.results, ns.pipeline, rows, env, final=False)  # a run cut short keeps what it measured
+    _write(ns.results, ns.pipeline, rows, env, final=True)
     return 0 if all("error" not in r and r["bitwise_equal"] for r in rows) else 1
 
 
