@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,6 +19,7 @@ from kstrata import __version__
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_task import task_app
+from kstrata.tools.console import emit_json, err, fail, out
 
 app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lowering, and prove it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -37,18 +36,8 @@ app.add_typer(bench_app, name="bench")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 
-out = Console()
-err = Console(stderr=True)
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _emit_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+_fail = fail
+_emit_json = emit_json
 
 
 def _version_callback(value: bool) -> None:

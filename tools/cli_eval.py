@@ -8,16 +8,15 @@ failed; 2 a user error (one line naming the file).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kstrata.ir.errors import KstrataError
+from kstrata.tools.console import JsonFlag, emit_json, err, out
 
 #: Each sub-app is one command (its callback): options may follow the arguments, as in any command.
 _ONE_COMMAND: dict[str, Any] = {"allow_interspersed_args": True}
@@ -26,13 +25,7 @@ eval_app = typer.Typer(help="Judge a KernelBench ModelNew candidate against a ta
 bench_app = typer.Typer(help="Benchmark a suite of tasks under eager and torch.compile baselines.",
                         add_completion=False, pretty_exceptions_enable=False, context_settings=_ONE_COMMAND)
 
-out = Console()
-err = Console(stderr=True)
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-
-def _emit_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+_emit_json = emit_json
 
 
 @eval_app.callback(invoke_without_command=True)

@@ -7,16 +7,15 @@ success, 1 when `list` met a bad task file, 2 for a user error (one line naming 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kstrata.ir.errors import KstrataError
+from kstrata.tools.console import JsonFlag, emit_json, err, out
 
 if TYPE_CHECKING:  # the task module imports torch: only when a task command runs
     from kstrata.agents.tasks import TaskSpec, TensorSpec
@@ -24,14 +23,7 @@ if TYPE_CHECKING:  # the task module imports torch: only when a task command run
 task_app = typer.Typer(help="KernelBench-format tasks: inputs, outputs, FLOPs, bytes and arithmetic intensity.",
                        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
-out = Console()
-err = Console(stderr=True)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-
-def _emit_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+_emit_json = emit_json
 
 
 @task_app.command("show")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import platform
 import sys
@@ -20,6 +21,14 @@ from pathlib import Path
 from typing import Any
 
 TASKS = ("level2/01_gemm_bias_relu_fp16.py", "level1/19_layernorm_fp16.py", "level1/17_softmax_fp32.py")
+
+
+def _run(model: Any, inputs: tuple[Any, ...]) -> Any:
+    return model(*inputs)
+
+
+def _call(model: Any, inputs: tuple[Any, ...]) -> None:
+    model(*inputs)
 
 
 def _flat(value: Any) -> list[Any]:
@@ -124,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 torch._dynamo.reset()
                 inductor = torch.compile(model)
-                ref = inductor(*inputs)
-                t_ind = time_gpu(lambda m=inductor, i=inputs: m(*i), runs=50)
+                ref = _run(inductor, inputs)
+                t_ind = time_gpu(functools.partial(_call, inductor, inputs), runs=50)
                 torch._dynamo.reset()
                 before = len(tb.report())
                 ours = torch.compile(model, backend="kstrata", options={"pipeline": ns.pipeline, "cache_dir": cache})
-                out = ours(*inputs)
-                t_ks = time_gpu(lambda m=ours, i=inputs: m(*i), runs=50)
+                out = _run(ours, inputs)
+                t_ks = time_gpu(functools.partial(_call, ours, inputs), runs=50)
             kernels = tb.report()[before:]
             pairs = list(zip(_flat(ref), _flat(out), strict=True))
             row.update(

@@ -62,12 +62,11 @@ class LaunchRecorder:
         if knobs.runtime.interpret:
             from triton.runtime import interpreter
 
-            interpreter.InterpretedFunction.run = self._wrap(  # type: ignore[method-assign]
-                interpreter.InterpretedFunction.run, interpreted=True)
+            interpreter.InterpretedFunction.run = self._wrap(interpreter.InterpretedFunction.run, interpreted=True)
         else:
             from triton.runtime import jit
 
-            jit.JITFunction.run = self._wrap(jit.JITFunction.run, interpreted=False)  # type: ignore[method-assign]
+            jit.JITFunction.run = self._wrap(jit.JITFunction.run, interpreted=False)
 
     def _wrap(self, run: Any, interpreted: bool) -> Any:
         recorder = self
@@ -130,7 +129,7 @@ class LaunchRecorder:
                     "override_key": base32_key(compiled.src.hash()) if hasattr(compiled.src, "hash") else None}
         else:
             constexpr = _constexpr_names(fn)
-        records = []
+        records: list[TensorArg | ScalarArg] = []
         for pname, value in bound.items():
             if pname in constexpr:
                 continue
@@ -146,7 +145,7 @@ class LaunchRecorder:
                         (data.dtype.itemsize == 1 and data.dtype.is_floating_point) else data.numpy()
                     np.save(self.out_dir / snapshot, array)
                 records.append(TensorArg(pname, str(value.dtype).removeprefix("torch."), tuple(value.shape),
-                                         tuple(value.stride()), value.storage_offset(),
+                                         tuple(value.stride()), int(value.storage_offset()),
                                          value.untyped_storage().nbytes() // max(value.element_size(), 1), written,
                                          snapshot))
             elif isinstance(value, bool | int | float):

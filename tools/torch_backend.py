@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kstrata.ir.errors import KstrataError
 
@@ -155,8 +155,9 @@ class _Session:
                 import re
 
                 m = re.search(r"tt\.func public @([\w$]+)", text)
-                state["name"] = m.group(1) if m else "?"
-                if self.config.only_inductor and not state["name"].startswith("triton_"):
+                name = m.group(1) if m else "?"
+                state["name"] = name
+                if self.config.only_inductor and not name.startswith("triton_"):
                     state["skip"] = "not an Inductor kernel"
             state["levels"][level] = text
             if state["skip"] or state["failed"] or level not in levels_with_passes:
@@ -232,7 +233,7 @@ def _installed(config: BackendConfig) -> Iterator[_Session]:
         raise BackendOptionError("another Triton stages hook is installed; kstrata will not replace it")
     cache = Path(config.cache_dir) / config.cache_key()
     cache.mkdir(parents=True, exist_ok=True)
-    CompiledTritonKernels.cache_clear()
+    CompiledTritonKernels.cache_clear()  # type: ignore[no-untyped-call]
     PyCodeCache.cache_clear()
     with knobs.cache.scope(), knobs.runtime.scope():
         knobs.cache.dir = str(cache)
@@ -240,7 +241,7 @@ def _installed(config: BackendConfig) -> Iterator[_Session]:
         try:
             yield session
         finally:
-            CompiledTritonKernels.cache_clear()
+            CompiledTritonKernels.cache_clear()  # type: ignore[no-untyped-call]
             PyCodeCache.cache_clear()
 
 
@@ -258,11 +259,11 @@ def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, An
             log.warning("kstrata: the inputs are not on a GPU, so Inductor generates no Triton kernels; "
                         "compiling with Inductor unchanged")
             _said_no_triton = True
-        return compile_fx(gm, example_inputs)
+        return cast("Callable[..., Any]", compile_fx(gm, example_inputs))
     # In this process (the hook is not in Inductor's compile workers), without the FX graph cache (a hit
     # would load kernels compiled without the pipeline).
     with _installed(config), inductor_config.patch(compile_threads=1, fx_graph_cache=False):
-        compiled: Callable[..., Any] = compile_fx(gm, example_inputs)
+        compiled = cast("Callable[..., Any]", compile_fx(gm, example_inputs))
     return compiled
 
 
