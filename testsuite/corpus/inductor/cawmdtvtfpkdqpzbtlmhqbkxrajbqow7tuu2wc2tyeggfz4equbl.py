@@ -1,0 +1,61 @@
+
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+triton_helpers.set_driver_to_gpu()
+
+@triton_heuristics.persistent_reduction(
+    size_hints={'x': 32, 'r0_': 512},
+    reduction_hint=ReductionHint.INNER,
+    filename=__file__,
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'in_ptr2': '*fp32', 'out_ptr0': '*fp32', 'out_ptr1': '*fp32', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]], (3,): [['tt.divisibility', 16]], (4,): [['tt.divisibility', 16]], (5,): [['tt.divisibility', 16]], (6,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused__fused_rms_norm_clone_native_group_norm_transpose_1', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 3, 'num_store': 2, 'num_reduction': 4, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': False, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'tiling_scores': {'x': 512, 'r0_': 65792}}
+)
+@triton.jit
+def triton_per_fused__fused_rms_norm_clone_native_group_norm_transpose_1(in_ptr0, in_ptr1, in_ptr2, out_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr):
+    xnumel = 32
+    r0_numel = 512
+    R0_BLOCK: tl.constexpr = 512
+    rnumel = r0_numel
+    RBLOCK: tl.constexpr = R0_BLOCK
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    r0_index = tl.arange(0, R0_BLOCK)[None, :]
+    r0_offset = 0
+    r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
+    roffset = r0_offset
+    rindex = r0_index
+    r0_2 = (r0_index % 16)
+    r0_3 = r0_index // 16
+    x0 = (xindex % 4)
+    x1 = xindex // 4
+    x4 = xindex
+    tmp0 = tl.load(in_ptr0 + (r0_2 + 16*x0 + 64*r0_3 + 2048*x1), xmask, other=0.0)
+    tmp1 = tl.load(in_ptr1 + (r0_3 + 32*x1), xmask, eviction_policy='evict_last', other=0.0)
+    tmp8 = tl.load(in_ptr2 + (r0_2 + 16*x0), xmask, eviction_policy='evict_last', other=0.0)
+    tmp2 = tl.full([1, 1], 64.0, tl.float32)
+    tmp3 = (tmp1 / tmp2)
+    tmp4 = tl.full([1, 1], 1.1920928955078125e-07, tl.float32)
+    tmp5 = tmp3 + tmp4
+    tmp6 = libdevice.rsqrt(tmp5)
+    tmp7 = tmp0 * tmp6
+    tmp9 = tmp7 * tmp8
+    tmp10 = tl.broadcast_to(tmp9, [XBLOCK, R0_BLOCK])
+    tmp12 = tl.where(xmask, tmp10, 0)
+    tmp13 = tl.broadcast_to(tmp10, [XBLOCK, R0_BLOCK])
+    tmp15 = tl.where(xmask, tmp13, 0)
+    tmp16 = tl.sum(tmp15, 1)[:, None].to(tl.float32)
+    tmp17 = tl.full([1, 1], 512, tl.int32)
+    tmp18 = tmp17.to(tl.float32)
+    tmp19 = (tmp16 / tmp18)
+    tmp20 = tmp10 - tmp19
+    tmp21 = tmp20 * tmp20
+    tmp22 = tl.broadcast_to(tmp21, [XBLOCK, R0_BLOCK])
+    tmp24 = tl.where(xmask, tmp22, 0)
+    tmp25 = tl.sum(tmp24, 1)[:, None].to(tl.float32)
+    tl.store(out_ptr0 + (x4), tmp19, xmask)
+    tl.store(out_ptr1 + (x4), tmp25, xmask)
