@@ -20,6 +20,8 @@ ENTRY_POINT_GROUP = "kstrata.passes"
 
 #: Built-in passes: name -> "module:Class" (modules are imported only when a pass is asked for).
 BUILTIN_PASSES: dict[str, str] = {
+    "dot-precision": "kstrata.passes.ttir:DotPrecision",
+    "load-eviction": "kstrata.passes.ttir:LoadEviction",
     "num-warps": "kstrata.passes.ttgir:NumWarps",
     "num-stages": "kstrata.passes.ttgir:NumStages",
     "noalias-args": "kstrata.passes.llir:NoAliasArgs",

@@ -31,9 +31,9 @@ from typing import Any
 
 TWIN_KERNELS = ("vector_add", "gelu_tanh_bias", "softmax_online", "layernorm_fwd", "rmsnorm_fwd_bf16",
                 "row_sum_bf16", "transpose_2d", "bmm_fp16_bt", "matmul_fp16", "flash_attention_fwd",
-                "conv2d_nchw_fp16", "int8_weight_matmul_fp16")
+                "conv2d_nchw_fp16", "int8_weight_matmul_fp16", "matmul_fp32_tf32", "matmul_fp32_ieee")
 TWIN_PIPELINES = (
-    "ttgir(num-warps{n=8})", "ttgir(num-stages{n=4})", "llir(noalias-args{assume=true})", "llir(flush-denormals)",
+    "ttir(dot-precision)", "ttir(load-eviction)", "ttgir(num-warps{n=8})", "ttgir(num-stages{n=4})", "llir(noalias-args{assume=true})", "llir(flush-denormals)",
     "ptx(ld-nc{assume_noalias=true})", "ptx(cache-hints)", "ptx(ptxas-options{opt_level=1})",
     "ptx(max-registers{n=64})",
 )
@@ -63,7 +63,7 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     return outs, time_gpu(once, runs=runs).to_json()
 
 
-def _twins(runs: int) -> list[dict[str, Any]]:
+def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[str, Any]]:
     import torch
 
     from kstrata.ir.target import Target
@@ -82,7 +82,7 @@ def _twins(runs: int) -> list[dict[str, Any]]:
         grid = kernel.grid(host)
 
         base_out, base_t = _launch_and_time(original, kernel, host, grid, runs)
-        for spec in TWIN_PIPELINES:
+        for spec in pipelines:
             row: dict[str, Any] = {"kernel": name, "pipeline": spec}
             try:
                 outcome = run_pipeline(original, parse_pipeline(spec))
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--skip-program", action="store_true")
     parser.add_argument("--skip-twins", action="store_true")
+    parser.add_argument("--pipelines", nargs="*", default=None, help="only these twin pipelines")
     ns = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs an NVIDIA GPU", file=sys.stderr)
@@ -212,14 +213,15 @@ def main(argv: list[str] | None = None) -> int:
            "cuda": torch.version.cuda, "python": platform.python_version()}
     payload: dict[str, Any] = {"schema": "kstrata.pass-gpu-check/1", "environment": env}
     if not ns.skip_twins:
-        payload["twins"] = _twins(ns.runs)
+        payload["twins"] = _twins(ns.runs, tuple(ns.pipelines) if ns.pipelines else TWIN_PIPELINES)
     if not ns.skip_program:
         work = ns.work or Path(tempfile.mkdtemp(prefix="kstrata-proof-"))
         try:
             payload["proof"] = _proof(work, ns.results)
         except Exception as exc:
             payload["proof"] = {"error": f"{type(exc).__name__}: {exc}"}
-    stem = f"passes-gpu-{env['date'][:10]}"
+    stem = f"passes-gpu-{env['date'][:10]}" + ("-" + "-".join(p.split("(")[1].split(")")[0].split("{")[0]
+                                                                for p in ns.pipelines) if ns.pipelines else "")
     (ns.results / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     lines = [f"# Passes on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton {env['triton']} · "
              f"CUDA {env['cuda']}", "", "## Execution twins (original vs rewritten binary, same inputs)", "",
