@@ -472,6 +472,43 @@ def record_cmd(
         raise typer.Exit(rc)
 
 
+@app.command("verify")
+def verify_cmd(
+    original: Path = typer.Argument(..., help="The original kernel: a cache or dump entry."),
+    candidate: Path = typer.Argument(..., help="The candidate: a cache, dump or override entry."),
+    launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the GPU differential run."),
+    seeds: int = typer.Option(3, "--seeds", help="Replays with fresh data in the differential run."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for the differential run (a hang fails)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL."""
+    from kstrata.backends.verify import Check, differential_in_child, load_candidate, verify_static
+    from kstrata.ir.triton_layout import load_any
+
+    bundles, errors = load_any(original)
+    if errors:
+        raise errors[0]
+    base = bundles[0]
+    report = verify_static(base, load_candidate(candidate, base))
+    if launch is not None:
+        import torch
+
+        if base.target.backend == "cuda" and torch.cuda.is_available():
+            report.checks += differential_in_child(original, candidate, launch, seeds, timeout)
+        else:
+            report.checks.append(Check("differential", "binary", "skipped", "needs a GPU of the kernel's vendor"))
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        out.print(f"[bold]{report.kernel}[/] {report.target}: levels that differ: "
+                  f"{', '.join(report.differing_levels) or 'none'}", highlight=False)
+        for c in report.checks:
+            colour = {"pass": "green", "fail": "red", "skipped": "yellow"}[c.verdict]
+            out.print(f"  [{colour}]{c.verdict:7s}[/] {c.level:6s} {c.name}: {c.detail}", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 @app.command("run-passes")
 def run_passes_cmd(
     cache_dir: Path = typer.Argument(..., help="A Triton cache root or dump directory (read only)."),

@@ -1,0 +1,109 @@
+"""`kstrata verify`: static checks on the levels that differ, and (on a GPU) the differential run of the
+original and candidate binaries on replays of a recorded launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kstrata.backends.verify import load_candidate, verify_static
+from kstrata.ir.target import Target
+from kstrata.passes.pipeline import parse_pipeline, run_pipeline
+from kstrata.testsuite.kernels import get_kernel
+from kstrata.testsuite.kernels.build import build_suite
+
+from .conftest import has_cuda
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("verify-cache")
+    result = build_suite(Target.parse("cuda:90"), root, [get_kernel("softmax_online")])
+    origin = result.bundles["softmax_online"].origin
+    assert origin is not None
+    return Path(origin)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "verify", *args], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_a_pass_result_verifies(entry: Path, tmp_path: Path) -> None:
+    from kstrata.ir.triton_layout import load_any, write_override
+
+    original = load_any(entry)[0][0]
+    new = run_pipeline(original, parse_pipeline("llir(noalias-args{assume=true}),ptx(cache-hints)")).bundle
+    override = write_override(new, tmp_path, levels=["llir", "ptx", "cubin"])
+    candidate = load_candidate(override, original)
+    report = verify_static(original, candidate)
+    assert report.ok and report.differing_levels == ["llir", "ptx", "cubin"]
+    proc = _cli(str(entry), str(override), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert {c["name"] for c in json.loads(proc.stdout)["checks"]} >= {"signature", "accepted", "abi", "resources"}
+
+
+def test_changed_launch_bounds_are_rejected(entry: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(entry, bad)
+    ptx = next(bad.glob("*.ptx"))
+    ptx.write_text(ptx.read_text().replace(".reqntid 128", ".reqntid 256"))
+    proc = _cli(str(entry), str(bad), "--json")
+    assert proc.returncode == 1
+    failed = [c for c in json.loads(proc.stdout)["checks"] if c["verdict"] == "fail"]
+    assert [c["name"] for c in failed] == ["abi"] and "-> softmax_online_kernel(256,)" in failed[0]["detail"]
+
+
+def test_ptx_that_does_not_assemble_is_rejected(entry: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(entry, bad)
+    ptx = next(bad.glob("*.ptx"))
+    ptx.write_text(ptx.read_text().replace("ld.global.b16", "ld.global.bogus16", 1))
+    proc = _cli(str(entry), str(bad), "--json")
+    assert proc.returncode == 1
+    checks = {(c["name"], c["level"]): c for c in json.loads(proc.stdout)["checks"]}
+    assert checks[("accepted", "ptx")]["verdict"] == "fail" and "ptxas" in checks[("accepted", "ptx")]["detail"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_gpu_differential_on_a_recorded_launch(entry: Path, tmp_path: Path) -> None:
+    # record a real launch of the kernel, then verify a sound rewrite (passes) and a wrong one (fails)
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from kstrata.testsuite.kernels import get_kernel
+        from kstrata.testsuite.kernels.run import launch
+        k = get_kernel("softmax_online")
+        args = {n: (v.cuda() if isinstance(v, torch.Tensor) else v) for n, v in k.make_args(torch.Generator().manual_seed(0)).items()}
+        launch(k, args)
+        torch.cuda.synchronize()
+    """))
+    records = tmp_path / "records"
+    subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(records), "--", sys.executable,
+                    str(script)], check=True, capture_output=True, timeout=600, env=dict(os.environ))
+    record = next(records.glob("softmax_online_kernel-*.json"))
+    from kstrata.ir.triton_layout import load_any, write_override
+
+    original = load_any(entry)[0][0]
+    good = write_override(run_pipeline(original, parse_pipeline("ptx(cache-hints)")).bundle, tmp_path / "good",
+                          levels=["ptx", "cubin"])
+    proc = _cli(str(entry), str(good), "--launch", str(record), "--seeds", "2", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [c["verdict"] for c in json.loads(proc.stdout)["checks"] if c["level"] == "binary"] == ["pass"] * 3
+    wrong_ptx = original.text("ptx").replace("max.f32", "min.f32")
+    assert wrong_ptx != original.text("ptx")
+    from kstrata.backends.rebuild import rebuild_from
+
+    wrong = write_override(rebuild_from(original, "ptx", wrong_ptx), tmp_path / "wrong", levels=["ptx", "cubin"])
+    proc = _cli(str(entry), str(wrong), "--launch", str(record), "--json")
+    assert proc.returncode == 1
+    first = next(c for c in json.loads(proc.stdout)["checks"] if c["verdict"] == "fail")
+    assert "first difference" in first["detail"]
