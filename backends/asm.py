@@ -16,6 +16,7 @@ from typing import Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 
+from .checks import amd_metadata_changes, ptx_entry_changes
 from .patch import AsmPatch, PatchResult, apply_patch
 
 
@@ -69,16 +70,6 @@ class PatchedBundle:
                 "resources_after": self.resources_after}
 
 
-def _ptx_abi(ptx: str) -> dict[str, Any]:
-    from .ptx import parse_ptx
-
-    module = parse_ptx(ptx)
-    entry = module.entry()
-    return {"name": entry.name, "params": [(p.type, p.attributes) for p in entry.params],
-            "reqntid": entry.reqntid, "maxntid": entry.maxntid, "maxnreg": entry.maxnreg,
-            "target": module.target, "address_size": module.address_size}
-
-
 def patch_bundle(bundle: KernelBundle, patch: AsmPatch) -> PatchedBundle:
     """Apply `patch` to `bundle` at its level, rebuild the binary, and run the static checks.
 
@@ -103,11 +94,10 @@ def patch_bundle(bundle: KernelBundle, patch: AsmPatch) -> PatchedBundle:
     if bundle.target.backend == "cuda":
         from .nvidia import rebuild_cubin
 
-        before_abi, after_abi = _ptx_abi(bundle.text("ptx")), _ptx_abi(result.text)
-        if before_abi != after_abi:
-            changed = sorted(k for k in before_abi if before_abi[k] != after_abi[k])
-            raise AsmCheckError(f"kernel {bundle.name}: the patch changes the entry's ABI ({', '.join(changed)})")
-        checks["abi"] = "unchanged (entry parameters, .reqntid/.maxntid/.maxnreg, target)"
+        changed = ptx_entry_changes(bundle.text("ptx"), result.text)
+        if changed:
+            raise AsmCheckError(f"kernel {bundle.name}: the patch changes the entry's ABI ({'; '.join(changed)})")
+        checks["abi"] = "unchanged (entry name and parameters, .reqntid/.maxntid, target)"
         before, after = rebuild_cubin(bundle), rebuild_cubin(bundle, result.text)
         new.levels["cubin"] = after.cubin
         checks["ptxas"] = "accepted"
@@ -117,24 +107,20 @@ def patch_bundle(bundle: KernelBundle, patch: AsmPatch) -> PatchedBundle:
         if ra and rb and ra.smem_bytes != rb.smem_bytes:
             raise AsmCheckError(f"kernel {bundle.name}: static shared memory changed {rb.smem_bytes} -> {ra.smem_bytes}")
     else:
-        from .amd import code_object_metadata, compare_metadata, reassemble_amdgcn
+        from .amd import code_object_metadata, reassemble_amdgcn
 
         hsaco = reassemble_amdgcn(result.text, str(bundle.target.arch))
         original = bundle.level("hsaco")
         assert isinstance(original, bytes)
         new.levels["hsaco"] = hsaco
         checks["llvm-mc + ld.lld"] = "accepted"
-        meta_before, meta_after = code_object_metadata(original), code_object_metadata(hsaco)
-        diffs = compare_metadata(meta_before, meta_after)
-        abi_diffs = [d for d in diffs if d.kind == "abi"]
-        if abi_diffs:
-            raise AsmCheckError(f"kernel {bundle.name}: the patch changes the code object's ABI: "
-                                + "; ".join(str(d) for d in abi_diffs))
+        abi, other = amd_metadata_changes(original, hsaco)
+        if abi:
+            raise AsmCheckError(f"kernel {bundle.name}: the patch changes the code object's ABI: " + "; ".join(abi))
         checks["abi"] = "unchanged (kernarg layout, wavefront size, LDS, workgroup size, kernel symbol)"
-        checks["setup_changes"] = [str(d) for d in diffs if d.kind == "setup"]
-        checks["resource_changes"] = [str(d) for d in diffs if d.kind == "resource"]
-        res_before = meta_before.kernel(bundle.name).resource_usage().to_json()
-        res_after = meta_after.kernel(bundle.name).resource_usage().to_json()
+        checks["other_changes"] = other
+        res_before = code_object_metadata(original).kernel(bundle.name).resource_usage().to_json()
+        res_after = code_object_metadata(hsaco).kernel(bundle.name).resource_usage().to_json()
     # The patched binary's code changed: it cannot keep the original's cache identity.
     new.metadata.pop("hash", None)
     return PatchedBundle(new, result, checks, res_before, res_after)

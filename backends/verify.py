@@ -26,6 +26,8 @@ from typing import Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 
+from .checks import amd_metadata_changes, binary, llir_accepted, mlir_accepted, ptx_entry_changes
+
 
 @dataclass
 class Check:
@@ -63,51 +65,26 @@ def _accepts_mlir(text: str, level: str, bundle: KernelBundle) -> str:
     from kstrata.ir.triton_ir import parse_triton
 
     parse_triton(text, bundle.origin)
-    import tempfile
-
-    from triton._C.libtriton import ir
-    from triton.compiler.compiler import make_backend
-
-    context = ir.context()
-    ir.load_dialects(context)
-    make_backend(bundle.target.to_triton()).load_dialects(context)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"k.{level}"
-        path.write_text(text)
-        ir.parse_mlir_module(str(path), context)
+    mlir_accepted(bundle.target, level, text)
     return "typed dialects and Triton's parser accept it"
 
 
 def _accepts_llir(text: str) -> str:
-    from .tools import ToolFailed, run_tool
-
-    code = "import sys, llvmlite.binding as l; l.parse_assembly(sys.stdin.read()).verify()"
-    try:  # llvmlite's LLVM must not share a process with Triton's
-        run_tool([sys.executable, "-c", code], input=text.encode(), timeout=120)
-    except ToolFailed as exc:
-        lines = [ln for ln in exc.stderr.strip().splitlines() if ln.strip()]
-        raise KstrataError(f"LLVM rejects the IR: {lines[-1] if lines else exc.message}") from None
+    llir_accepted(text)
     return "LLVM verifies it"
 
 
 def _ptx_abi(original: KernelBundle, candidate: KernelBundle) -> str:
-    from .ptx import parse_ptx
-
-    a, b = parse_ptx(original.text("ptx")).entry(), parse_ptx(candidate.text("ptx")).entry()
-    if (a.name, a.params, a.reqntid, a.maxntid) != (b.name, b.params, b.reqntid, b.maxntid):
-        raise KstrataError(f"PTX entry changed: {a.name}{a.reqntid}{a.maxntid} -> {b.name}{b.reqntid}{b.maxntid}")
+    changed = ptx_entry_changes(original.text("ptx"), candidate.text("ptx"))
+    if changed:
+        raise KstrataError("PTX entry changed: " + "; ".join(changed))
     return "entry name, parameters and launch bounds unchanged"
 
 
 def _amd_abi(original: KernelBundle, candidate: KernelBundle) -> str:
-    from .amd import code_object_metadata, compare_metadata
-
-    diffs = compare_metadata(code_object_metadata(original.level("hsaco")),  # type: ignore[arg-type]
-                             code_object_metadata(candidate.level("hsaco")))  # type: ignore[arg-type]
-    abi = [str(d) for d in diffs if d.kind == "abi"]
+    abi, other = amd_metadata_changes(binary(original.level("hsaco")), binary(candidate.level("hsaco")))
     if abi:
         raise KstrataError("code object ABI changed: " + "; ".join(abi))
-    other = [str(d) for d in diffs if d.kind != "abi"]
     return "kernarg layout and wave size unchanged" + (f"; {'; '.join(other)}" if other else "")
 
 

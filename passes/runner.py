@@ -81,23 +81,23 @@ def _static_checks(before: Any, after: Any) -> dict[str, Any]:
     if before.signature != after.signature:
         raise KstrataError(f"kernel {before.name}: the signature changed {before.signature} -> {after.signature}")
     checks["signature"] = "unchanged"
+    from kstrata.backends import checks as shared
+
     if before.target.backend == "cuda":
-        from kstrata.backends.ptx import parse_ptx
-
-        a, b = parse_ptx(before.text("ptx")).entry(), parse_ptx(after.text("ptx")).entry()
-        if (a.name, a.params) != (b.name, b.params):
-            raise KstrataError(f"kernel {before.name}: the PTX entry's parameters changed")
-        checks["ptx_entry"] = "parameters unchanged"
-        checks["block_threads"] = f"{a.reqntid} -> {b.reqntid}" if a.reqntid != b.reqntid else "unchanged"
+        # option passes may change the block size on purpose: launch bounds are reported, not refused
+        changed = shared.ptx_entry_changes(before.text("ptx"), after.text("ptx"), launch_bounds=False)
+        if changed:
+            raise KstrataError(f"kernel {before.name}: the PTX entry changed: {'; '.join(changed)}")
+        checks["ptx_entry"] = "name and parameters unchanged"
+        bounds = shared.ptx_entry_changes(before.text("ptx"), after.text("ptx"))
+        checks["block_threads"] = "; ".join(bounds) or "unchanged"
     else:
-        from kstrata.backends.amd import code_object_metadata, compare_metadata
-
-        diffs = compare_metadata(code_object_metadata(before.level("hsaco")), code_object_metadata(after.level("hsaco")))
-        abi = [str(d) for d in diffs if d.kind == "abi" and "workgroup" not in d.field]
+        abi, other = shared.amd_metadata_changes(shared.binary(before.level("hsaco")),
+                                                 shared.binary(after.level("hsaco")), workgroup=False)
         if abi:
             raise KstrataError(f"kernel {before.name}: the code object's ABI changed: {'; '.join(abi)}")
         checks["code_object_abi"] = "kernarg layout and wave size unchanged"
-        checks["resource_changes"] = [str(d) for d in diffs if d.kind != "abi"]
+        checks["resource_changes"] = other
     return checks
 
 

@@ -41,7 +41,7 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     from kstrata.ir.target import Target
     from kstrata.testsuite.kernels import get_kernel
     from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import _first_mismatch, poison_
+    from kstrata.testsuite.kernels.run import first_mismatch, poison_
 
     kernel = get_kernel(name)
     original = bundle_for(kernel, Target.parse("cuda:90"))
@@ -80,7 +80,7 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
         timings[label] = time_gpu(once, runs=runs).to_json()
     ref_mismatch = None
     for o in kernel.outputs:
-        ref_mismatch = ref_mismatch or _first_mismatch(o, outputs["triton"][o], expected[o], kernel.atol, kernel.rtol)
+        ref_mismatch = ref_mismatch or first_mismatch(o, outputs["triton"][o], expected[o], kernel.atol, kernel.rtol)
     results["matches_reference"] = ref_mismatch is None
     results["reference_mismatch"] = ref_mismatch
     for label in ("rebuilt", "patched"):

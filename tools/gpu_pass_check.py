@@ -71,7 +71,7 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
     from kstrata.passes.registry import get_pass
     from kstrata.testsuite.kernels import get_kernel
     from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import _first_mismatch
+    from kstrata.testsuite.kernels.run import first_mismatch
 
     rows = []
     for name in TWIN_KERNELS:
@@ -97,7 +97,7 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
                               for o in kernel.outputs)
                 mismatch = None
                 for o in kernel.outputs:
-                    mismatch = mismatch or _first_mismatch(o, new_out[o], expected[o], kernel.atol, kernel.rtol)
+                    mismatch = mismatch or first_mismatch(o, new_out[o], expected[o], kernel.atol, kernel.rtol)
                 row.update(bitwise_equal=bitwise, matches_reference=mismatch is None, mismatch=mismatch,
                            declared_tolerance=tolerance, ok=bitwise if tolerance is None else mismatch is None,
                            before_us=base_t, after_us=new_t, speedup=base_t["median_us"] / new_t["median_us"],

@@ -59,7 +59,7 @@ def poison_(t: torch.Tensor) -> None:
         t.view(torch.uint8).fill_(_POISON_BYTE)
 
 
-def _first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> dict[str, Any] | None:
+def first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> dict[str, Any] | None:
     g = got.detach().cpu()
     w = want.detach().cpu()
     if g.shape != w.shape:
@@ -122,7 +122,7 @@ def run_kernel(kernel: SuiteKernel, device: str, seed: int = 0) -> KernelRun:
         worst = 0.0
         for out in kernel.outputs:
             worst = max(worst, _max_abs_error(dev_args[out], expected[out]))
-            mismatch = mismatch or _first_mismatch(out, dev_args[out], expected[out], kernel.atol, kernel.rtol)
+            mismatch = mismatch or first_mismatch(out, dev_args[out], expected[out], kernel.atol, kernel.rtol)
         return KernelRun(kernel.name, mismatch is None, device, time.perf_counter() - start, worst, mismatch)
     except Exception as exc:  # a failing kernel is reported, the run goes on
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

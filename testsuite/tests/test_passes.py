@@ -166,7 +166,7 @@ def test_failing_pass_writes_a_reproducer(softmax: KernelBundle, tmp_path: Path)
     assert repro.is_dir() and (repro / "before.ptx").read_text() == softmax.text("ptx")
     assert "breaks-ptx" in (repro / "pipeline.txt").read_text()
     assert json.loads((repro / "pass.json").read_text())["kernel"] == softmax.name
-    assert "launch bounds changed" in (repro / "error.txt").read_text()
+    assert "launch ABI changed: reqntid" in (repro / "error.txt").read_text()
 
 
 def test_plugin_pass_from_an_entry_point(tmp_path: Path) -> None:

@@ -36,8 +36,7 @@ def test_suite_covers_what_the_project_promises() -> None:
 
 def test_every_kernel_compiles_for_both_reference_targets(suite_cache: Path) -> None:
     bundles, errors = load_cache_root(suite_cache)
-    assert not errors
-    built = {(b.notes[-1] if b.notes else "", str(b.target)) for b in bundles}
+    assert not errors and bundles
     index = json.loads((suite_cache / "kstrata-index.json").read_text())["entries"]
     per_target: dict[str, set[str]] = {}
     for record in index.values():
@@ -46,7 +45,6 @@ def test_every_kernel_compiles_for_both_reference_targets(suite_cache: Path) -> 
     for target in ("cuda:90", "hip:gfx942"):
         unsupported = {k.name for k in all_kernels() if target.split(":")[0] in k.unsupported_backends}
         assert per_target.get(target, set()) == expected - unsupported, target
-    assert built
 
 
 def test_control_flow_kernels_really_have_their_scf_ops(suite_cache: Path) -> None:

@@ -58,7 +58,7 @@ def test_changed_launch_bounds_are_rejected(entry: Path, tmp_path: Path) -> None
     proc = _cli(str(entry), str(bad), "--json")
     assert proc.returncode == 1
     failed = [c for c in json.loads(proc.stdout)["checks"] if c["verdict"] == "fail"]
-    assert [c["name"] for c in failed] == ["abi"] and "-> softmax_online_kernel(256,)" in failed[0]["detail"]
+    assert [c["name"] for c in failed] == ["abi"] and "reqntid (128,) -> (256,)" in failed[0]["detail"]
 
 
 def test_ptx_that_does_not_assemble_is_rejected(entry: Path, tmp_path: Path) -> None:
