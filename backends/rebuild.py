@@ -119,7 +119,9 @@ def _rebuild_with_stages(bundle: KernelBundle, new: KernelBundle, level: str, sr
             module = stages[lv](module, metadata)
             new.levels[lv] = module
     except Exception as exc:
+        # Keep the tool's own log (Triton puts ptxas's stderr after its first line), not only the headline.
+        lines = str(exc).strip().splitlines()
+        detail = "\n".join(lines[:1] + [ln for ln in lines[1:] if ln.strip()][:12])
         raise CompileError(f"kernel {bundle.name}: rebuilding from {level} failed at the {lv} stage: "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-                           path=bundle.origin) from exc
+                           f"{type(exc).__name__}: {detail}", path=bundle.origin) from exc
     new.metadata.update({k: v for k, v in (option_overrides or {}).items()})

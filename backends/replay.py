@@ -1,19 +1,60 @@
-"""Replay a recorded launch: fresh arguments shaped like the record, and a differential run of two binaries.
+"""Replay a recorded launch: fresh and edge-value arguments shaped like the record, output comparison,
+and a differential run of two binaries.
 
-`replay_args(record, device, seed)` allocates every tensor argument with the recorded dtype, shape,
-strides and storage size, fills it from `seed` (normal values for floating types, a small range for
-integers, so that index arguments usually stay in bounds). `differential(a, b, record)` launches two bundles'
-binaries on identical copies of those arguments and compares what they wrote, byte for byte, then times
-both with `time_gpu`.
+Inputs come in *input sets* (`input_sets`): the recorded snapshot when the record has one, random data
+for each seed (normal values for floating types, small non-negative integers — most integer inputs of
+kernels are indices or counts, so they usually stay in bounds), and two edge sets: floating tensors
+salted with NaN, ±Inf, ±0.0, denormals and the extreme finite values, and integer tensors salted with
+their type's extremes, 0 and -1. Integers are often addresses, so the original kernel may legitimately
+fault on the integer edge set; such a set "does not apply" rather than failing the candidate.
+
+`compare_outputs` is the one comparison every dynamic check uses: bytes for integers; for floating
+types bytes too, except that any NaN matches any NaN, unless a `Tolerance` is declared (ULPs or
+relative/absolute error; NaN positions and infinities must still agree).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+from kstrata.ir.tolerance import Tolerance
+
+#: The fraction of elements of an edge set that get a special value (the rest stay random).
+EDGE_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class InputSet:
+    """One way of filling a replay's tensors."""
+
+    label: str
+    mode: str  # "random" | "edge-float" | "edge-int" | "snapshot"
+    seed: int = 0
+
+    @property
+    def may_not_apply(self) -> bool:
+        """Whether the original itself may fault on it (then the set is skipped, not failed)."""
+        return self.mode == "edge-int"
+
+
+def input_sets(record: LaunchRecord, seeds: int, base_dir: Path | None = None) -> list[InputSet]:
+    """The input sets a dynamic check runs: snapshot (if recorded), `seeds` random seeds, the edge sets
+    that apply to the record's tensor types."""
+    sets: list[InputSet] = []
+    tensors = [a for a in record.args if isinstance(a, TensorArg)]
+    # Snapshot names are relative to the record's directory (kstrata record) or absolute.
+    if tensors and all(a.snapshot and (base_dir is not None or Path(a.snapshot).is_absolute()) for a in tensors):
+        sets.append(InputSet("recorded snapshot", "snapshot"))
+    sets += [InputSet(f"random seed {s}", "random", s) for s in range(seeds)]
+    if any(_dtype(a.dtype).is_floating_point for a in tensors):
+        sets.append(InputSet("edge floats (NaN, ±Inf, ±0, denormals, extremes)", "edge-float", 1000))
+    if any(not _dtype(a.dtype).is_floating_point and a.dtype != "bool" for a in tensors):
+        sets.append(InputSet("edge integers (min, max, 0, -1)", "edge-int", 2000))
+    return sets
 
 
 def _dtype(name: str) -> Any:
@@ -25,7 +66,25 @@ def _dtype(name: str) -> Any:
     return dtype
 
 
-def _fill(arg: TensorArg, gen: Any, device: str) -> Any:
+def _float_specials(dtype: Any) -> Any:
+    import torch
+
+    info = torch.finfo(dtype)
+    values = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, info.tiny, -info.tiny, info.max, -info.max,
+              info.tiny * info.eps, -(info.tiny * info.eps), info.tiny / 2]
+    # fp8 e4m3fn has no infinity: converting one gives NaN, which is still a special value worth having.
+    return torch.tensor(values, dtype=torch.float64).to(dtype)
+
+
+def _int_specials(dtype: Any) -> Any:
+    import torch
+
+    info = torch.iinfo(dtype)
+    return torch.tensor([info.min, info.max, 0, -1 if info.min < 0 else 1, info.min + 1, info.max - 1], dtype=dtype)
+
+
+def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | None) -> Any:
+    import numpy as np
     import torch
 
     dtype = _dtype(arg.dtype)
@@ -35,17 +94,30 @@ def _fill(arg: TensorArg, gen: Any, device: str) -> Any:
     elif dtype == torch.bool:
         flat = torch.rand(numel, generator=gen) > 0.5
     else:
-        # Small non-negative integers: most integer inputs of kernels are indices or counts.
         flat = torch.randint(0, 8, (numel,), generator=gen).to(dtype)
+    salted = (mode == "edge-float" and dtype.is_floating_point) or \
+             (mode == "edge-int" and not dtype.is_floating_point and dtype != torch.bool)
+    if salted and numel:
+        specials = _float_specials(dtype) if dtype.is_floating_point else _int_specials(dtype)
+        where = torch.rand(numel, generator=gen) < EDGE_FRACTION
+        pick = torch.randint(0, len(specials), (numel,), generator=gen)
+        flat = torch.where(where, specials[pick], flat)
+    view = flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
+    if mode == "snapshot" and arg.snapshot:
+        data = torch.from_numpy(np.load((base_dir or Path()) / arg.snapshot))
+        if data.dtype != dtype:  # dtypes numpy lacks are stored as raw bytes
+            data = data.view(dtype)
+        view.copy_(data.reshape(arg.shape))
     flat = flat.to(device)
     return flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
 
 
-def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
+def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0, *, mode: str = "random",
+                base_dir: Path | None = None) -> dict[str, Any]:
     """Arguments for one replay of `record`, by parameter name.
 
     Written tensors are filled like the others rather than poisoned: the record cannot tell an output
-    from an in-out buffer, and a differential run starts both binaries from identical contents, so an
+    from an in-out buffer, and a differential run starts both kernels from identical contents, so an
     element one of them fails to write still shows as a difference.
     """
     import torch
@@ -53,8 +125,72 @@ def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0) -> di
     gen = torch.Generator().manual_seed(seed)
     args: dict[str, Any] = {}
     for arg in record.args:
-        args[arg.name] = arg.value if isinstance(arg, ScalarArg) else _fill(arg, gen, device)
+        args[arg.name] = arg.value if isinstance(arg, ScalarArg) else _fill(arg, gen, device, mode, base_dir)
     return args
+
+
+def clone_args(args: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy that keeps each tensor's storage layout (views of a larger storage stay views)."""
+    import torch
+
+    copies: dict[str, Any] = {}
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            storage = torch.empty(0, dtype=value.dtype, device=value.device).set_(value.untyped_storage())
+            copies[name] = storage.clone().as_strided(value.shape, value.stride(), value.storage_offset())
+        else:
+            copies[name] = value
+    return copies
+
+
+def _storage(t: Any) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).detach().cpu()
+
+
+def _ordered(bits: Any, width: int) -> Any:
+    """Sign-magnitude float bits as integers ordered like the floats (so ULP distance is a difference)."""
+    import torch
+
+    b = bits.to(torch.int64) & ((1 << width) - 1)
+    magnitude = b & ((1 << (width - 1)) - 1)
+    return torch.where((b >> (width - 1)) != 0, -magnitude, magnitude)
+
+
+def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
+                    tolerance: Tolerance | None = None) -> dict[str, Any] | None:
+    """The first element where `a` and `b` differ among the tensors `names` (whole storages are
+    compared, so a write outside a view counts), or None."""
+    import torch
+
+    for name in names:
+        x, y = _storage(a[name]), _storage(b[name])
+        if x.dtype != y.dtype or x.numel() != y.numel():
+            return {"argument": name, "reason": f"{x.dtype}[{x.numel()}] vs {y.dtype}[{y.numel()}]"}
+        width = x.element_size() * 8
+        int_view = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+        xb, yb = x.view(int_view), y.view(int_view)
+        same = xb == yb
+        if x.dtype.is_floating_point:
+            xf, yf = x.to(torch.float64), y.to(torch.float64)
+            nan_x, nan_y = torch.isnan(xf), torch.isnan(yf)
+            same |= nan_x & nan_y
+            if tolerance is not None and not tolerance.exact:
+                finite = torch.isfinite(xf) & torch.isfinite(yf)
+                close = (xf - yf).abs() <= tolerance.atol + tolerance.rtol * yf.abs()
+                if tolerance.ulp:
+                    close |= (_ordered(xb, width) - _ordered(yb, width)).abs() <= tolerance.ulp
+                same |= finite & close
+        if not bool(same.all()):
+            index = int((~same).nonzero()[0, 0])
+            diff: dict[str, Any] = {"argument": name, "element": index, "a": x[index].item(), "b": y[index].item()}
+            if x.dtype.is_floating_point:
+                diff["a_bits"], diff["b_bits"] = hex(int(xb[index]) & ((1 << width) - 1)), \
+                    hex(int(yb[index]) & ((1 << width) - 1))
+            diff["mismatches"] = int((~same).sum())
+            return diff
+    return None
 
 
 @dataclass
@@ -64,39 +200,46 @@ class Differential:
     first_difference: dict[str, Any] | None = None
     timing_a: dict[str, Any] = field(default_factory=dict)
     timing_b: dict[str, Any] = field(default_factory=dict)
+    #: Whether the outputs are bit-identical (they may be equal only within a tolerance).
+    exact: bool = True
 
     @property
     def speedup(self) -> float:
         return float(self.timing_a["median_us"]) / float(self.timing_b["median_us"])
 
 
-def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: int = 0, runs: int = 100) -> Differential:
-    """Launch `a` and `b` on identical replays of `record`; compare the written tensors bytewise; time both."""
+def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: int = 0, runs: int = 100, *,
+                 mode: str = "random", base_dir: Path | None = None, tolerance: Tolerance | None = None,
+                 on_stage: Any = None) -> Differential:
+    """Launch `a` and `b` on identical replays of `record`; compare the tensors (bytes, or within
+    `tolerance`); time both when `runs` > 0. `on_stage(name)` is called before each kernel runs, so a
+    caller watching a child process knows which one crashed."""
     import torch
 
     from .launch import LoadedKernel, time_gpu
 
     record.check_against(a.params)
     record.check_against(b.params)
+    inputs = replay_args(record, "cuda", seed, mode=mode, base_dir=base_dir)
     outputs = []
     timings = []
-    for bundle in (a, b):
+    for which, bundle in (("original", a), ("candidate", b)):
+        if on_stage is not None:
+            on_stage(which)
         loaded = LoadedKernel(bundle)
-        args = replay_args(record, "cuda", seed)
+        args = clone_args(inputs)
         loaded.call_by_name(record.grid, args)
         torch.cuda.synchronize()
-        outputs.append({t.name: args[t.name].clone() for t in record.args if isinstance(t, TensorArg)})
+        outputs.append(args)
+        if runs > 0:
+            scratch = clone_args(inputs)
 
-        def once(loaded: LoadedKernel = loaded, args: dict[str, Any] = args) -> None:
-            loaded.call_by_name(record.grid, args)
+            def once(loaded: LoadedKernel = loaded, scratch: dict[str, Any] = scratch) -> None:
+                loaded.call_by_name(record.grid, scratch)
 
-        timings.append(time_gpu(once, runs=runs).to_json())
-    first = None
-    for name, x in outputs[0].items():
-        y = outputs[1][name]
-        xb, yb = x.contiguous().view(torch.uint8).flatten(), y.contiguous().view(torch.uint8).flatten()
-        if not torch.equal(xb, yb):
-            index = int((xb != yb).nonzero()[0, 0]) // max(x.element_size(), 1)
-            first = {"argument": name, "element": index, "a": x.flatten()[index].item(), "b": y.flatten()[index].item()}
-            break
-    return Differential(a.name, first is None, first, timings[0], timings[1])
+            timings.append(time_gpu(once, runs=runs).to_json())
+    names = [t.name for t in record.args if isinstance(t, TensorArg)]
+    first = compare_outputs(outputs[0], outputs[1], names, tolerance)
+    exact = first is None and (tolerance is None or compare_outputs(outputs[0], outputs[1], names) is None)
+    timing_a, timing_b = timings if timings else ({}, {})
+    return Differential(a.name, first is None, first, timing_a, timing_b, exact)

@@ -5,28 +5,37 @@ the tool that consumes it (Triton's parser for TTIR/TTGIR through the typed dial
 ptxas for PTX, llvm-mc + ld.lld for AMDGCN); the launch ABI is unchanged (PTX entry parameters and
 launch bounds, or the code object's kernarg layout and wave size); resources before and after.
 
-Dynamic check, on an NVIDIA GPU with a launch record (`--launch`): a differential run of the original
-and the candidate binary on identical replays of the recorded launch (several seeds), in a child process
-with a timeout, so that an illegal address or a hang in the candidate is a failed verdict and not a
-crash; outputs must match byte for byte unless the candidate declares a tolerance.
+Dynamic checks need a launch record (`kstrata record`, or a suite kernel's launch). Each runs the
+original and the candidate on identical input sets (`replay.input_sets`: random seeds, edge values,
+the recorded snapshot) in a child process with a timeout, so that a fault or a hang in the candidate is
+a failed verdict and not a crash of the verifier; outputs must match byte for byte (any NaN matches any
+NaN) unless the candidate declares a `Tolerance`:
 
-Not yet: the CPU interpreter for TTIR/TTGIR (the dynamic check without a GPU) and AMD GPU runs; the
-verdict says so for the levels where they would apply.
+- on the CPU, for a differing TTIR or TTGIR: our interpreter (`kstrata.ir.interp`) runs both texts;
+- on an NVIDIA GPU: a differential run of both binaries, a determinism re-run of the candidate, and
+  optionally the candidate under compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
+
+AMD binaries are checked statically only (kernarg layout, wave size, resources, and `s_waitcnt` hazards
+when the AMDGCN differs); running them needs an AMD GPU, which the verdict states.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 
 from .checks import amd_metadata_changes, binary, llir_accepted, mlir_accepted, ptx_entry_changes
+from .dynamic import Outcome, run_jobs, verdict
+from .replay import InputSet, input_sets
+
+if TYPE_CHECKING:
+    from kstrata.ir.launch import LaunchRecord as LaunchRecordT
+    from kstrata.ir.tolerance import Tolerance
 
 
 @dataclass
@@ -75,10 +84,23 @@ def _accepts_llir(text: str) -> str:
 
 
 def _ptx_abi(original: KernelBundle, candidate: KernelBundle) -> str:
-    changed = ptx_entry_changes(original.text("ptx"), candidate.text("ptx"))
+    changed = ptx_entry_changes(original.text("ptx"), candidate.text("ptx"), launch_bounds=False)
     if changed:
         raise KstrataError("PTX entry changed: " + "; ".join(changed))
-    return "entry name, parameters and launch bounds unchanged"
+    bounds = ptx_entry_changes(original.text("ptx"), candidate.text("ptx"))
+    if not bounds:
+        return "entry name, parameters and launch bounds unchanged"
+    # A pass may change the block size on purpose (num-warps); the launcher takes the block size from
+    # the candidate's metadata, so the launch bounds must agree with it.
+    from .ptx import parse_ptx
+
+    threads = (candidate.num_warps or 0) * candidate.target.warp_size
+    reqntid = parse_ptx(candidate.text("ptx")).entry().reqntid
+    if candidate.num_warps != original.num_warps and reqntid and reqntid[0] == threads:
+        return (f"entry name and parameters unchanged; block size {original.num_warps} -> {candidate.num_warps} "
+                f"warps, and .reqntid {reqntid} matches it")
+    raise KstrataError(f"PTX entry changed: {'; '.join(bounds)} (the candidate's metadata launches "
+                       f"{candidate.num_warps} warps = {threads} threads)")
 
 
 def _amd_abi(original: KernelBundle, candidate: KernelBundle) -> str:
@@ -109,7 +131,6 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
     for lv in levels:
         if lv in ("ttir", "ttgir"):
             _add(report, "accepted", lv, lambda lv=lv: _accepts_mlir(candidate.text(lv), lv, candidate))
-            report.checks.append(Check("interpreter", lv, "skipped", "the CPU interpreter for Triton IR is not built yet"))
         elif lv == "llir":
             _add(report, "accepted", lv, lambda: _accepts_llir(candidate.text("llir")))
         elif lv == "ptx":
@@ -127,9 +148,10 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
 
 def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     """A candidate from a cache or dump entry, or from an override entry (only the levels it replaces,
-    laid over the original's)."""
+    laid over the original's, with the metadata its `kstrata-candidate.json` says the rewrite changed)."""
     import dataclasses
 
+    from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
     from kstrata.ir.triton_layout import load_any
 
     p = Path(path)
@@ -148,7 +170,15 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
             levels[ext] = f.read_bytes() if ext in ("cubin", "hsaco") else f.read_text()
     if not levels:
         raise KstrataError(f"no level of kernel {original.name} in this directory", path=p)
-    return dataclasses.replace(original, levels={**original.levels, **levels}, origin=str(p))
+    info = CandidateInfo.read(p)
+    if info is not None and info.kernel != original.name:
+        raise KstrataError(f"{CANDIDATE_FILE} describes kernel {info.kernel}, not {original.name}", path=p)
+    metadata = {**original.metadata, **(info.metadata if info else {})}
+    if "ttgir" in levels:  # Triton takes the warp count of what it builds from the TTGIR's module attribute
+        warps = re.search(r'"ttg\.(?:total-)?num-warps"\s*=\s*(\d+)', levels["ttgir"])
+        if warps:
+            metadata["num_warps"] = int(warps.group(1))
+    return dataclasses.replace(original, levels={**original.levels, **levels}, metadata=metadata, origin=str(p))
 
 
 def _same_signature(original: KernelBundle, candidate: KernelBundle) -> str:
@@ -164,37 +194,122 @@ def _ptxas_accepts(candidate: KernelBundle) -> str:
     return "ptxas accepts it"
 
 
-def differential_in_child(original: Path, candidate: Path, launch: Path, seeds: int, timeout: float) -> list[Check]:
-    """Run the GPU differential in a child process (a crash or hang there is a failed verdict)."""
-    code = ("import json, sys; from kstrata.backends.verify import _differential_main; "
-            "print(json.dumps(_differential_main(*sys.argv[1:])))")
+def _gpu_available(backend: str) -> bool:
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(original), str(candidate), str(launch), str(seeds)],
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return [Check("differential", "binary", "fail", f"the candidate ran past the {timeout:g} s timeout (hang?)")]
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-4:])
-        return [Check("differential", "binary", "fail", f"the run died (exit {proc.returncode}): {tail}")]
-    return [Check(**c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+        import torch
+    except ImportError:
+        return False
+    return backend == "cuda" and torch.cuda.is_available() and torch.version.hip is None
 
 
-def _differential_main(original: str, candidate: str, launch: str, seeds: str) -> list[dict[str, Any]]:
-    from kstrata.ir.launch import LaunchRecord
-    from kstrata.ir.triton_layout import load_any
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
-    from .replay import differential
 
-    a = load_any(original)[0][0]
-    b = load_candidate(candidate, a)
-    record = LaunchRecord.load(launch)
-    checks = []
-    for seed in range(int(seeds)):
-        d = differential(a, b, record, seed=seed, runs=20)
-        detail = "outputs byte-identical" if d.equal else f"first difference: {d.first_difference} (launch {launch})"
-        checks.append(Check(f"differential seed {seed}", "binary", "pass" if d.equal else "fail",
-                            detail + f"; {d.timing_a['median_us']:.2f} -> {d.timing_b['median_us']:.2f} us").__dict__)
-    again = differential(b, b, record, seed=0, runs=5)
-    checks.append(Check("determinism", "binary", "pass" if again.equal else "fail",
-                        "the candidate gives the same bytes twice" if again.equal else str(again.first_difference)).__dict__)
-    return checks
+def _sanitizer_binary() -> str:
+    import os
+    import shutil
+
+    found = shutil.which("compute-sanitizer")
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if not found and root and Path(root, "bin", "compute-sanitizer").exists():
+            found = str(Path(root, "bin", "compute-sanitizer"))
+    if not found:
+        raise KstrataError("compute-sanitizer not found (put it on PATH or set CUDA_HOME)")
+    return found
+
+
+def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecordT | None = None, *, seeds: int = 2,
+           device: str = "auto", tolerance: Tolerance | str | None = None, sanitizer: str | None = None,
+           timeout: float = 120.0, launch_dir: Path | None = None, on_check: Any = None) -> VerifyReport:
+    """Every check that applies: static ones always, dynamic ones with a launch record.
+
+    `device`: "cpu" (static + interpreter), "cuda" (also the GPU differential run; an error without
+    an NVIDIA GPU) or "auto" (the GPU when there is one). `tolerance` loosens floating comparisons
+    (a `Tolerance` or its spelling). `launch_dir` is where the record's snapshots are. `on_check(check)`
+    is called as each dynamic check finishes (progress for long runs).
+    """
+    from kstrata.ir.tolerance import Tolerance
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise KstrataError(f"unknown device {device!r} (auto, cpu or cuda)")
+    if sanitizer is not None and sanitizer not in SANITIZER_TOOLS:
+        raise KstrataError(f"unknown sanitizer tool {sanitizer!r} ({', '.join(SANITIZER_TOOLS)})")
+    tol = Tolerance.parse(tolerance) if isinstance(tolerance, str) else tolerance
+    report = verify_static(original, candidate)
+    if tol is not None and not tol.exact:
+        report.checks.append(Check("tolerance", "floating", "pass", f"declared: {tol.spelling()}"
+                                   + (f" ({tol.why})" if tol.why else "")))
+    if launch is None:
+        if report.differing_levels:
+            report.checks.append(Check("dynamic", "all", "skipped",
+                                       "no launch record: give one (kstrata record) for the interpreter and GPU runs"))
+        return report
+    launch.check_against(original.params)
+    launch.check_against(candidate.params)
+    gpu = _gpu_available(original.target.backend)
+    if device == "cuda" and not gpu:
+        raise KstrataError("--device cuda: no NVIDIA GPU visible to torch here (or the kernel is not for cuda)")
+    sets = input_sets(launch, seeds, launch_dir)
+    launch_name = f"{launch.kernel} grid {list(launch.grid)}"
+
+    def add(check: Check) -> None:
+        report.checks.append(check)
+        if on_check is not None:
+            on_check(check)
+
+    job_base = {"original": original, "candidate": candidate, "record": launch, "tolerance": tol, "base_dir": launch_dir}
+    planned: list[tuple[str, str, InputSet, dict[str, Any]]] = []  # (check name, level, input set, job)
+    for level in ("ttir", "ttgir"):
+        if level in report.differing_levels:
+            planned += [(f"interpreter: {s.label}", level, s, {**job_base, "kind": "interp", "level": level,
+                                                                "input_set": s}) for s in sets]
+    binary_level = original.target.binary_level
+    gpu_runs = False
+    # (AMD binaries: verify_static already says that running them needs an AMD GPU.)
+    if binary_level in report.differing_levels and original.target.backend == "cuda":
+        if device == "cpu" or not gpu:
+            add(Check("differential", binary_level, "skipped", "the GPU differential run needs an NVIDIA GPU"
+                      + (" (--device cpu)" if device == "cpu" else " (none here)")))
+        else:
+            gpu_runs = True
+            first_random = True
+            for s in sets:
+                runs = 20 if first_random and s.mode == "random" else 0  # time the pair once
+                first_random = first_random and runs == 0
+                planned.append((f"differential: {s.label}", binary_level, s,
+                                {**job_base, "kind": "gpu", "runs": runs, "input_set": s}))
+            again = next((s for s in sets if s.mode == "random"), sets[0])
+            planned.append(("determinism", binary_level, again,
+                            {**job_base, "original": candidate, "kind": "gpu", "runs": 0, "input_set": again}))
+
+    def judged(index: int, outcome: Outcome) -> None:
+        name, level, iset, _ = planned[index]
+        verdict_, detail = verdict(name, level, iset, outcome, timeout, launch_name)
+        if name == "determinism" and verdict_ == "pass":
+            detail = "the candidate gives the same bytes twice"
+        add(Check(name, level, verdict_, detail))
+
+    run_jobs([job for *_, job in planned], timeout, on_outcome=judged)
+    if gpu_runs and sanitizer is not None:
+        wrapper = [_sanitizer_binary(), "--tool", sanitizer, "--error-exitcode", "86", "--print-limit", "5"]
+        iset = next((s for s in sets if s.mode == "random"), sets[0])
+        outcome = run_jobs([{**job_base, "kind": "sanitize", "input_set": iset}], timeout * 5, wrapper)[0]
+        name = f"compute-sanitizer {sanitizer}"
+        if outcome.status == "ran" and not outcome.payload.get("returncode"):
+            add(Check(name, binary_level, "pass", "no errors reported"))
+        else:
+            errors = [ln.strip() for ln in outcome.output.splitlines() if ln.startswith("=========") and
+                      ("ERROR" in ln.upper() or "Invalid" in ln or "hazard" in ln.lower())][:6]
+            add(Check(name, binary_level, "fail", f"{outcome.status} (exit {outcome.payload.get('returncode')}): "
+                      + (" | ".join(errors) or outcome.output.strip()[-600:])))
+    return report
+
+
+
+def declared_tolerance(candidate: str | Path) -> str | None:
+    """The tolerance a candidate entry declares in its `kstrata-candidate.json`, if any."""
+    from kstrata.ir.candidate import CandidateInfo
+
+    p = Path(candidate)
+    info = CandidateInfo.read(p) if p.is_dir() else None
+    return info.tolerance if info is not None else None

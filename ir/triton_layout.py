@@ -381,7 +381,7 @@ def write_cache_entry(bundle: KernelBundle, root: str | os.PathLike[str], overwr
 
 
 def write_override(bundle: KernelBundle, root: str | os.PathLike[str], levels: list[str] | None = None,
-                   overwrite: bool = False) -> Path:
+                   overwrite: bool = False, extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Write `bundle`'s levels (default: every stage level present) in `TRITON_OVERRIDE_DIR` layout.
 
     Triton reads `<root>/<override key>/<name>.<level>` when run with `TRITON_KERNEL_OVERRIDE=1`; it only
@@ -394,6 +394,7 @@ def write_override(bundle: KernelBundle, root: str | os.PathLike[str], levels: l
                           path=bundle.origin)
     chosen = levels or [lv for lv in bundle.target.levels if lv in bundle.levels]
     files = {f"{bundle.name}.{lv}": _encode(bundle.level(lv)) for lv in chosen}
+    files.update(extra_files or {})  # e.g. kstrata-candidate.json, which Triton does not read
     return _write_entry_atomically(Path(root) / bundle.override_key, files, overwrite)
 
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.tolerance import Tolerance
 
 PASS_LEVELS = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -59,8 +60,14 @@ class KernelPass:
     name: ClassVar[str]
     level: ClassVar[str]
     backends: ClassVar[tuple[str, ...]] = ("cuda", "hip")
-    #: `None` when the pass keeps results bit-exact; otherwise what it needs, e.g. "rel 1e-6".
-    tolerance: ClassVar[str | None] = None
+    #: `None` when the pass keeps results bit-exact; otherwise the tolerance it needs (ULPs or
+    #: relative/absolute error, and why). Passes whose tolerance depends on their options override
+    #: `declared_tolerance`.
+    tolerance: ClassVar[Tolerance | None] = None
+
+    def declared_tolerance(self) -> Tolerance | None:
+        """The tolerance this pass, with these options, declares (None: bit-exact)."""
+        return self.tolerance
 
     def precondition(self, ctx: PassContext) -> str | None:
         """`None` when the pass is sound on `ctx`'s kernel, or why it is not (then nothing changes)."""
@@ -96,7 +103,9 @@ class KernelPass:
     def describe(cls) -> dict[str, Any]:
         doc = (cls.__doc__ or "").strip()
         return {
-            "name": cls.name, "level": cls.level, "backends": list(cls.backends), "tolerance": cls.tolerance,
+            "name": cls.name, "level": cls.level, "backends": list(cls.backends),
+            "tolerance": cls.tolerance.spelling() if cls.tolerance else None,
+            "tolerance_why": cls.tolerance.why if cls.tolerance else None,
             "options": {f.name: {"type": str(f.type), "default": None if f.default is dataclasses.MISSING else f.default}
                         for f in dataclasses.fields(cls)},
             "summary": doc.splitlines()[0] if doc else "", "doc": doc,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kstrata.ir.tolerance import Tolerance
+
 from .base import KernelPass, PassContext, PassResult
 
 
@@ -74,7 +76,7 @@ class FlushDenormals(KernelPass):
 
     name = "flush-denormals"
     level = "llir"
-    tolerance = "fp32 denormals flushed to signed zero (|x| < 2^-126)"
+    tolerance = Tolerance(rtol=1e-6, atol=2.0**-126, why="fp32 denormals flushed to signed zero (|x| < 2^-126)")
 
     def precondition(self, ctx: PassContext) -> str | None:
         if '"denormal-fp-math-f32"="preserve-sign' in ctx.text:

@@ -21,6 +21,7 @@ from typing import Any
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.tolerance import Tolerance
 
 from .base import PASS_LEVELS, KernelPass, PassContext, PassError
 from .registry import get_pass
@@ -51,6 +52,14 @@ class Pipeline:
     @property
     def passes(self) -> list[tuple[str, KernelPass]]:
         return [(s.level, p) for s in self.stages for p in s.passes]
+
+    def tolerance(self) -> Tolerance | None:
+        """The loosest tolerance any pass declares (None: the pipeline keeps results bit-exact)."""
+        declared = [t for _, p in self.passes if (t := p.declared_tolerance()) is not None]
+        combined: Tolerance | None = None
+        for t in declared:
+            combined = t.combine(combined)
+        return combined
 
 
 _NAME = re.compile(r"[A-Za-z_][\w-]*")

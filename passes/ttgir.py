@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kstrata.backends.rebuild import compile_options
+from kstrata.ir.tolerance import Tolerance
 
 from .base import KernelPass, PassContext, PassResult
 
@@ -59,7 +60,8 @@ class NumWarps(KernelPass):
 
     name = "num-warps"
     level = "ttgir"
-    tolerance = "floating-point reductions reassociated (the reduction tree follows the warp count)"
+    tolerance = Tolerance(ulp=4, rtol=1e-5, atol=1e-6,
+                          why="floating-point reductions reassociated (the reduction tree follows the warp count)")
     n: int = 8
 
     def precondition(self, ctx: PassContext) -> str | None:

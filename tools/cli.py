@@ -476,27 +476,37 @@ def record_cmd(
 def verify_cmd(
     original: Path = typer.Argument(..., help="The original kernel: a cache or dump entry."),
     candidate: Path = typer.Argument(..., help="The candidate: a cache, dump or override entry."),
-    launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the GPU differential run."),
-    seeds: int = typer.Option(3, "--seeds", help="Replays with fresh data in the differential run."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for the differential run (a hang fails)."),
+    launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the dynamic checks."),
+    seeds: int = typer.Option(2, "--seeds", help="Random input sets per dynamic check (edge sets come on top)."),
+    device: str = typer.Option("auto", "--device", help="cpu (static + interpreter), cuda (+ GPU runs) or auto."),
+    tolerance: str = typer.Option(None, "--tolerance",
+                                  help="Declared floating tolerance, e.g. 'ulp=2' or 'rtol=1e-5,atol=1e-6' "
+                                       "(default: the candidate's kstrata-candidate.json, else bit-exact)."),
+    sanitizer: str = typer.Option(None, "--sanitizer", help="Also run the candidate under compute-sanitizer: "
+                                                            "memcheck, racecheck, synccheck or initcheck."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds per dynamic run (a hang fails)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL."""
-    from kstrata.backends.verify import Check, differential_in_child, load_candidate, verify_static
+    from kstrata.backends.verify import Check, declared_tolerance, load_candidate, verify
+    from kstrata.ir.launch import LaunchRecord
     from kstrata.ir.triton_layout import load_any
 
     bundles, errors = load_any(original)
     if errors:
         raise errors[0]
     base = bundles[0]
-    report = verify_static(base, load_candidate(candidate, base))
-    if launch is not None:
-        import torch
+    cand = load_candidate(candidate, base)
+    record = LaunchRecord.load(launch) if launch is not None else None
 
-        if base.target.backend == "cuda" and torch.cuda.is_available():
-            report.checks += differential_in_child(original, candidate, launch, seeds, timeout)
-        else:
-            report.checks.append(Check("differential", "binary", "skipped", "needs a GPU of the kernel's vendor"))
+    def progress(check: Check) -> None:
+        if not as_json:
+            colour = {"pass": "green", "fail": "red", "skipped": "yellow"}[check.verdict]
+            err.print(f"  [{colour}]{check.verdict}[/] {check.level} {check.name}", highlight=False)
+
+    report = verify(base, cand, record, seeds=seeds, device=device, tolerance=tolerance or declared_tolerance(candidate),
+                    sanitizer=sanitizer, timeout=timeout, launch_dir=launch.parent if launch is not None else None,
+                    on_check=progress)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -505,6 +515,7 @@ def verify_cmd(
         for c in report.checks:
             colour = {"pass": "green", "fail": "red", "skipped": "yellow"}[c.verdict]
             out.print(f"  [{colour}]{c.verdict:7s}[/] {c.level:6s} {c.name}: {c.detail}", highlight=False)
+        out.print(f"verdict: {'[green]equivalent[/]' if report.ok else '[red]rejected[/]'}", highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 

@@ -68,7 +68,6 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
 
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.passes.registry import get_pass
     from kstrata.testsuite.kernels import get_kernel
     from kstrata.testsuite.kernels.build import bundle_for
     from kstrata.testsuite.kernels.run import first_mismatch
@@ -92,7 +91,8 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
                     rows.append(row)
                     continue
                 new_out, new_t = _launch_and_time(outcome.bundle, kernel, host, grid, runs)
-                tolerance = get_pass(parse_pipeline(spec).passes[0][1].name).tolerance
+                declared = parse_pipeline(spec).passes[0][1].declared_tolerance()
+                tolerance = declared.spelling() if declared else None
                 bitwise = all(torch.equal(new_out[o].view(torch.uint8), base_out[o].view(torch.uint8))
                               for o in kernel.outputs)
                 mismatch = None

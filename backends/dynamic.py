@@ -1,0 +1,207 @@
+"""Dynamic equivalence runs in child processes: the CPU interpreter and GPU differential runs.
+
+A *job* runs the original and the candidate on one input set and compares what they wrote. Jobs run in a
+child process, so that a candidate that faults, hangs or kills the process is a verdict and not a crash
+of the verifier. One child runs a list of jobs (imports of torch, Triton and xDSL cost seconds, a job
+often less); it prints `JOB k` when job k starts, `STAGE original|candidate` before each kernel runs
+and `RESULT {json}` when the job ends. When a child dies or a job passes its timeout, the parent records
+that job's outcome from the last `STAGE` it saw and starts a fresh child for the remaining jobs.
+
+Outcomes become checks in `verdict`: the original failing is never the candidate's fault — the input
+set does not apply (edge integers used as addresses) or the check cannot run; the candidate failing
+where the original ran is a failed check.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.ir.bundle import KernelBundle
+from kstrata.ir.launch import LaunchRecord, TensorArg
+
+from .replay import InputSet
+
+
+@dataclass
+class Outcome:
+    """What happened to one job."""
+
+    status: str  # "equal", "different", "original-error", "candidate-error", "ran", "crashed", "timeout"
+    stage: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    #: The child's output while the job ran, when it died (compute-sanitizer reports on stdout).
+    output: str = ""
+
+
+def interpret_launch(bundle: KernelBundle, level: str, record: LaunchRecord, args: dict[str, Any]) -> None:
+    """Run `bundle`'s `level` text in the CPU interpreter on `args` (CPU tensors by parameter name,
+    updated in place), with the record's grid."""
+    import torch
+
+    from kstrata.ir.interp import Buffer, run_kernel
+
+    values = [Buffer.from_torch(args[p.name]) if isinstance(args[p.name], torch.Tensor) else args[p.name]
+              for p in bundle.params]
+    run_kernel(bundle.text(level), record.grid, values, origin=f"{bundle.origin or bundle.name} ({level})")
+
+
+def _run_job(job: dict[str, Any], stage: Any) -> dict[str, Any]:
+    import torch
+
+    from .replay import clone_args, compare_outputs, differential, replay_args
+
+    original, candidate, record = job["original"], job["candidate"], job["record"]
+    iset, tolerance, base_dir = job["input_set"], job["tolerance"], job["base_dir"]
+    if job["kind"] == "interp":
+        inputs = replay_args(record, "cpu", iset.seed, mode=iset.mode, base_dir=base_dir)
+        outs = []
+        for which, bundle in (("original", original), ("candidate", candidate)):
+            stage(which)
+            args = clone_args(inputs)
+            try:
+                interpret_launch(bundle, job["level"], record, args)
+            except Exception as exc:  # the interpreter's verdict on this kernel, judged by the parent
+                return {"status": f"{which}-error", "unsupported": "not supported by the interpreter" in str(exc),
+                        "error": f"{type(exc).__name__}: {exc}"}
+            outs.append(args)
+        names = [a.name for a in record.args if isinstance(a, TensorArg)]
+        diff = compare_outputs(outs[0], outs[1], names, tolerance)
+        exact = diff is None and (tolerance is None or compare_outputs(outs[0], outs[1], names) is None)
+        return {"status": "equal" if diff is None else "different", "difference": diff, "exact": exact}
+    if job["kind"] == "gpu":
+        d = differential(original, candidate, record, iset.seed, runs=job["runs"], mode=iset.mode, base_dir=base_dir,
+                         tolerance=tolerance, on_stage=stage)
+        return {"status": "equal" if d.equal else "different", "difference": d.first_difference,
+                "exact": d.exact, "timing": [d.timing_a, d.timing_b]}
+    if job["kind"] == "sanitize":
+        from .launch import LoadedKernel
+
+        stage("candidate")
+        args = replay_args(record, "cuda", iset.seed, mode=iset.mode, base_dir=base_dir)
+        LoadedKernel(candidate).call_by_name(record.grid, args)
+        torch.cuda.synchronize()
+        return {"status": "ran"}
+    raise ValueError(f"unknown job kind {job['kind']!r}")
+
+
+def child_main(jobs_path: str) -> None:
+    """Entry of a child: run every job of the pickled list in order."""
+    jobs = pickle.loads(Path(jobs_path).read_bytes())
+
+    def stage(name: str) -> None:
+        print(f"STAGE {name}", flush=True)
+
+    for index, job in enumerate(jobs):
+        print(f"JOB {index}", flush=True)
+        print("RESULT " + json.dumps(_run_job(job, stage), default=str), flush=True)
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | None = None,
+             on_outcome: Any = None) -> list[Outcome]:
+    """Run `jobs` in as few children as faults allow; each job gets `timeout` seconds (the first job of
+    a child also gets the child's start-up). `wrapper` prefixes the child's command (compute-sanitizer).
+    `on_outcome(index, outcome)` is called as each job ends."""
+    outcomes: list[Outcome] = []
+
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(len(outcomes) - 1, outcome)
+
+    while len(outcomes) < len(jobs):
+        with tempfile.TemporaryDirectory(prefix="kstrata-verify-") as tmp:
+            jobs_file = Path(tmp) / "jobs.pkl"
+            jobs_file.write_bytes(pickle.dumps(jobs[len(outcomes):]))
+            err_file = Path(tmp) / "stderr"
+            argv = [*(wrapper or []), sys.executable, "-c",
+                    "import sys; from kstrata.backends.dynamic import child_main; child_main(sys.argv[1])",
+                    str(jobs_file)]
+            with open(err_file, "w") as err:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+                assert proc.stdout is not None
+                lines: queue.Queue[str | None] = queue.Queue()
+                pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+                pump.start()
+                stage: str | None = None
+                seen: list[str] = []
+                deadline = time.monotonic() + timeout + 120.0  # start-up: torch, Triton, xDSL imports
+                while True:
+                    try:
+                        line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+                    except queue.Empty:
+                        proc.kill()
+                        proc.wait()
+                        done(Outcome("timeout", stage, {}, "".join(seen)))
+                        break
+                    if line is None:  # the child exited: the job in progress (if any) died with it
+                        code = proc.wait()
+                        if len(outcomes) < len(jobs):
+                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + err_file.read_text()))
+                        elif code != 0:  # every job ended, but the child did not (compute-sanitizer's verdict)
+                            outcomes[-1].payload["returncode"] = code
+                            outcomes[-1].output = "".join(seen) + err_file.read_text()
+                        break
+                    seen.append(line)
+                    if line.startswith("JOB "):
+                        stage, seen = None, []
+                        deadline = time.monotonic() + timeout
+                    elif line.startswith("STAGE "):
+                        stage = line.split(" ", 1)[1].strip()
+                    elif line.startswith("RESULT "):
+                        payload = json.loads(line.split(" ", 1)[1])
+                        done(Outcome(payload["status"], stage, payload))
+                pump.join(timeout=10)  # the child is gone, so its stdout is at end of file
+                proc.stdout.close()
+    return outcomes
+
+
+def _tail(text: str, lines: int = 4) -> str:
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def verdict(name: str, level: str, iset: InputSet, outcome: Outcome, timeout: float, launch_name: str) -> tuple[str, str]:
+    """The (verdict, detail) of one job's outcome."""
+    status, stage = outcome.status, outcome.stage
+    if status == "equal":
+        same = "outputs identical" if outcome.payload.get("exact", True) else \
+            "outputs within the declared tolerance (not bit-identical)"
+        return "pass", same + _timing(outcome.payload)
+    if status == "different":
+        return "fail", f"first difference: {outcome.payload['difference']} (launch {launch_name}, inputs: {iset.label})"
+    if status == "original-error" or (status in ("crashed", "timeout") and stage in (None, "original")):
+        why = outcome.payload.get("error") or (f"the original ran past {timeout:g} s" if status == "timeout" else
+                                               f"the original's run died: {_tail(outcome.output)}")
+        if iset.may_not_apply:
+            return "skipped", f"does not apply: the original fails on these inputs ({why})"
+        return "skipped", f"cannot check: {why}"
+    if status == "candidate-error":
+        if outcome.payload.get("unsupported"):
+            return "skipped", f"cannot check the candidate: {outcome.payload['error']}"
+        return "fail", f"the candidate fails where the original runs: {outcome.payload['error']} (inputs: {iset.label})"
+    if status == "timeout":
+        return "fail", f"the candidate ran past the {timeout:g} s timeout (hang?) (inputs: {iset.label})"
+    return "fail", (f"the candidate's run died (exit {outcome.payload.get('returncode')}): {_tail(outcome.output)} "
+                    f"(inputs: {iset.label})")
+
+
+def _timing(payload: dict[str, Any]) -> str:
+    timing = payload.get("timing") or []
+    if len(timing) == 2 and timing[0] and timing[1]:
+        return f"; {timing[0]['median_us']:.2f} -> {timing[1]['median_us']:.2f} us"
+    return ""
