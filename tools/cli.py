@@ -451,7 +451,8 @@ def record_cmd(
     snapshots: bool = typer.Option(False, "--snapshots", help="Also save the inputs' contents (.npy)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Run `-- CMD ...` and record its Triton kernel launches (kstrata.launch/1 files)."""
+    """Run `-- CMD ...` and record its Triton kernel launches (kstrata.launch/1 files): plain `@triton.jit`
+    launches and torch.compile (Inductor) ones; each record names its binary's cache and override keys."""
     from kstrata.tools.record import record_command, summarize
 
     command = list(ctx.args)
@@ -530,10 +531,22 @@ def run_passes_cmd(
     kernel: str = typer.Option(None, "--kernel", "-k", help="Only entries with a file whose name contains this."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per kernel."),
     force: bool = typer.Option(False, "--force", help="Redo kernels already done by an earlier run."),
+    launches: Path = typer.Option(None, "--launches", help="Launch records of the program (kstrata record --out DIR), "
+                                                            "matched to kernels by cache key."),
+    measure: bool = typer.Option(False, "--measure", help="Time each changed kernel with a launch record, original "
+                                                          "vs rewritten binary (needs an NVIDIA GPU and --launches)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Apply a pass pipeline to every kernel of a Triton cache and write a Triton override directory."""
-    from kstrata.passes.runner import run_passes
+    from kstrata.passes.runner import measurement_unavailable, run_passes
+
+    if measure and launches is None:
+        _fail("--measure times kernels on replays of their recorded launches: add --launches DIR "
+              "(kstrata record --out DIR -- CMD ...)", code=2)
+    if measure:
+        reason = measurement_unavailable("cuda")
+        if reason:  # said up front, and again in the report
+            err.print(f"[yellow]--measure: timing skipped[/]: {reason}", highlight=False)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json or not err.is_terminal) as progress:
@@ -545,13 +558,20 @@ def run_passes_cmd(
                 err.print(f"[red]FAIL[/] {outcome['name']} ({outcome['entry']}): {outcome['error']}", highlight=False)
 
         report = run_passes(cache_dir, pipeline, out_dir, jobs=jobs, timeout=timeout, force=force, on_kernel=step,
-                            kernel_filter=kernel, dump_dir=dump_dir)
+                            kernel_filter=kernel, dump_dir=dump_dir, launches=launches, measure=measure)
     if as_json:
         _emit_json(report.to_json())
     else:
         c = report.counts()
         out.print(f"{len(report.kernels)} kernels: {c['changed']} changed, {c['unchanged']} unchanged, "
                   f"{c['failed']} failed in {report.seconds:.1f} s", highlight=False)
+        if report.measure is not None:
+            out.print(report.measure_summary(), highlight=False)
+        for k in report.kernels:
+            if k.get("time_after_us") is not None:
+                flag = f"  SUSPICIOUS: {'; '.join(k['suspicious'])}" if k.get("suspicious") else ""
+                out.print(f"  {k['name']:40s} {k['time_before_us']:9.2f} -> {k['time_after_us']:9.2f} us  "
+                          f"{k['speedup']:.3f}x{flag}", highlight=False)
         out.print(f"report: {out_dir / 'run-passes-report.md'}", highlight=False)
         roots = sorted({str(Path(k["override_entry"]).parent) for k in report.kernels if k.get("override_entry")})
         for root in roots:

@@ -1,14 +1,26 @@
 """`kstrata record -- CMD ...`: record the Triton kernel launches of a real program as launch records.
 
 The program runs in a child process whose Python loads a small start-up module (through a
-`sitecustomize.py` on `PYTHONPATH`) that wraps `JITFunction.run` (and the interpreter's
-`InterpretedFunction.run`): the first launches of each kernel (`--max-per-kernel`) are written to
-`OUT/<kernel>-<n>.json` as `kstrata.launch/1` records, with which tensors the launch changed and,
-with `--snapshots`, the input contents before the launch (`.npy`, raw bytes for dtypes numpy lacks).
+`sitecustomize.py` on `PYTHONPATH`) that installs the recorder. Compiled launches are caught where every
+launcher of a Triton `CompiledKernel` meets: `CompiledKernel.launch_metadata(grid, stream, *args)`,
+which Triton's JIT (`JITFunction.run`) and Inductor's generated launchers (`CachingAutotuner` →
+`TritonCompileResult.make_launcher`) both call right before the launch with the grid and every argument
+by position, plus a Triton launch-exit hook that runs after the launch. So one hook records plain
+`@triton.jit` programs and `torch.compile` (Inductor) programs alike, and each record carries the
+kernel's cache key (`metadata.hash`) and override key (the source hash), which `run-passes --launches`
+matches to cache entries. Inductor's static CUDA launcher bypasses Triton's launcher (and with it the
+hook); it refuses to run while a launch hook is installed, and `record_command` also turns it off with
+`TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0`. Under `TRITON_INTERPRET=1` (which must be set in the
+environment of `kstrata record` itself) the interpreter's `InterpretedFunction.run` is wrapped instead.
 
-`TRITON_INTERPRET=1` must be set in the environment of `kstrata record` itself to record interpreted
-launches. Limits: a program that installs its own `sitecustomize` shadows ours (it is then not recorded);
-recording synchronizes the device around the recorded launches, so it slows the program down.
+The first launches of each binary (`--max-per-kernel`; a kernel name with several binaries, e.g.
+autotuning configs, gets that many per binary) are written to `OUT/<kernel>-<n>.json` as
+`kstrata.launch/1` records, with which tensors the launch changed and, with `--snapshots`, the input
+contents before the launch (`.npy`, raw bytes for dtypes numpy lacks).
+
+Limits: a program that installs its own `sitecustomize` shadows ours (it is then not recorded);
+recording synchronizes the device around the recorded launches, so it slows the program down; launches
+during CUDA-graph capture are not recorded (a synchronize would break the capture).
 """
 
 from __future__ import annotations
@@ -22,12 +34,17 @@ import sys
 import tempfile
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ENV_DIR = "KSTRATA_RECORD_DIR"
 ENV_MAX = "KSTRATA_RECORD_MAX"
 ENV_SNAPSHOTS = "KSTRATA_RECORD_SNAPSHOTS"
+#: Inductor's launcher that bypasses Triton's (and so the launch hook); off while recording.
+ENV_STATIC_LAUNCHER = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
+#: The ptxas Triton used in the recorded program, kept in a record's `extra` when the program set it.
+PTXAS_ENV = "TRITON_PTXAS_PATH"
 
 _SITECUSTOMIZE = """# written by kstrata record: install the launch recorder in this interpreter
 try:
@@ -39,36 +56,126 @@ except Exception as _exc:  # never break the program being recorded
 """
 
 
+@dataclass
+class _PendingLaunch:
+    """A launch seen before it ran: what is needed to write its record once it has run."""
+
+    name: str
+    number: int
+    target: str
+    grid: tuple[int, int, int]
+    bound: dict[str, Any]
+    before: dict[str, Any]
+    constexpr: set[str]
+    types: dict[str, str]
+    meta: dict[str, Any]
+
+
 class LaunchRecorder:
     def __init__(self, out_dir: Path, max_per_kernel: int = 1, snapshots: bool = False) -> None:
         self.out_dir = out_dir
         self.max_per_kernel = max_per_kernel
         self.snapshots = snapshots
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.numbers: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self.pending: dict[int, _PendingLaunch] = {}
 
-    def _take(self, name: str) -> int | None:
+    def _take(self, name: str, binary: str = "") -> int | None:
+        """The record number for the next launch of `name` (per binary `binary`), or None when enough were taken."""
         with self.lock:
-            if self.counts[name] >= self.max_per_kernel:
+            if self.counts[name, binary] >= self.max_per_kernel:
                 return None
-            self.counts[name] += 1
-            return self.counts[name]
+            self.counts[name, binary] += 1
+            self.numbers[name] += 1
+            return self.numbers[name]
 
     def install(self) -> None:
-        """Wrap the launch of compiled kernels, or, under `TRITON_INTERPRET=1`, of interpreted ones (wrapping
-        both breaks the interpreter, which runs nested `@jit` helpers through its own path)."""
+        """Record compiled launches through Triton's launch path or, under `TRITON_INTERPRET=1`, interpreted
+        ones (wrapping both breaks the interpreter, which runs nested `@jit` helpers through its own path)."""
         from triton import knobs
 
         if knobs.runtime.interpret:
             from triton.runtime import interpreter
 
-            interpreter.InterpretedFunction.run = self._wrap(interpreter.InterpretedFunction.run, interpreted=True)
+            interpreter.InterpretedFunction.run = self._wrap_interpreted(interpreter.InterpretedFunction.run)
+            return
+        from triton.compiler.compiler import CompiledKernel
+
+        CompiledKernel.launch_metadata = self._wrap_launch_metadata(CompiledKernel.launch_metadata)
+        exit_hook = knobs.runtime.launch_exit_hook
+        if hasattr(exit_hook, "add"):  # Triton >= 3.5: a chain of hooks, shared with profilers
+            exit_hook.add(self._after_launch)
+        elif exit_hook is None:
+            knobs.runtime.launch_exit_hook = self._after_launch
         else:
-            from triton.runtime import jit
+            raise RuntimeError("another launch exit hook is installed; kstrata record cannot share it")
 
-            jit.JITFunction.run = self._wrap(jit.JITFunction.run, interpreted=False)
+    # -- compiled launches ------------------------------------------------------------------------
+    def _wrap_launch_metadata(self, launch_metadata: Any) -> Any:
+        recorder = self
 
-    def _wrap(self, run: Any, interpreted: bool) -> Any:
+        @functools.wraps(launch_metadata)
+        def wrapper(kernel: Any, grid: Any, stream: Any, *args: Any) -> Any:
+            result = launch_metadata(kernel, grid, stream, *args)
+            if result is None:  # no hook chain reaches the launcher: nothing would finish the record
+                return result
+            try:
+                pending = recorder._before_compiled(kernel, grid, args)
+            except Exception as exc:  # recording must never break the program
+                print(f"kstrata record: launch of {getattr(kernel, 'name', '?')} not recorded: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                pending = None
+            if pending is not None:
+                with recorder.lock:
+                    recorder.pending[id(result)] = pending
+            return result
+
+        return wrapper
+
+    def _before_compiled(self, kernel: Any, grid: Any, args: tuple[Any, ...]) -> _PendingLaunch | None:
+        import torch
+
+        from kstrata.ir.triton_layout import base32_key
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None  # a synchronize (below) would invalidate the graph being captured
+        md = kernel.metadata
+        number = self._take(kernel.name, str(md.hash))
+        if number is None:
+            return None
+        src = kernel.src
+        fn = getattr(src, "fn", None)
+        names = list(getattr(fn, "arg_names", []))
+        if len(names) != len(args):
+            raise TypeError(f"{len(args)} launch arguments for the {len(names)} parameters {names}")
+        signature = {str(k): str(v) for k, v in dict(getattr(src, "signature", {})).items()}
+        constexpr = {k for k, v in signature.items() if v == "constexpr"}
+        constexpr |= {names[i] for i in getattr(fn, "constexprs", []) if isinstance(i, int) and i < len(names)}
+        bound = dict(zip(names, args, strict=True))
+        grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
+        meta: dict[str, Any] = {"num_warps": md.num_warps, "num_stages": md.num_stages, "cache_key": md.hash,
+                                "override_key": base32_key(src.hash()) if hasattr(src, "hash") else None}
+        if os.environ.get(PTXAS_ENV):
+            # Inductor points Triton at torch's own (newer) ptxas; PTX written for it may be refused by the
+            # one Triton bundles, so whoever rebuilds this kernel's PTX must use the same one
+            meta["extra"] = {PTXAS_ENV: os.environ[PTXAS_ENV]}
+        return _PendingLaunch(kernel.name, number, f"{md.target.backend}:{md.target.arch}",
+                              (grid3[0], grid3[1], grid3[2]), bound, self._before(bound), constexpr, signature, meta)
+
+    def _after_launch(self, launch_metadata: Any) -> None:
+        with self.lock:
+            pending = self.pending.pop(id(launch_metadata), None)
+        if pending is None:
+            return
+        try:
+            self._write(pending)
+        except Exception as exc:  # recording must never break the program
+            print(f"kstrata record: launch of {pending.name} not recorded: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+
+    # -- interpreted launches ---------------------------------------------------------------------
+    def _wrap_interpreted(self, run: Any) -> Any:
         recorder = self
 
         @functools.wraps(run)
@@ -83,7 +190,10 @@ class LaunchRecorder:
             before = recorder._before(bound)
             result = run(fn, *args, grid=grid, warmup=warmup, **kwargs)
             try:
-                recorder._write(fn, name, number, bound, before, grid, result, interpreted, kwargs)
+                grid_value = grid(bound | {k: v for k, v in kwargs.items() if k not in bound}) if callable(grid) else grid
+                grid3 = tuple(int(g) for g in grid_value) + (1,) * (3 - len(tuple(grid_value)))
+                recorder._write(_PendingLaunch(name, number, "interpreter", (grid3[0], grid3[1], grid3[2]), bound,
+                                               before, _constexpr_names(fn), {}, {}))
             except Exception as exc:  # recording must never break the program
                 print(f"kstrata record: launch of {name} not recorded: {type(exc).__name__}: {exc}", file=sys.stderr)
             return result
@@ -98,6 +208,7 @@ class LaunchRecorder:
         bound.apply_defaults()
         return dict(bound.arguments)
 
+    # -- shared -----------------------------------------------------------------------------------
     def _before(self, bound: dict[str, Any]) -> dict[str, Any]:
         import torch
 
@@ -105,33 +216,18 @@ class LaunchRecorder:
             torch.cuda.synchronize()
         return {k: v.detach().clone() for k, v in bound.items() if isinstance(v, torch.Tensor)}
 
-    def _write(self, fn: Any, name: str, number: int, bound: dict[str, Any], before: dict[str, Any], grid: Any,
-               compiled: Any, interpreted: bool, kwargs: dict[str, Any]) -> None:
+    def _write(self, launch: _PendingLaunch) -> None:
         import numpy as np
         import torch
 
         from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
-        from kstrata.ir.triton_layout import base32_key
 
+        before, name, number = launch.before, launch.name, launch.number
         if any(t.is_cuda for t in before.values()):
             torch.cuda.synchronize()
-        grid_value = grid(bound | {k: v for k, v in kwargs.items() if k not in bound}) if callable(grid) else grid
-        grid3 = tuple(int(g) for g in grid_value) + (1,) * (3 - len(tuple(grid_value)))
-        constexpr: set[str] = set()
-        target = "interpreter"
-        meta: dict[str, Any] = {}
-        if not interpreted and compiled is not None:
-            signature = getattr(compiled.src, "signature", {})
-            constexpr = {k for k, v in signature.items() if v == "constexpr"}
-            md = compiled.metadata
-            target = f"{md.target.backend}:{md.target.arch}"
-            meta = {"num_warps": md.num_warps, "num_stages": md.num_stages, "cache_key": md.hash,
-                    "override_key": base32_key(compiled.src.hash()) if hasattr(compiled.src, "hash") else None}
-        else:
-            constexpr = _constexpr_names(fn)
         records: list[TensorArg | ScalarArg] = []
-        for pname, value in bound.items():
-            if pname in constexpr:
+        for pname, value in launch.bound.items():
+            if pname in launch.constexpr:
                 continue
             if isinstance(value, torch.Tensor):
                 after = value.detach()
@@ -151,12 +247,13 @@ class LaunchRecorder:
             elif isinstance(value, bool | int | float):
                 from triton.runtime.jit import mangle_type
 
-                records.append(ScalarArg(pname, mangle_type(value), value))
+                # the compiled signature's type when known (Inductor declares i64 where Python would say i32)
+                records.append(ScalarArg(pname, launch.types.get(pname) or mangle_type(value), value))
             elif value is None:
                 continue
             else:
                 raise TypeError(f"argument {pname} of type {type(value).__name__} cannot be recorded")
-        record = LaunchRecord(name, target, (grid3[0], grid3[1], grid3[2]), tuple(records), **meta)
+        record = LaunchRecord(name, launch.target, launch.grid, tuple(records), **launch.meta)
         record.save(self.out_dir / f"{name}-{number}.json")
 
 
@@ -193,6 +290,7 @@ def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, s
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(x for x in (shim, env.get("PYTHONPATH", "")) if x)
         env.update({ENV_DIR: str(out_dir.resolve()), ENV_MAX: str(max_per_kernel), ENV_SNAPSHOTS: "1" if snapshots else "0"})
+        env.setdefault(ENV_STATIC_LAUNCHER, "0")
         proc = subprocess.run(command, env=env, timeout=timeout, check=False)
     return proc.returncode, sorted(out_dir.glob("*.json"))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kstrata.ir.bundle import KernelBundle
+from kstrata.ir.candidate import CandidateInfo
 from kstrata.ir.target import Target
 from kstrata.ir.triton_layout import compile_jit, load_cache_root, update_index
 from kstrata.passes.base import KernelPass, PassContext, PassResult
@@ -211,7 +212,9 @@ def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:
         assert entry.parent.name == ("cuda-90" if k["target"] == "cuda:90" else "hip-gfx942")
         binary = "cubin" if k["target"] == "cuda:90" else "hsaco"
         assert {f.suffix for f in entry.iterdir()} == {".llir", f".{'ptx' if binary == 'cubin' else 'amdgcn'}",
-                                                       f".{binary}"}
+                                                       f".{binary}", ".json"}
+        info = CandidateInfo.read(entry)  # what the files do not say: the pipeline, tolerance, metadata
+        assert info is not None and info.pipeline == spec and info.tolerance is None and info.metadata == {}
         assert k["checks"]["signature"] == "unchanged" and k["resources_after"]["registers"] > 0
     data = json.loads((out / "run-passes-report.json").read_text())
     assert data["counts"]["changed"] == 6 and "| vector_add_kernel |" in (out / "run-passes-report.md").read_text()

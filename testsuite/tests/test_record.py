@@ -65,3 +65,61 @@ def test_kstrata_record_a_program(tmp_path: Path) -> None:
                               sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=120,
                              check=False)
     assert failing.returncode == 3
+
+
+def test_compiled_launch_hook_records_cache_and_override_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook on `CompiledKernel.launch_metadata` + launch-exit hook, driven the way Triton's launcher
+    (and Inductor's generated one) drives it: arguments by position, constexprs included, then the exit
+    hook with the object `launch_metadata` returned. CPU tensors stand in for device ones."""
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    import torch
+
+    from kstrata.ir.triton_layout import base32_key
+    from kstrata.tools.record import LaunchRecorder
+
+    fn = SimpleNamespace(arg_names=["in_ptr0", "out_ptr0", "xnumel", "XBLOCK"], constexprs=[3])
+    src = SimpleNamespace(fn=fn, signature={"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i64",
+                                            "XBLOCK": "constexpr"}, hash=lambda: "ab" * 32)
+    Meta = namedtuple("Meta", "hash num_warps num_stages target")
+    kernel = SimpleNamespace(name="triton_poi_fused_relu_0", src=src,
+                             metadata=Meta("cd" * 32, 4, 1, SimpleNamespace(backend="cuda", arch=90)))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/torch/bin/ptxas")  # what Inductor sets
+    recorder = LaunchRecorder(tmp_path, max_per_kernel=1)
+    launch_metadata = recorder._wrap_launch_metadata(lambda k, grid, stream, *args: object())
+    x, y = torch.randn(300), torch.zeros(300)
+    for _ in range(2):  # the second launch of the same binary is not recorded
+        handle = launch_metadata(kernel, (3, 1, 1), 0, x, y, 300, 128)
+        y.copy_(x.relu())  # what the launch would do
+        recorder._after_launch(handle)
+    assert not recorder.pending
+    rec = LaunchRecord.load(tmp_path / "triton_poi_fused_relu_0-1.json")
+    assert not (tmp_path / "triton_poi_fused_relu_0-2.json").exists()
+    assert rec.cache_key == "cd" * 32 and rec.override_key == base32_key("ab" * 32)
+    assert rec.grid == (3, 1, 1) and rec.target == "cuda:90" and rec.num_warps == 4
+    assert [a.name for a in rec.args] == ["in_ptr0", "out_ptr0", "xnumel"]  # the constexpr is left out
+    assert [getattr(a, "written", None) for a in rec.args[:2]] == [False, True]
+    assert rec.args[2] == ScalarArg("xnumel", "i64", 300)  # the compiled signature's type, not Python's guess
+    assert rec.extra == {"TRITON_PTXAS_PATH": "/opt/torch/bin/ptxas"}
+    # another binary of the same kernel name (an autotuning config) is recorded too, numbered on
+    other = SimpleNamespace(name=kernel.name, src=src, metadata=kernel.metadata._replace(hash="ef" * 32, num_warps=8))
+    recorder._after_launch(launch_metadata(other, (3,), 0, x, y, 300, 64))
+    assert LaunchRecord.load(tmp_path / "triton_poi_fused_relu_0-2.json").cache_key == "ef" * 32
+
+
+def test_install_hooks_triton_launch_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    from kstrata.tools.record import LaunchRecorder
+
+    monkeypatch.setattr(CompiledKernel, "launch_metadata", CompiledKernel.launch_metadata)
+    monkeypatch.setattr(knobs.runtime, "interpret", False)
+    recorder = LaunchRecorder(tmp_path)
+    recorder.install()
+    try:
+        assert getattr(CompiledKernel.launch_metadata, "__wrapped__", None) is not None
+        assert recorder._after_launch in knobs.runtime.launch_exit_hook.calls
+    finally:
+        knobs.runtime.launch_exit_hook.remove(recorder._after_launch)
