@@ -102,16 +102,18 @@ def _write_results(rows: list[dict[str, Any]], results: Path, seeds: int) -> Pat
     date = _dt.date.today().isoformat()
     meta = {"date": date, "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "triton": triton.__version__, "numpy": numpy.__version__,
-            "xdsl": getattr(xdsl, "__version__", "?"), "seeds": seeds}
+            "xdsl": str(getattr(xdsl, "__version__", "?")), "seeds": seeds,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
     results.mkdir(parents=True, exist_ok=True)
     base = results / f"verify-cpu-{date}"
     base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     lines = [f"# kstrata verify on the CPU — {date}", "",
              f"Machine: {meta['cpus']} CPUs ({meta['machine']}), Python {meta['python']}, torch {meta['torch']}, "
-             f"Triton {meta['triton']}, numpy {meta['numpy']}, xDSL {meta['xdsl']}.", "",
+             f"Triton {meta['triton']}, numpy {meta['numpy']}, xDSL {meta['xdsl']}; load average at the end "
+             f"{meta['load_average']} (other jobs on the same cores inflate the times).", "",
              f"Command: `python -m kstrata.tools.bench_verify --seeds {seeds} --results {results}`. Candidate: "
              "`ttir(load-eviction)` (TTIR and TTGIR differ, so the interpreter runs both levels on every input "
-             "set: the random seeds plus the edge-value set).", "",
+             "set: the suite inputs as a recorded snapshot, the random seeds and the edge-value set).", "",
              "| workload | grid | tensor elements | interpret TTIR (s) | interpret TTGIR (s) | interpreter checks "
              "| whole verify (s) | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
