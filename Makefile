@@ -25,7 +25,8 @@ lint: setup
 	# mypy needs the package by its name: a link `kstrata` -> the repository root
 	mkdir -p build/mypy && ln -sfn ../.. build/mypy/kstrata
 	cd build/mypy && $(abspath $(BIN))/mypy --config-file ../../pyproject.toml -p kstrata.ir -p kstrata.backends -p kstrata.tools -p kstrata.agents -p kstrata.passes \
-	  -m kstrata.testsuite.kernels.spec -m kstrata.testsuite.kernels.run -m kstrata.testsuite.kernels.build
+	  -m kstrata.testsuite.kernels.spec -m kstrata.testsuite.kernels.run -m kstrata.testsuite.kernels.build \
+	  -m kstrata.testsuite.kernels.launch -p kstrata.testsuite.planted
 
 # On a machine with an NVIDIA GPU: every suite kernel against its reference, dated results under testsuite/results/.
 gpu-check: setup

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 
+from .amd_hazards import check_waitcnt_hazards
 from .checks import amd_metadata_changes, binary, llir_accepted, mlir_accepted, ptx_entry_changes
 from .dynamic import Outcome, run_jobs, verdict
 from .replay import InputSet, input_sets
@@ -135,6 +136,10 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
             _add(report, "accepted", lv, lambda: _accepts_llir(candidate.text("llir")))
         elif lv == "ptx":
             _add(report, "accepted", lv, lambda: _ptxas_accepts(candidate))
+        elif lv == "amdgcn":
+            _add(report, "accepted", lv, lambda: _assembles(candidate))
+            _add(report, "waitcnt-hazards", lv,
+                 lambda: check_waitcnt_hazards(original.text("amdgcn"), candidate.text("amdgcn")))
     binary = original.target.binary_level
     if levels:
         if original.target.backend == "cuda":
@@ -185,6 +190,13 @@ def _same_signature(original: KernelBundle, candidate: KernelBundle) -> str:
     if original.signature != candidate.signature:
         raise KstrataError(f"signature changed: {original.signature} -> {candidate.signature}")
     return "unchanged"
+
+
+def _assembles(candidate: KernelBundle) -> str:
+    from .amd import reassemble_amdgcn
+
+    reassemble_amdgcn(candidate.text("amdgcn"), str(candidate.target.arch))
+    return "llvm-mc and ld.lld accept it"
 
 
 def _ptxas_accepts(candidate: KernelBundle) -> str:

@@ -12,7 +12,7 @@ import pkgutil
 
 from .spec import SuiteKernel
 
-_INFRASTRUCTURE = frozenset({"spec", "run", "build"})
+_INFRASTRUCTURE = frozenset({"spec", "run", "build", "launch"})
 
 
 def kernel_modules() -> list[str]:
