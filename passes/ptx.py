@@ -21,7 +21,11 @@ def _param_flow(module: PtxModule) -> tuple[dict[int, set[str]], dict[int, set[s
     loads: dict[int, set[str]] = {}
     writes: dict[int, set[str]] = {}
     instructions = module.instructions()
-    for _ in range(4):  # loops carry derivations around back edges; a few sweeps reach the fixpoint
+    # Loops carry derivations around back edges: sweep until nothing changes (the sets only grow, so
+    # this ends; a fixed number of sweeps could stop before a long loop-carried chain is seen).
+    changed = True
+    while changed:
+        before = {reg: len(params) for reg, params in derived.items()}
         for index, ins in instructions:
             regs = set(re.findall(r"%[\w]+", " ".join(ins.operands[1:]))) if ins.operands else set()
             sources: set[str] = set()
@@ -31,16 +35,23 @@ def _param_flow(module: PtxModule) -> tuple[dict[int, set[str]], dict[int, set[s
                 sources |= derived.get(reg, set())
             opcode = ins.opcode
             if opcode.startswith(("st.global", "atom.global", "red.global")):
-                writes[index] = set().union(*(derived.get(r, set()) for r in re.findall(r"%[\w]+", ins.operands[0])))
+                writes[index] = set().union(*(derived.get(r, set()) for r in re.findall(r"%[\w]+", _address(ins))))
                 if opcode.startswith("atom"):
                     writes[index] |= sources
                 continue
             if opcode.startswith("ld.global"):
-                loads[index] = set().union(*(derived.get(r, set()) for r in re.findall(r"%[\w]+", ins.operands[-1])))
+                loads[index] = set().union(*(derived.get(r, set()) for r in re.findall(r"%[\w]+", _address(ins))))
             if ins.operands:
                 for dst in re.findall(r"%[\w]+", ins.operands[0]):
                     derived[dst] = derived.get(dst, set()) | sources
+        changed = before != {reg: len(params) for reg, params in derived.items()}
     return loads, writes
+
+
+def _address(ins: Instruction) -> str:
+    """The `[address]` operand of a memory instruction. Not simply the last operand: loads and stores
+    with an L2 cache policy end with the policy register (`ld.global.L2::cache_hint.b32 %r, [%rd3], %rd2`)."""
+    return next((op for op in ins.operands if op.lstrip().startswith("[")), "")
 
 
 def _is_plain_global_load(ins: Instruction) -> bool:
@@ -81,6 +92,10 @@ class LoadNonCoherent(KernelPass):
         # Only pointer parameters name memory; integer parameters (sizes, strides) feed every address.
         pointers = {p.name for p in module.entry().params if ".ptr" in p.attributes or p.type == ".u64"}
         written = set().union(*writes.values()) if writes else set()
+        unknown = [module.lines[i].lineno for i in plain if not loads.get(i)]  # type: ignore[union-attr]
+        if unknown:
+            return (f"cannot tell which parameter the load at PTX line {unknown[0]} reads through (its address "
+                    "does not derive from a parameter in this analysis)")
         read = set().union(*(loads.get(i, set()) for i in plain))
         both = sorted(read & written & pointers)
         if both:

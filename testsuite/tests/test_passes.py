@@ -124,6 +124,22 @@ def test_ld_nc_refuses_a_kernel_that_reads_what_it_writes() -> None:
     elsewhere = IN_PLACE_PTX.replace("st.global.b32 \t[%rd3]", "st.global.b32 \t[%rd2]")
     other = KernelBundle("k", Target.parse("cuda:90"), {"ptx": elsewhere}, {"name": "k"})
     assert "ld.global.nc.b32" in apply_passes_only(other, pipeline)[0]
+    # a load with an L2 cache policy ends with the policy register, not the address: still seen as in place
+    # (found on the H200, where an Inductor softmax rewritten this way wrote different bytes)
+    policy = IN_PLACE_PTX.replace("%rd<4>", "%rd<5>").replace(
+        "\tld.global.b32 \t%r2, [%rd3];",
+        "\tcreatepolicy.fractional.L2::evict_last.b64 \t%rd4, 1.0;\n"
+        "\tld.global.L1::evict_last.L2::cache_hint.b32 \t%r2, [%rd3], %rd4;")
+    assert "L2::cache_hint" in policy
+    hinted = KernelBundle("k", Target.parse("cuda:90"), {"ptx": policy}, {"name": "k"})
+    why = get_pass("ld-nc")(assume_noalias=True).precondition(PassContext(hinted, "ptx"))
+    assert why == "the kernel writes through k_param_0, which it also loads from"
+    # a load whose address the analysis cannot trace to a parameter is not assumed read-only
+    untraced = elsewhere.replace("%rd<4>", "%rd<10>").replace("ld.global.b32 \t%r2, [%rd3];",
+                                                              "ld.global.b32 \t%r2, [%rd9];")
+    opaque = KernelBundle("k", Target.parse("cuda:90"), {"ptx": untraced}, {"name": "k"})
+    why = get_pass("ld-nc")(assume_noalias=True).precondition(PassContext(opaque, "ptx"))
+    assert why is not None and why.startswith("cannot tell which parameter the load at PTX line")
 
 
 def test_pass_on_another_backend_is_skipped(softmax: KernelBundle) -> None:
