@@ -64,9 +64,13 @@ class VerifyReport:
 
 
 def _add(report: VerifyReport, name: str, level: str, fn: Any) -> None:
+    from .tools import ToolNotFound
+
     try:
         detail = fn()
         report.checks.append(Check(name, level, "pass", detail or ""))
+    except ToolNotFound as exc:  # a check this machine cannot run says so; it is not the candidate's fault
+        report.checks.append(Check(name, level, "skipped", f"cannot run here: {exc}"))
     except Exception as exc:  # a failed check is a verdict, not a crash
         report.checks.append(Check(name, level, "fail", f"{type(exc).__name__}: {exc}"))
 
@@ -259,8 +263,8 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
     launch.check_against(original.params)
     launch.check_against(candidate.params)
     gpu = _gpu_available(original.target.backend)
-    if device == "cuda" and not gpu:
-        raise KstrataError("--device cuda: no NVIDIA GPU visible to torch here (or the kernel is not for cuda)")
+    if device == "cuda" and original.target.backend == "cuda" and not gpu:
+        raise KstrataError("--device cuda: no NVIDIA GPU visible to torch here")
     sets = input_sets(launch, seeds, launch_dir)
     launch_name = f"{launch.kernel} grid {list(launch.grid)}"
 
