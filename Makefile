@@ -28,9 +28,11 @@ lint: setup
 	  -m kstrata.testsuite.kernels.spec -m kstrata.testsuite.kernels.run -m kstrata.testsuite.kernels.build \
 	  -m kstrata.testsuite.kernels.launch -p kstrata.testsuite.planted
 
-# On a machine with an NVIDIA GPU: every suite kernel against its reference, dated results under testsuite/results/.
+# On a machine with an NVIDIA GPU: every suite kernel against its reference, then the GPU tests, the
+# planted bugs and the pass benchmark (tools/gpu_check.sh); dated results under $(OUT)/gpu-results.
 gpu-check: setup
-	$(BIN)/python -m kstrata.testsuite.kernels.run --device cuda --results testsuite/results
+	$(BIN)/python -m kstrata.testsuite.kernels.run --device cuda --results $(OUT)/gpu-results
+	PYTHON=$(BIN)/python tools/gpu_check.sh $(OUT)/gpu-results
 
 clean:
 	rm -rf $(OUT) build *.egg-info
