@@ -3,7 +3,8 @@ and a differential run of two binaries.
 
 Inputs come in *input sets* (`input_sets`): the recorded snapshot when the record has one, random data
 for each seed (normal values for floating types, small non-negative integers — most integer inputs of
-kernels are indices or counts, so they usually stay in bounds), and two edge sets: floating tensors
+kernels are indices or counts, so they usually stay in bounds — and the written tensors poisoned), and
+two edge sets: floating tensors
 salted with NaN, ±Inf, ±0.0, denormals and the extreme finite values, and integer tensors salted with
 their type's extremes, 0 and -1. Integers are often addresses, so the original kernel may legitimately
 fault on the integer edge set; such a set "does not apply" rather than failing the candidate.
@@ -103,6 +104,8 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
         pick = torch.randint(0, len(specials), (numel,), generator=gen)
         flat = torch.where(where, specials[pick], flat)
     view = flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
+    if mode == "random" and arg.written:
+        _poison(view)
     if mode == "snapshot" and arg.snapshot:
         data = torch.from_numpy(np.load((base_dir or Path()) / arg.snapshot))
         if data.dtype != dtype:  # dtypes numpy lacks are stored as raw bytes
@@ -112,13 +115,27 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
     return flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
 
 
+def _poison(view: Any) -> None:
+    """Fill a tensor the launch writes with values a kernel never computes by accident: NaN (the byte
+    0x7F for 1-byte floats, some of which have no NaN), 0x5A in every byte of an integer, True."""
+    import torch
+
+    if view.dtype.is_floating_point and view.dtype.itemsize > 1:
+        view.fill_(float("nan"))
+    elif view.dtype == torch.bool:
+        view.fill_(True)
+    else:
+        view.view(torch.uint8).fill_(0x7F if view.dtype.is_floating_point else 0x5A)
+
+
 def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0, *, mode: str = "random",
                 base_dir: Path | None = None) -> dict[str, Any]:
     """Arguments for one replay of `record`, by parameter name.
 
-    Written tensors are filled like the others rather than poisoned: the record cannot tell an output
-    from an in-out buffer, and a differential run starts both kernels from identical contents, so an
-    element one of them fails to write still shows as a difference.
+    In the random sets, the tensors the record marks as written are poisoned beforehand, so an element a
+    kernel fails to write keeps a value no computation leaves (the record cannot tell an output from an
+    in-out buffer, but both kernels of a comparison start from the same poison, so the comparison stays
+    fair). The snapshot and edge sets keep their contents there: in-out buffers get meaningful data too.
     """
     import torch
 

@@ -93,3 +93,14 @@ def test_compare_sees_writes_outside_the_view() -> None:
     torch.empty(0).set_(b.untyped_storage())[6] = 1.0  # past the end of b's view
     diff = compare_outputs({"o": a}, {"o": b}, ["o"])
     assert diff is not None and diff["element"] == 6
+
+
+def test_written_tensors_are_poisoned_in_the_random_sets_only(tmp_path: Path) -> None:
+    np.save(tmp_path / "o.npy", np.zeros(3, dtype=np.float32))
+    rec = _record(TensorArg("o", "float32", (3,), (1,), written=True, snapshot="o.npy"),
+                  TensorArg("n", "int16", (3,), (1,), written=True), TensorArg("x", "float32", (3,), (1,)))
+    random = replay_args(rec, "cpu", 0)
+    assert bool(torch.isnan(random["o"]).all()) and random["n"].view(torch.uint8).eq(0x5A).all()
+    assert bool(torch.isfinite(random["x"]).all())  # inputs are not poisoned
+    assert replay_args(rec, "cpu", mode="snapshot", base_dir=tmp_path)["o"].tolist() == [0.0, 0.0, 0.0]
+    assert not bool(torch.isnan(replay_args(rec, "cpu", 2000, mode="edge-int")["o"]).all())
