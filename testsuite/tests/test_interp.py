@@ -75,10 +75,10 @@ def test_suite_kernel_matches_reference(name: str, target: str, level: str,
     run_suite_kernel(kernel, suite_bundles[(name, target)], level)
 
 
-#: Cheap kernels compared with Triton's own interpreter too (bit for bit where the outputs are integers).
-TRITON_INTERPRETER_KERNELS = ("vector_add", "clamp_where_i32", "philox_randint_i64", "dropout_philox",
-                              "cumsum_carry_i32", "collatz_while", "histogram_atomic", "row_argmax",
-                              "segment_max_atomic", "transpose_2d", "col_sum_i32")
+#: Every suite kernel is compared with Triton's own interpreter too (bit for bit where the outputs are
+#: integers; floating outputs within twice the kernel's tolerance against its reference, since both
+#: interpreters are held to that tolerance and may sit on either side of the reference).
+TRITON_INTERPRETER_KERNELS = tuple(k.name for k in all_kernels())
 
 _TRITON_INTERPRETER_SCRIPT = """
 import os, sys, json
@@ -115,7 +115,7 @@ def test_agrees_with_triton_interpreter(name: str, suite_bundles: dict[tuple[str
     for out, got in ours.items():
         theirs = torch.load(triton_interpreter_outputs / f"{name}.{out}.pt")
         if got.dtype.is_floating_point:
-            torch.testing.assert_close(got, theirs, atol=kernel.atol, rtol=kernel.rtol, equal_nan=True)
+            torch.testing.assert_close(got, theirs, atol=2 * kernel.atol, rtol=2 * kernel.rtol, equal_nan=True)
         else:
             assert torch.equal(got, theirs), f"{name}.{out} differs from Triton's interpreter"
 
