@@ -92,7 +92,7 @@ class LoadNonCoherent(KernelPass):
         # Only pointer parameters name memory; integer parameters (sizes, strides) feed every address.
         pointers = {p.name for p in module.entry().params if ".ptr" in p.attributes or p.type == ".u64"}
         written = set().union(*writes.values()) if writes else set()
-        unknown = [module.lines[i].lineno for i in plain if not loads.get(i)]  # type: ignore[union-attr]
+        unknown = [module.lines[i].lineno for i in plain if not loads.get(i)]
         if unknown:
             return (f"cannot tell which parameter the load at PTX line {unknown[0]} reads through (its address "
                     "does not derive from a parameter in this analysis)")

@@ -1,7 +1,8 @@
 """`kstrata run-passes`: a pipeline over every kernel of a Triton cache root or dump directory.
 
 For each kernel: load it, run the pipeline (the lower levels are rebuilt with Triton's stages), run the
-static checks (signature and launch ABI unchanged; resources before and after), and write the changed
+static checks (signature and launch ABI unchanged; resources before and after), check a TTIR/TTGIR
+rewrite with the CPU interpreter on the kernel's launch record when there is one, and write the changed
 levels in `TRITON_OVERRIDE_DIR` layout. Each kernel runs in its own child process with a timeout, so a
 crash in a compiler (LLVM aborts the process on some bad input) is that kernel's failure, not the run's.
 The run never writes into the directory it reads; it records each kernel's result under
@@ -120,10 +121,33 @@ def _static_checks(before: Any, after: Any) -> dict[str, Any]:
     return checks
 
 
+def _interpreter_check(before: Any, after: Any, record_path: str | None, tolerance: Any) -> str:
+    """The CPU interpreter's verdict on a TTIR/TTGIR rewrite, on the kernel's recorded launch (random,
+    edge-value and recorded inputs, through `kstrata verify`); raises `KstrataError` when it differs."""
+    from kstrata.backends.verify import verify
+    from kstrata.ir.launch import LaunchRecord
+
+    if record_path is None:
+        return "not run: no launch record for this kernel (run-passes --launches DIR from kstrata record)"
+    report = verify(before, after, LaunchRecord.load(record_path), seeds=1, device="cpu", tolerance=tolerance,
+                    launch_dir=Path(record_path).parent)
+    checks = [c for c in report.checks if c.name.startswith("interpreter")]
+    failed = [c for c in checks if c.verdict == "fail"]
+    if failed:
+        raise KstrataError(f"kernel {before.name}: the interpreter finds the rewrite not equivalent at "
+                           f"{failed[0].level} ({failed[0].name}): {failed[0].detail}")
+    passed = sum(1 for c in checks if c.verdict == "pass")
+    skipped = [f"{c.name}: {c.detail}" for c in checks if c.verdict == "skipped"]
+    return f"{passed} of {len(checks)} input sets equivalent" + (f"; skipped {'; '.join(skipped)}" if skipped else "")
+
+
 def process_kernel(entry: str, pipeline_spec: str, out_dir: str, repro_dir: str,
-                   override_key: str | None = None, candidate_dir: str | None = None) -> dict[str, Any]:
+                   override_key: str | None = None, candidate_dir: str | None = None,
+                   record_path: str | None = None) -> dict[str, Any]:
     """Run the pipeline on one kernel (in this process); returns a `KernelOutcome` as JSON. With
-    `candidate_dir`, a changed kernel is also written there as a full cache entry (for timing)."""
+    `candidate_dir`, a changed kernel is also written there as a full cache entry (for timing). A rewrite
+    of TTIR or TTGIR is checked by the CPU interpreter on the kernel's launch record (`record_path`)
+    before anything is written; one it finds not equivalent fails and writes no override."""
     from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo, changed_metadata
     from kstrata.ir.triton_layout import load_any, write_cache_entry, write_override
 
@@ -158,6 +182,8 @@ def process_kernel(entry: str, pipeline_spec: str, out_dir: str, repro_dir: str,
             target_dir = Path(out_dir) / target_slug(bundle.target)
             pipeline = parse_pipeline(pipeline_spec)
             tolerance = pipeline.tolerance()
+            if result.first_changed in ("ttir", "ttgir"):
+                outcome.checks["interpreter"] = _interpreter_check(bundle, result.bundle, record_path, tolerance)
             info = CandidateInfo(bundle.name, pipeline.spelling(), tolerance.spelling() if tolerance else None,
                                  tolerance.why if tolerance else None,
                                  changed_metadata(bundle.metadata, result.bundle.metadata))
@@ -202,8 +228,8 @@ def _state_file(out: Path, entry: str, pipeline_spec: str) -> Path:
 
 def _run_child(entry: str, pipeline_spec: str, out_dir: str, repro_dir: str, timeout: float,
                override_key: str | None, candidate_dir: str | None = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
-    args = json.dumps([entry, pipeline_spec, out_dir, repro_dir, override_key, candidate_dir])
+               env: dict[str, str] | None = None, record_path: str | None = None) -> dict[str, Any]:
+    args = json.dumps([entry, pipeline_spec, out_dir, repro_dir, override_key, candidate_dir, record_path])
     try:
         proc = subprocess.run([sys.executable, "-m", "kstrata.passes.runner", args], capture_output=True, text=True,
                               timeout=timeout, check=False, env=env)
@@ -636,7 +662,7 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
     def work(entry: str) -> dict[str, Any]:
         candidate_dir = str(candidate_root / _state_file(out, entry, pipeline_spec).stem) if candidate_root else None
         outcome = _run_child(entry, pipeline_spec, str(out), repro_dir, timeout, keys.get(entry), candidate_dir,
-                             tool_env(matched[entry]))
+                             tool_env(matched[entry]), matched[entry])
         save_state(entry, outcome)
         return outcome
 
@@ -669,7 +695,7 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
 
 
 if __name__ == "__main__":
-    # the per-kernel workers: python -m kstrata.passes.runner '[entry, pipeline, out, repro, key, candidates]'
+    # the per-kernel workers: python -m kstrata.passes.runner '[entry, pipeline, out, repro, key, candidates, record]'
     # or, for timing, '{"measure": [original entry, candidate entry, launch record]}'
     job = json.loads(sys.argv[1])
     if isinstance(job, dict):

@@ -191,3 +191,23 @@ def test_record_then_measure_on_the_gpu(tmp_path: Path) -> None:
     assert add["time_before_us"] > 0 and add["time_after_us"] > 0, add["timing"]
     assert add["timing"]["outputs_equal"] is True and add["timing"]["rounds"] >= 2
     assert "before µs" in (tmp_path / "out" / "run-passes-report.md").read_text()
+
+
+def test_ttir_rewrites_are_checked_by_the_interpreter_on_their_launch(add_cache: Path, tmp_path: Path) -> None:
+    launches = tmp_path / "launches"
+    record = _record_for(add_cache, "vector_add_kernel", launches)
+    report = run_passes(add_cache, "ttir(load-eviction)", tmp_path / "out", launches=launches)
+    by_name = {k["name"]: k for k in report.kernels}
+    checked = by_name["vector_add_kernel"]
+    assert checked["status"] == "changed", checked.get("error")
+    assert checked["checks"]["interpreter"].endswith("input sets equivalent")
+    assert by_name["softmax_online_kernel"]["checks"]["interpreter"].startswith("not run: no launch record")
+    # a TTIR rewrite the interpreter finds wrong fails the kernel before anything is written
+    from kstrata.backends.rebuild import rebuild_from
+    from kstrata.passes.runner import _interpreter_check
+
+    bundles, _ = load_cache_root(add_cache)
+    original = next(b for b in bundles if b.name == "vector_add_kernel")
+    wrong = rebuild_from(original, "ttir", original.text("ttir").replace("arith.addf", "arith.subf", 1))
+    with pytest.raises(KstrataError, match="the interpreter finds the rewrite not equivalent at ttir"):
+        _interpreter_check(original, wrong, str(record), None)
