@@ -149,3 +149,26 @@ def test_device_cuda_needs_a_gpu_only_for_nvidia_kernels() -> None:
     cuda = bundle_for(kernel, Target.parse("cuda:90"))
     with pytest.raises(KstrataError, match="no NVIDIA GPU"):
         verify(cuda, cuda, suite_launch_record(kernel, "cuda:90"), device="cuda")
+
+
+def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path: Path) -> None:
+    from kstrata.backends.rebuild import rebuild_from
+    from kstrata.ir.triton_layout import load_any, write_override
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    original = load_any(entry)[0][0]
+    record = suite_launch_record(get_kernel("softmax_online"), "cuda:90", snapshot_dir=tmp_path / "launch")
+    launch = record.save(tmp_path / "launch" / "softmax_online-1.json")
+    good = write_override(run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle, tmp_path / "good")
+    proc = _cli(str(entry), str(good), "--launch", str(launch), "--seeds", "1", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    interpreted = [c for c in json.loads(proc.stdout)["checks"] if c["name"].startswith("interpreter")]
+    assert {c["level"] for c in interpreted} == {"ttir", "ttgir"} and all(c["verdict"] == "pass" for c in interpreted)
+    # the online max turned into a min: the interpreter rejects it at TTIR, naming the first difference
+    wrong_ttir = original.text("ttir").replace("arith.maxnumf", "arith.minnumf")
+    assert wrong_ttir != original.text("ttir")
+    wrong = write_override(rebuild_from(original, "ttir", wrong_ttir), tmp_path / "wrong")
+    proc = _cli(str(entry), str(wrong), "--launch", str(launch), "--seeds", "1", "--device", "cpu")
+    assert proc.returncode == 1
+    assert "fail" in proc.stdout and "interpreter" in proc.stdout and "first difference" in proc.stdout
+    assert "verdict: rejected" in proc.stdout
