@@ -156,15 +156,37 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
     return report
 
 
+def load_original(path: str | Path, target: str | None = None) -> KernelBundle:
+    """The original kernel: a cache or dump entry, or a `.ttir`/`.ttgir` file compiled for `target`
+    (default: the module's own target, and the metadata beside the file)."""
+    from kstrata.ir.triton_layout import compile_ir_file, load_any
+
+    p = Path(path)
+    if p.is_file() and p.suffix in (".ttir", ".ttgir"):
+        return compile_ir_file(p, target)
+    bundles, errors = load_any(p)
+    if errors:
+        raise errors[0]
+    return bundles[0]
+
+
 def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
-    """A candidate from a cache or dump entry, or from an override entry (only the levels it replaces,
-    laid over the original's, with the metadata its `kstrata-candidate.json` says the rewrite changed)."""
+    """A candidate from a cache or dump entry, an override entry (only the levels it replaces, laid over
+    the original's, with the metadata its `kstrata-candidate.json` says the rewrite changed), or one IR
+    file (`.ttir`, `.ttgir`, `.llir`, `.ptx`, `.amdgcn`: that level replaced, the levels below rebuilt)."""
     import dataclasses
 
     from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
     from kstrata.ir.triton_layout import load_any
 
     p = Path(path)
+    level = p.suffix.lstrip(".")
+    if p.is_file() and level in original.target.levels[1:-1]:
+        # one IR file: the original with that level replaced and every level below rebuilt
+        from .rebuild import rebuild_from
+
+        candidate = rebuild_from(original, level, p.read_text())
+        return dataclasses.replace(candidate, origin=str(p))
     try:
         bundles, errors = load_any(p)
         if bundles and not errors:
@@ -172,7 +194,8 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     except KstrataError:
         pass
     if not p.is_dir():
-        raise KstrataError("not a kernel entry (cache, dump or override directory)", path=p)
+        raise KstrataError("not a kernel entry (cache, dump or override directory) or an IR file of one of the "
+                           f"levels {', '.join(original.target.levels[1:-1])}", path=p)
     levels: dict[str, Any] = {}
     for f in p.iterdir():
         stem, _, ext = f.name.rpartition(".")

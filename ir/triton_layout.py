@@ -442,6 +442,39 @@ def _jit_source_text(fn: Any) -> str | None:
     return src if isinstance(src, str) else None
 
 
+def compile_ir_file(path: str | os.PathLike[str], target: Target | str | None = None,
+                    options: Mapping[str, Any] | None = None) -> KernelBundle:
+    """Compile a `.ttir`/`.ttgir` file with Triton's stages from its level and return the kernel's bundle.
+
+    The target comes from `target`, else from the module's `ttg.target` (TTGIR); the options from
+    `options`, else from Triton's metadata `<name>.json` beside the file (a cache entry's), else Triton's
+    defaults (a TTGIR module carries its own warp count).
+    """
+    import triton
+
+    from .ir_roundtrip import _target_from_text, compile_options, load_metadata_beside
+
+    file = Path(path)
+    if file.suffix not in (".ttir", ".ttgir"):
+        raise BundleError("only .ttir and .ttgir files are compiled from their level (other levels need the "
+                          "original kernel's metadata: give a cache or dump entry)", path=file)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise BundleError(f"cannot read the IR file: {exc.strerror}", path=file) from None
+    tgt = Target.parse(target) if isinstance(target, str) else target or _target_from_text(text, file)
+    opts = dict(options) if options is not None else compile_options(load_metadata_beside(file))
+    with tempfile.TemporaryDirectory() as root, _cache_dir(root):
+        try:
+            compiled = triton.compile(str(file), target=tgt.to_triton(), options=opts)
+        except Exception as exc:
+            raise CompileError(f"Triton failed to compile it for {tgt}: {type(exc).__name__}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", path=file) from exc
+        bundle = load_cache_entry(Path(root) / base32_key(compiled.hash))
+    bundle.origin = str(file)
+    return bundle
+
+
 def compile_jit(fn: Any, signature: Mapping[str, str], target: Target | str,
                 constexprs: Mapping[str, Any] | None = None,
                 attrs: Mapping[tuple[int, ...], list[list[Any]]] | None = None,

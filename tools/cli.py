@@ -475,8 +475,10 @@ def record_cmd(
 
 @app.command("verify")
 def verify_cmd(
-    original: Path = typer.Argument(..., help="The original kernel: a cache or dump entry."),
-    candidate: Path = typer.Argument(..., help="The candidate: a cache, dump or override entry."),
+    original: Path = typer.Argument(..., help="The original kernel: a cache or dump entry, or a .ttir/.ttgir file."),
+    candidate: Path = typer.Argument(..., help="The candidate: a cache, dump or override entry, or one IR file "
+                                               "(.ttir .ttgir .llir .ptx .amdgcn) whose lower levels are rebuilt."),
+    target: str = typer.Option(None, "--target", help="Target of an ORIGINAL given as a .ttir file (e.g. cuda:90)."),
     launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the dynamic checks."),
     seeds: int = typer.Option(2, "--seeds", help="Random input sets per dynamic check (edge sets come on top)."),
     device: str = typer.Option("auto", "--device", help="cpu (static + interpreter), cuda (+ GPU runs) or auto."),
@@ -489,14 +491,10 @@ def verify_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL."""
-    from kstrata.backends.verify import Check, declared_tolerance, load_candidate, verify
+    from kstrata.backends.verify import Check, declared_tolerance, load_candidate, load_original, verify
     from kstrata.ir.launch import LaunchRecord
-    from kstrata.ir.triton_layout import load_any
 
-    bundles, errors = load_any(original)
-    if errors:
-        raise errors[0]
-    base = bundles[0]
+    base = load_original(original, target)
     cand = load_candidate(candidate, base)
     record = LaunchRecord.load(launch) if launch is not None else None
 

@@ -172,3 +172,28 @@ def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path:
     assert proc.returncode == 1
     assert "fail" in proc.stdout and "interpreter" in proc.stdout and "first difference" in proc.stdout
     assert "verdict: rejected" in proc.stdout
+
+
+def test_cli_takes_ir_files(entry: Path, tmp_path: Path) -> None:
+    # ORIGINAL as the entry's .ttgir (compiled with the metadata beside it), CANDIDATE as one edited file
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    ttgir = next(entry.glob("*.ttgir"))
+    record = suite_launch_record(get_kernel("softmax_online"), "cuda:90")
+    launch = record.save(tmp_path / "softmax_online-1.json")
+    wrong = tmp_path / ttgir.name
+    wrong.write_text(ttgir.read_text().replace("arith.maxnumf", "arith.minnumf"))
+    proc = _cli(str(ttgir), str(wrong), "--launch", str(launch), "--seeds", "1", "--device", "cpu", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert "ttgir" in report["differing_levels"] and "ttir" not in report["differing_levels"]
+    assert any(c["name"].startswith("interpreter") and c["verdict"] == "fail" for c in report["checks"])
+    ptx = tmp_path / "hinted.ptx"
+    from kstrata.ir.triton_layout import load_any
+
+    ptx.write_text(run_pipeline(load_any(entry)[0][0], parse_pipeline("ptx(cache-hints)")).bundle.text("ptx"))
+    proc = _cli(str(entry), str(ptx), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["differing_levels"] == ["ptx", "cubin"]
+    proc = _cli(str(entry), str(tmp_path / "nothing.ptx"))
+    assert proc.returncode == 2 and "nothing.ptx" in proc.stderr
