@@ -15,7 +15,6 @@ JSON form (`.json`):
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,13 +61,10 @@ class BinaryPatch:
 
     @classmethod
     def load(cls, path: str | Path) -> BinaryPatch:
-        p = Path(path)
-        try:
-            return cls.from_json(json.loads(p.read_text()), str(p))
-        except FileNotFoundError:
-            raise BinaryPatchError("no such patch file", path=p) from None
-        except json.JSONDecodeError as exc:
-            raise BinaryPatchError(f"corrupt JSON: {exc}", path=p) from None
+        from kstrata.ir.files import read_json, user_path
+
+        p = user_path(path)
+        return cls.from_json(read_json(p, "binary patch", error=BinaryPatchError), str(p))
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": BINARY_PATCH_SCHEMA, "kernel": self.kernel, "description": self.description,

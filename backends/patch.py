@@ -24,13 +24,12 @@ hunk, and where the near misses are.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kstrata.ir.errors import KstrataError
+from kstrata.ir.errors import KstrataError, cut_text
 
 PATCH_HEADER = "# kstrata asm patch v1"
 PATCH_LEVELS = ("ptx", "amdgcn")
@@ -128,18 +127,18 @@ class AsmPatch:
 
     @classmethod
     def load(cls, path: str | Path) -> AsmPatch:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise AsmPatchError("no such patch file", path=p) from None
+        from kstrata.ir.files import parse_json, read_text, user_path
+
+        p = user_path(path)
+        text = read_text(p, "patch file", error=AsmPatchError)
         if p.suffix == ".json":
+            data = parse_json(text, p, "patch file", error=AsmPatchError)
             try:
-                data = json.loads(text)
                 hunks = tuple(Hunk(h.get("anchor"), tuple((k, t) for k, t in h["lines"])) for h in data["hunks"])
                 return cls(data["level"], hunks, data.get("kernel"), data.get("description", ""))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise AsmPatchError(f"not a kstrata JSON patch: {exc}", path=p) from None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise AsmPatchError(f"not a kstrata JSON patch: {type(exc).__name__}: {cut_text(str(exc))}",
+                                    path=p) from None
         return cls.from_text(text, str(p))
 
     def to_json(self) -> dict[str, Any]:

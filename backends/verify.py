@@ -159,9 +159,10 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
 def load_original(path: str | Path, target: str | None = None) -> KernelBundle:
     """The original kernel: a cache or dump entry, or a `.ttir`/`.ttgir` file compiled for `target`
     (default: the module's own target, and the metadata beside the file)."""
+    from kstrata.ir.files import user_path
     from kstrata.ir.triton_layout import compile_ir_file, load_any
 
-    p = Path(path)
+    p = user_path(path)
     if p.is_file() and p.suffix in (".ttir", ".ttgir"):
         return compile_ir_file(p, target)
     bundles, errors = load_any(p)
@@ -177,15 +178,16 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     import dataclasses
 
     from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
+    from kstrata.ir.files import read_bytes, read_text, user_path
     from kstrata.ir.triton_layout import load_any
 
-    p = Path(path)
+    p = user_path(path)
     level = p.suffix.lstrip(".")
     if p.is_file() and level in original.target.levels[1:-1]:
         # one IR file: the original with that level replaced and every level below rebuilt
         from .rebuild import rebuild_from
 
-        candidate = rebuild_from(original, level, p.read_text())
+        candidate = rebuild_from(original, level, read_text(p, f"{level} file"))
         return dataclasses.replace(candidate, origin=str(p))
     try:
         bundles, errors = load_any(p)
@@ -200,7 +202,7 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     for f in p.iterdir():
         stem, _, ext = f.name.rpartition(".")
         if stem == original.name and ext in original.target.levels:
-            levels[ext] = f.read_bytes() if ext in ("cubin", "hsaco") else f.read_text()
+            levels[ext] = read_bytes(f, f"{ext} file") if ext in ("cubin", "hsaco") else read_text(f, f"{ext} file")
     if not levels:
         raise KstrataError(f"no level of kernel {original.name} in this directory", path=p)
     info = CandidateInfo.read(p)

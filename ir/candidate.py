@@ -44,10 +44,9 @@ class CandidateInfo:
         path = Path(directory) / CANDIDATE_FILE
         if not path.is_file():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise KstrataError(f"corrupt candidate description: {exc}", path=path) from None
+        from .files import read_json
+
+        data = read_json(path, "candidate description")
         if not isinstance(data, dict) or data.get("schema") != CANDIDATE_SCHEMA:
             raise KstrataError(f"not a candidate description (expected schema {CANDIDATE_SCHEMA})", path=path)
         try:

@@ -20,6 +20,13 @@ class KstrataError(Exception):
         return f"{where}{self.message}{hint}"
 
 
+def cut_text(text: str, limit: int = 200) -> str:
+    """`text` cut to about `limit` characters, saying how long it was: errors quote input, never all of it."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
 class TargetError(KstrataError):
     """A target spelling kstrata does not know."""
 

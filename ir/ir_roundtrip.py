@@ -9,7 +9,6 @@ input text (both compiled here, in one session, so that `ptxas`'s record of sour
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -223,10 +222,9 @@ def _target_from_text(text: str, path: str | Path | None) -> Target:
 def load_metadata_beside(path: Path) -> dict[str, Any]:
     """Triton's metadata `<name>.json` next to a cache entry's `.ttir`/`.ttgir`, or `{}`."""
     meta = path.with_suffix(".json")
-    if meta.exists():
-        try:
-            data = json.loads(meta.read_text())
-            return data if isinstance(data, dict) else {}
-        except json.JSONDecodeError:
-            return {}
+    if meta.is_file():
+        from .files import read_json
+
+        data = read_json(meta, "metadata")  # a corrupt file beside the IR is an error, not silently no options
+        return data if isinstance(data, dict) else {}
     return {}

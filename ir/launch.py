@@ -118,13 +118,10 @@ class LaunchRecord:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LaunchRecord:
-        p = Path(path)
-        try:
-            return cls.from_json(json.loads(p.read_text()), str(p))
-        except FileNotFoundError:
-            raise LaunchRecordError("no such launch record", path=p) from None
-        except json.JSONDecodeError as exc:
-            raise LaunchRecordError(f"corrupt JSON: {exc}", path=p) from None
+        from .files import read_json, user_path
+
+        p = user_path(path)
+        return cls.from_json(read_json(p, "launch record", error=LaunchRecordError), str(p))
 
     def check_against(self, params: tuple[Any, ...]) -> None:
         """Raise when the record's runtime arguments do not match a kernel's parameters (names and kinds)."""

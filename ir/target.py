@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import TargetError
+from .errors import TargetError, cut_text
 
 #: Architectures kstrata knows, per backend, with their warp (wavefront) size.
 KNOWN_CUDA_ARCHS = (75, 80, 86, 87, 89, 90, 100, 103, 120)
@@ -52,10 +52,11 @@ class Target:
         """From Triton's `GPUTarget` or its JSON form (`{"backend": .., "arch": .., "warp_size": ..}`)."""
         if isinstance(target, dict):
             backend, arch, warp = target.get("backend"), target.get("arch"), target.get("warp_size")
-        else:
-            backend, arch, warp = target.backend, target.arch, target.warp_size
-        if backend not in LEVELS or arch is None or not isinstance(warp, int):
-            raise TargetError(f"not a Triton target: {target!r}")
+        else:  # a GPUTarget; anything else (a string, a list from corrupt metadata) has none of these
+            backend, arch, warp = (getattr(target, k, None) for k in ("backend", "arch", "warp_size"))
+        if (not isinstance(backend, str) or backend not in LEVELS or not isinstance(arch, (int, str))
+                or isinstance(arch, bool) or not isinstance(warp, int)):
+            raise TargetError(f"not a Triton target: {cut_text(repr(target), 120)}")
         return cls.parse(f"{backend}:{arch}")
 
     def to_triton(self) -> Any:

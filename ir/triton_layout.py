@@ -29,6 +29,7 @@ from typing import Any
 
 from .bundle import Artifact, KernelBundle
 from .errors import BundleError, CompileError, KstrataError, TargetError
+from .files import decode_text, read_bytes, read_json, read_text, user_path
 from .target import BINARY_LEVELS, LEVELS, Target
 
 #: Index of a cache root written by kstrata: cache entry directory name -> override key and source.
@@ -104,24 +105,18 @@ def check_artifact(level: str, art: Artifact, path: Path) -> None:
 
 
 def _read_artifact(path: Path, level: str) -> Artifact:
-    try:
-        data = path.read_bytes()
-        art: Artifact = data if level in BINARY_LEVELS else data.decode("utf-8")
-    except FileNotFoundError:
-        raise BundleError(f"missing {level} file", path=path) from None
-    except UnicodeDecodeError as exc:
-        raise BundleError(f"{level} file is not UTF-8 text (byte {exc.start})", path=path) from None
+    if not path.exists():
+        raise BundleError(f"missing {level} file", path=path)
+    data = read_bytes(path, f"{level} file", error=BundleError)
+    art: Artifact = data if level in BINARY_LEVELS else decode_text(data, path, f"{level} file", error=BundleError)
     check_artifact(level, art, path)
     return art
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BundleError("missing file", path=path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"corrupt JSON: {exc}", path=path) from None
+    if not path.exists():
+        raise BundleError("missing file", path=path)
+    return read_json(path, "metadata", error=BundleError)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,7 +170,7 @@ def load_cache_entry(path: str | os.PathLike[str], index: Mapping[str, Any] | No
         if ext in target.levels and ext != "source":
             levels[ext] = _read_artifact(child_path, ext)
         elif child_path.exists():
-            extra[child] = child_path.read_bytes()
+            extra[child] = read_bytes(child_path, error=BundleError)
         else:
             raise BundleError(f"group lists {child}, which is missing", path=child_path)
     if not levels:
@@ -263,7 +258,7 @@ def load_dump_entry(path: str | os.PathLike[str]) -> KernelBundle:
             # Triton dumps every target of one source into one directory; the IR levels hold the last one.
             notes.append(f"ignored {file.name}: a {ext} for another target than the IR's {target}")
         else:
-            extra[file.name] = file.read_bytes()
+            extra[file.name] = read_bytes(file, error=BundleError)
     metadata: dict[str, Any] = {"name": name, "target": {"backend": target.backend, "arch": target.arch,
                                                           "warp_size": target.warp_size}}
     notes.append("loaded from a dump directory: Triton records no metadata there (num_stages unknown)")
@@ -307,8 +302,8 @@ def override_keys_from_dump(dump_root: str | os.PathLike[str]) -> dict[str, str]
 
 
 def load_any(path: str | os.PathLike[str]) -> tuple[list[KernelBundle], list[KstrataError]]:
-    """Load whatever `path` is: a cache entry, a cache root, a dump entry or a dump root."""
-    p = Path(path)
+    """Load whatever `path` is: a cache entry, a cache root, a dump entry or a dump root (`~` is expanded)."""
+    p = user_path(path)
     if not p.exists():
         raise BundleError("no such file or directory", path=p)
     if not p.is_dir():
@@ -458,10 +453,7 @@ def compile_ir_file(path: str | os.PathLike[str], target: Target | str | None = 
     if file.suffix not in (".ttir", ".ttgir"):
         raise BundleError("only .ttir and .ttgir files are compiled from their level (other levels need the "
                           "original kernel's metadata: give a cache or dump entry)", path=file)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise BundleError(f"cannot read the IR file: {exc.strerror}", path=file) from None
+    text = read_text(file, "IR file", error=BundleError)
     tgt = Target.parse(target) if isinstance(target, str) else target or _target_from_text(text, file)
     opts = dict(options) if options is not None else compile_options(load_metadata_beside(file))
     with tempfile.TemporaryDirectory() as root, _cache_dir(root):
