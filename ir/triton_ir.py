@@ -36,7 +36,8 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 from xdsl.utils.lexer import Span
 
 from .dialects import defined_op_names, triton_context
-from .errors import KstrataError
+from .errors import KstrataError, cut_text
+from .files import check_ir_lines
 
 
 class IRParseError(KstrataError):
@@ -51,7 +52,7 @@ class IRParseError(KstrataError):
         super().__init__(f"{where}{message}", path=path, hint=hint)
 
     def __str__(self) -> str:
-        where = f"{self.path}:" if self.path else ""
+        where = (f"{self.path}:" if self.line is not None else f"{self.path}: ") if self.path else ""
         hint = f" ({self.hint})" if self.hint else ""
         return f"{where}{self.message}{hint}"
 
@@ -88,7 +89,7 @@ class TritonModule:
                 op.verify(verify_nested_ops=False)
             except VerifyException as exc:
                 line, col = self.op_positions.get(op, (None, None))
-                raise IRParseError(f"`{op.name}` does not verify: {exc}", path=self.path, op=op.name,
+                raise IRParseError(f"`{op.name}` does not verify: {cut_text(str(exc))}", path=self.path, op=op.name,
                                    line=line, column=col) from None
 
     def __str__(self) -> str:
@@ -165,11 +166,39 @@ def _op_at(text: str, offset: int) -> str | None:
     return m.group(1) if m else None
 
 
+#: A string literal as MLIR (and xDSL's lexer) accepts it, written without nested repetition: xDSL's own
+#: pattern, `"(?:[^"\\\n\v\f]+|\\(?:...))*"`, backtracks exponentially on a literal that does not close
+#: (28 characters take minutes), so every literal is checked with this one first.
+_STRING_LITERAL = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
+_QUOTE_OR_COMMENT = re.compile(r'"|//')
+
+
+def _check_string_literals(text: str, path: str | None) -> None:
+    """Raise at the first string literal that does not close on its line (or holds an invalid escape)."""
+    pos = 0
+    while True:
+        m = _QUOTE_OR_COMMENT.search(text, pos)
+        if m is None:
+            return
+        if m.group() == "//":  # a comment runs to the end of its line
+            nl = text.find("\n", m.end())
+            if nl < 0:
+                return
+            pos = nl + 1
+            continue
+        lit = _STRING_LITERAL.match(text, m.start())
+        if lit is None:
+            line, col = _position(text, m.start())
+            raise IRParseError("string literal without its closing quote on the same line (or with an invalid "
+                               "escape)", path=path, line=line, column=col)
+        pos = lit.end()
+
+
 def _parse_error(exc: ParseError, text: str, path: str | None) -> IRParseError:
     span = exc.span
     offset = span.start
     msg = str(getattr(exc, "msg", "") or exc).strip()
-    msg = msg.splitlines()[-1].strip() if msg else "syntax error"
+    msg = cut_text(msg.splitlines()[-1].strip()) if msg else "syntax error"
     op = _op_at(text, offset)
     unknown = re.search(r"Operation (\S+) is not registered", msg)
     if unknown:
@@ -191,6 +220,15 @@ def _parse_error(exc: ParseError, text: str, path: str | None) -> IRParseError:
 def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = True) -> TritonModule:
     """Parse TTIR or TTGIR text; raises `IRParseError` (file:line:col, op, what was expected)."""
     name = str(path) if path is not None else "<text>"
+    check_ir_lines(text, name, error=IRParseError)
+    _check_string_literals(text, name)
+    try:
+        return _parse_checked(text, path, name, verify)
+    except RecursionError:
+        raise IRParseError("nested too deeply to parse (types, attributes or regions)", path=name) from None
+
+
+def _parse_checked(text: str, path: str | Path | None, name: str, verify: bool) -> TritonModule:
     ctx = triton_context()
     # Alias definitions are lines `#name = ...` at the top level, before or after the module; MLIR lets
     # op locations refer to aliases defined after the module, so they are all read first.
@@ -205,7 +243,10 @@ def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = Tr
         pending.append((alias, start, value_start))
         for i in range(start, end):
             blanked[i] = " "
-    parser = _TritonParser(ctx, text, name)
+    try:
+        parser = _TritonParser(ctx, text, name)  # it reads the first token already
+    except ParseError as exc:
+        raise _parse_error(exc, text, name) from None
     parser.value_names = {}
     parser.op_offsets = {}
     aliases: dict[str, Attribute] = {}
@@ -232,7 +273,10 @@ def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = Tr
     for alias, _start, _vs in defs:
         aliases[alias] = parser.attribute_aliases[alias]
     trailing = frozenset(alias for alias, start, _ in defs if start > module_start)
-    body = _TritonParser(ctx, "".join(blanked), name)
+    try:
+        body = _TritonParser(ctx, "".join(blanked), name)
+    except ParseError as exc:
+        raise _parse_error(exc, text, name) from None
     body.value_names = parser.value_names
     body.op_offsets = {}
     body.attribute_aliases = dict(parser.attribute_aliases)
@@ -243,7 +287,7 @@ def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = Tr
     except VerifyException as exc:  # raised while an op is built from its assembly format
         line, col = _position(text, body.pos)
         op = _op_at(text, body.pos)
-        raise IRParseError(f"{exc}" + (f" in `{op}`" if op else ""), path=name, line=line, column=col,
+        raise IRParseError(cut_text(f"{exc}") + (f" in `{op}`" if op else ""), path=name, line=line, column=col,
                            op=op) from None
     result = TritonModule(module=module, aliases=aliases, trailing_aliases=trailing,
                           value_names=body.value_names, path=None if path is None else str(path),
@@ -256,14 +300,10 @@ def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = Tr
 
 def parse_file(path: str | Path, *, verify: bool = True) -> TritonModule:
     """Parse a `.ttir`/`.ttgir` file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise IRParseError("no such file", path=p) from None
-    except UnicodeDecodeError as exc:
-        raise IRParseError(f"not UTF-8 text (byte {exc.start})", path=p) from None
-    return parse_triton(text, p, verify=verify)
+    from .files import read_text, user_path
+
+    p = user_path(path)
+    return parse_triton(read_text(p, "IR file", error=IRParseError), p, verify=verify)
 
 
 # ---------------------------------------------------------------------------------------------------

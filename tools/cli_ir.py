@@ -29,7 +29,9 @@ err = Console(stderr=True, soft_wrap=True)
 def _level_of(path: Path) -> str:
     ext = path.suffix.lstrip(".")
     if ext not in ("ttir", "ttgir"):
-        raise KstrataError("expected a .ttir or .ttgir file", path=path)
+        other = (" (LLVM IR, PTX and AMDGCN are not MLIR: `kstrata bundle show ENTRY --level " + ext + "` prints "
+                 "that level, `kstrata passes apply` rewrites it)") if ext in ("llir", "ptx", "amdgcn") else ""
+        raise KstrataError(f"`kstrata ir` reads TTIR and TTGIR: expected a .ttir or .ttgir file{other}", path=path)
     return ext
 
 
@@ -45,6 +47,7 @@ def ir_show(
 ) -> None:
     """Parse FILE into the typed dialects, verify it, and print it with its op count per dialect and types."""
     try:
+        _level_of(file)
         from kstrata.ir.triton_ir import parse_file, print_triton  # xDSL is slow to import: only when used
 
         module = parse_file(file)
@@ -69,10 +72,10 @@ def ir_roundtrip(
     """Parse and print FILE; Triton must accept the output and compile it to the same cubin/hsaco."""
     try:
         level = _level_of(file)
-        try:
-            text = file.read_text()
-        except FileNotFoundError:
-            raise KstrataError("no such file", path=file) from None
+        from kstrata.ir.files import read_ir_text, user_path
+
+        file = user_path(file)
+        text = read_ir_text(file, f"{level} file")
         tgt = Target.parse(target) if target else None
         from kstrata.ir.ir_roundtrip import check_roundtrip, load_metadata_beside
 
