@@ -212,7 +212,7 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     import torch
 
     from kstrata.agents.roofline import assess, load_or_measure
-    from kstrata.agents.tasks import find_tasks, load_task
+    from kstrata.agents.tasks import TaskError, describe_tasks, find_tasks
 
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
@@ -250,16 +250,16 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     compiled = [b for b in baselines if b != "eager"]
     warmers = _start_warmers(todo, compiled, jobs, seed) if jobs > 1 and compiled and todo else []
     specs: dict[Path, Any] = {}
-    for p in todo:
+    # Described in child processes with a timeout: task code must not take the benchmark down.
+    for p, spec in describe_tasks(todo):
         entry = results["tasks"].setdefault(names[p], {"path": str(p), "baselines": {}})
-        try:
-            spec = load_task(p).spec
-            specs[p] = spec
-            entry.update({"dtypes": list(spec.dtypes), "flops": spec.flops, "min_bytes": spec.min_bytes,
-                          "arithmetic_intensity": spec.arithmetic_intensity})
-        except Exception as exc:
+        if isinstance(spec, TaskError):
             for b in baselines:
-                entry["baselines"][b] = {"ok": False, "error": f"task does not load: {exc}"}
+                entry["baselines"][b] = {"ok": False, "error": f"task does not load: {spec}"}
+            continue
+        specs[p] = spec
+        entry.update({"dtypes": list(spec.dtypes), "flops": spec.flops, "min_bytes": spec.min_bytes,
+                      "arithmetic_intensity": spec.arithmetic_intensity})
     todo = [p for p in todo if p in specs]
     pending = list(todo)
     if warmers:

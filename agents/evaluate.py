@@ -452,7 +452,7 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     Returns a verdict; raises `EvalError` only when the harness cannot run at all (a missing file, a
     task that does not load, bad options).
     """
-    from kstrata.agents.tasks import load_task
+    from kstrata.agents.tasks import describe_task
 
     task, candidate = Path(task), Path(candidate)
     if policy not in POLICIES:
@@ -461,7 +461,8 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
         raise EvalError(f"at least {MIN_TRIALS} trials are needed, got {trials}")
     if not candidate.is_file():
         raise EvalError("no such candidate file", path=candidate)
-    spec = load_task(task).spec  # a bad task file is the user's error, reported before anything runs
+    # A bad task file is the user's error, reported before anything runs; its code runs in a child process.
+    spec = describe_task(task, timeout_s=timeout_s)
     device = device or default_device()
     timing = (device == "cuda") if timing is None else timing
     scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root()))

@@ -82,7 +82,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kstrata.ir.errors import KstrataError
+from kstrata.ir.errors import KstrataError, cut_text
 
 #: The version of `TaskSpec.to_json()`'s layout; bump it when a field changes meaning or goes away.
 TASK_SPEC_SCHEMA = "kstrata.task-spec/1"
@@ -327,6 +327,117 @@ def load_task(path: str | Path) -> Task:
                 get_init_inputs=values["get_init_inputs"], spec=spec)
 
 
+#: Seconds one task file may take to import and be described in its child process before it is killed.
+DESCRIBE_TIMEOUT_S = 120.0
+#: Seconds the loader process may take to start (import torch) before its first task file.
+_LOADER_START_S = 300.0
+
+
+def describe_task(path: str | Path, *, timeout_s: float = DESCRIBE_TIMEOUT_S) -> TaskSpec:
+    """`load_task(path).spec`, computed in a child process with a timeout; a bad task raises `TaskError`.
+
+    A task file is user code: it may exit, crash, loop, fork or leave threads behind. None of that
+    reaches the caller's process; each becomes a `TaskError` naming the file.
+    """
+    ((_, result),) = describe_tasks([path], timeout_s=timeout_s)
+    if isinstance(result, TaskError):
+        raise result
+    return result
+
+
+def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_TIMEOUT_S,
+                   ) -> list[tuple[Path, TaskSpec | TaskError]]:
+    """Describe each task file in a child process (one for all of them, restarted after a file kills it).
+
+    Returns `(path, spec or error)` per file, in order: one bad file (an exception, `os._exit`, a
+    segfault, a hang past `timeout_s`) is that file's error and the others are still described.
+    """
+    import os
+    import signal
+    import subprocess
+    import tempfile
+    import time
+
+    todo = [Path(p) for p in paths]
+    done: list[tuple[Path, TaskSpec | TaskError]] = []
+    with tempfile.TemporaryDirectory(prefix="kstrata-task-") as scratch:
+        while todo:
+            results_path = Path(scratch) / f"results-{len(done)}.jsonl"
+            results_path.touch()
+            log_path = Path(scratch) / "log.txt"
+            cmd = [sys.executable, "-m", "kstrata.agents.task_worker", str(results_path), *map(str, todo)]
+            with log_path.open("wb") as log:
+                # Its own session, output to a file: whatever the task starts is killed with it, and a
+                # grandchild holding an inherited pipe cannot keep us waiting.
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+                events: list[dict[str, Any]] = []
+                started = time.monotonic()
+                # Until the first file starts, the child imports torch: that has its own allowance.
+                allowed = max(timeout_s, _LOADER_START_S)
+                timed_out = False
+                try:
+                    while True:
+                        rc = proc.poll()
+                        fresh = _read_events(results_path, len(events))
+                        if fresh:
+                            events += fresh
+                            started = time.monotonic()  # the deadline is per task file
+                            allowed = timeout_s
+                        if rc is not None:
+                            break
+                        if time.monotonic() - started > allowed:
+                            timed_out = True
+                            break
+                        time.sleep(0.02)
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            events += _read_events(results_path, len(events))
+            current: Path | None = None
+            for ev in events:
+                if "start" in ev:
+                    current = Path(ev["start"])
+                elif current is not None:
+                    result: TaskSpec | TaskError = (TaskSpec.from_json(ev["spec"]) if "spec" in ev
+                                                    else TaskError(ev["error"]))
+                    done.append((current, result))
+                    current = None
+            described = {d for d, _ in done}
+            todo = [p for p in todo if p not in described]
+            tail = log_path.read_text(errors="replace").strip().splitlines() if log_path.exists() else []
+            last = f"; its last output: {cut_text(tail[-1], 200)}" if tail else ""
+            if current is None:
+                if todo:  # the loader itself did not start (a broken environment), not a task's doing
+                    how = f"did not start in {_LOADER_START_S:g} s" if timed_out else f"exited with {rc}"
+                    raise TaskError(f"the task loader (python -m kstrata.agents.task_worker) {how}{last}", path=todo[0])
+                continue
+            # `current` killed, hung or ended the child.
+            if timed_out:
+                why = (f"did not finish loading in {timeout_s:g} s (an import, Model(), get_inputs() or forward() "
+                       "that loops or sleeps?); it was killed")
+            elif rc is not None and rc < 0:
+                why = f"crashed the process that loaded it ({signal.Signals(-rc).name}){last}"
+            else:
+                why = (f"ended the process that loaded it (exit status {rc}: sys.exit, os._exit or a KeyboardInterrupt "
+                       f"in the task's code){last}")
+            done.append((current, TaskError(why, path=current)))
+            todo = [p for p in todo if p != current]
+    order = {p: i for i, p in enumerate(Path(p) for p in paths)}
+    return sorted(done, key=lambda d: order[d[0]])
+
+
+def _read_events(path: Path, skip: int) -> list[dict[str, Any]]:
+    """The complete JSON lines of `path` after the first `skip`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    lines = text.split("\n")[:-1]  # the last piece is empty or a line still being written
+    return [json.loads(line) for line in lines[skip:]]
+
+
 def import_task_module(path: str | Path) -> types.ModuleType:
     """Import any standalone Python file (a task, or a candidate's `ModelNew` file) in a fresh namespace.
 
@@ -368,7 +479,7 @@ def _import_isolated(path: Path) -> tuple[types.ModuleType, str, str]:
     sys.modules[name] = module
     try:
         exec(code, module.__dict__)
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the task's own exits are its errors
         del sys.modules[name]
         raise _error_in_file(path, filename, exc, "importing the task raised") from None
     return module, source, digest
@@ -435,7 +546,7 @@ def _error_in_file(path: Path, filename: str, exc: BaseException, what: str) -> 
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
     where = f"{path}:{frames[-1].lineno}" if frames else str(path)
     detail = str(exc).strip().splitlines()
-    first = detail[0] if detail else ""
+    first = cut_text(detail[0]) if detail else ""
     message = f"{what} {type(exc).__name__}" + (f": {first}" if first else "")
     if type(exc).__module__.startswith(("torch._subclasses", "torch.fx.experimental")):
         return _ValueDependentError(message, path=where, hint=(
@@ -448,7 +559,7 @@ def _error_in_file(path: Path, filename: str, exc: BaseException, what: str) -> 
 def _call_in_task(path: Path, module: types.ModuleType, fn: Callable[[], Any], what: str) -> Any:
     try:
         return fn()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in a task's function is that function's error
         raise _error_in_file(path, str(module.__file__), exc, f"{what} raised") from None
 
 

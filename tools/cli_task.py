@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kstrata.ir.errors import KstrataError
-from kstrata.tools.console import JsonFlag, emit_json, err, out
+from kstrata.tools.console import JsonFlag, emit_json, err, error_line, out
 
 if TYPE_CHECKING:  # the task module imports torch: only when a task command runs
     from kstrata.agents.tasks import TaskSpec, TensorSpec
@@ -25,16 +26,20 @@ task_app = typer.Typer(help="KernelBench-format tasks: inputs, outputs, FLOPs, b
 
 _emit_json = emit_json
 
+DEFAULT_TIMEOUT_S = 120.0
+TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds one task file may take to load and trace.")]
+
 
 @task_app.command("show")
 def task_show(
     task: Annotated[Path, typer.Argument(help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
     as_json: JsonFlag = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Inputs, outputs, dtypes, parameters, FLOPs, minimum bytes and arithmetic intensity of one task."""
-    from kstrata.agents.tasks import load_task
+    from kstrata.agents.tasks import describe_task
 
-    spec = load_task(task).spec
+    spec = describe_task(task, timeout_s=timeout)  # user code: in a child process, with a timeout
     if as_json:
         _emit_json(spec.to_json())
         return
@@ -45,19 +50,19 @@ def task_show(
 def task_list(
     directory: Annotated[Path, typer.Argument(help="A directory of task files (searched recursively).")],
     as_json: JsonFlag = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Every task under DIRECTORY, one line each; a bad file is reported, the rest still listed (exit 1)."""
-    from kstrata.agents.tasks import find_tasks, load_task
+    from kstrata.agents.tasks import describe_tasks, find_tasks
 
     specs: list[TaskSpec] = []
     errors: list[dict[str, str]] = []
-    for path in find_tasks(directory):
-        try:
-            specs.append(load_task(path).spec)
-        except KstrataError as exc:
-            errors.append({"path": str(path), "error": str(exc)})
-        except Exception as exc:  # a task that trips kstrata itself must not hide the others
-            errors.append({"path": str(path), "error": f"{path}: internal error {type(exc).__name__}: {exc}"})
+    # In child processes with a per-file timeout: a task that exits, crashes or hangs is its own error.
+    for path, result in describe_tasks(find_tasks(directory), timeout_s=timeout):
+        if isinstance(result, KstrataError):
+            errors.append({"path": str(path), "error": str(result)})
+        else:
+            specs.append(result)
     if as_json:
         _emit_json({"directory": str(directory), "tasks": [s.to_json() for s in specs], "errors": errors})
     else:
@@ -72,13 +77,13 @@ def task_list(
                           _bytes(s.min_bytes), f"{s.arithmetic_intensity:.2f}")
         out.print(table)
         for e in errors:
-            err.print(f"[red]FAIL[/] {e['error']}", highlight=False, markup=True, soft_wrap=True)
+            err.print(f"[red]FAIL[/] {escape(e['error'])}", highlight=False, markup=True, soft_wrap=True)
     if errors:
         raise typer.Exit(1)
 
 
 def _print_spec(s: TaskSpec) -> None:
-    out.print(f"[bold]{s.name}[/]  {s.path}  [dim]sha256 {s.sha256[:16]}[/]", highlight=False)
+    out.print(f"[bold]{escape(s.name)}[/]  {escape(s.path)}  [dim]sha256 {s.sha256[:16]}[/]", highlight=False)
     args = Table(title="arguments and results", title_justify="left")
     for col in ("role", "name", "shape", "dtype", "stride", "contiguous", "bytes"):
         args.add_column(col, justify="right" if col == "bytes" else "left")
@@ -158,7 +163,7 @@ def main() -> None:
     try:
         task_app()
     except KstrataError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        error_line(exc)
         sys.exit(2)
 
 

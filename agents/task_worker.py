@@ -1,0 +1,67 @@
+"""The child process that imports and describes task files for `kstrata.agents.tasks.describe_tasks`.
+
+`python -m kstrata.agents.task_worker RESULTS PATH...` describes each task file in turn and appends one
+JSON line per event to RESULTS: `{"start": PATH}` before a file, then `{"spec": ...}` or `{"error": ...}`.
+The parent reads RESULTS to know which file was running when this process died, hung or exited; a task
+file can do anything (exit, fork, loop, crash), so nothing here is trusted to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+_WARM_UP = """import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x @ x.T, dim=-1).sum()
+def get_inputs():
+    return [torch.randn(4, 4)]
+def get_init_inputs():
+    return []
+"""
+
+
+def _emit(results: Any, event: dict[str, Any]) -> None:
+    results.write(json.dumps(event) + "\n")
+    results.flush()
+
+
+def main(argv: list[str]) -> None:
+    results_path, *paths = argv
+    import tempfile
+    from pathlib import Path
+
+    from kstrata.agents.tasks import load_task
+    from kstrata.ir.errors import KstrataError
+
+    # Describing the first task pays for torch's lazy set-up (fake tensors, decomposition tables): done
+    # here on a trivial task, so a task file's deadline measures the task.
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = Path(tmp) / "warm_up_task.py"
+        warm.write_text(_WARM_UP)
+        load_task(warm)
+
+    with open(results_path, "a", encoding="utf-8") as results:
+        for path in paths:
+            _emit(results, {"start": path})
+            try:
+                spec = load_task(path).spec.to_json()
+            except KstrataError as exc:
+                _emit(results, {"error": str(exc)})
+            except BaseException as exc:  # a KeyboardInterrupt or GeneratorExit a task raised: still its error
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                _emit(results, {"error": f"{path}: loading the task raised {type(exc).__name__}"
+                                         + (f": {first}" if first else "")})
+            else:
+                _emit(results, {"spec": spec})
+    # Threads a task left running must not keep this process (and the CLI waiting on it) alive.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
