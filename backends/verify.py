@@ -178,7 +178,7 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     import dataclasses
 
     from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
-    from kstrata.ir.files import read_bytes, read_text, user_path
+    from kstrata.ir.files import read_bytes, read_ir_text, read_text, user_path
     from kstrata.ir.triton_layout import load_any
 
     p = user_path(path)
@@ -187,7 +187,7 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
         # one IR file: the original with that level replaced and every level below rebuilt
         from .rebuild import rebuild_from
 
-        candidate = rebuild_from(original, level, read_text(p, f"{level} file"))
+        candidate = rebuild_from(original, level, read_ir_text(p, f"{level} file"))
         return dataclasses.replace(candidate, origin=str(p))
     try:
         bundles, errors = load_any(p)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import BundleError
-from kstrata.ir.files import read_text, user_path
+from kstrata.ir.files import read_ir_text, user_path
 from kstrata.ir.target import Target
 
 _EXTENSIONS = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
@@ -48,7 +48,7 @@ def bundle_for_file(path: str | Path, target: str | None = None) -> KernelBundle
     level = p.suffix.lstrip(".")
     if level not in _EXTENSIONS:
         raise BundleError(f"not an IR file: the extension must be one of {', '.join(_EXTENSIONS)}", path=p)
-    text = read_text(p, f"{level} file", error=BundleError)
+    text = read_ir_text(p, f"{level} file", error=BundleError)
     tgt = Target.parse(target) if target else _target_from_text(level, text)
     if tgt is None:
         raise BundleError("cannot tell the target from the file; pass --target", path=p)

@@ -20,7 +20,7 @@ from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
 from kstrata.tools.cli_task import task_app
-from kstrata.tools.console import emit_json, err, fail, out
+from kstrata.tools.console import emit_json, err, error_line, fail, out
 
 app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lowering, and prove it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -613,7 +613,7 @@ def main() -> None:
     try:
         app()
     except KstrataError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        error_line(exc)
         sys.exit(2)
 
 

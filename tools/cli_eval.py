@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from kstrata.ir.errors import KstrataError
-from kstrata.tools.console import JsonFlag, emit_json, err, out
+from kstrata.tools.console import JsonFlag, emit_json, err, error_line, out
 
 #: Each sub-app is one command (its callback): options may follow the arguments, as in any command.
 _ONE_COMMAND: dict[str, Any] = {"allow_interspersed_args": True}
@@ -137,7 +137,7 @@ def main() -> None:
     try:
         app()
     except KstrataError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        error_line(exc)
         sys.exit(2)
 
 

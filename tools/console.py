@@ -8,6 +8,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 out = Console()
 err = Console(stderr=True)
@@ -20,7 +21,12 @@ def emit_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
 
 
+def error_line(message: object) -> None:
+    """Print `error: MESSAGE` on stderr as one line (the message is text, never markup: paths hold `[`)."""
+    err.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False, markup=True, soft_wrap=True)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print one error line and exit with `code`."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    error_line(message)
     raise typer.Exit(code)

@@ -1,0 +1,175 @@
+"""What a new user trips on (issue 21): every bad input is one line naming the file (and line), exit 2.
+
+Each test here is a case the CLI fuzzer (`kstrata.tools.fuzz_cli`) found as a traceback, a hang, a
+crash or an error that quoted megabytes of input.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kstrata.ir.errors import KstrataError
+from kstrata.ir.target import Target
+
+
+def kstrata(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=cwd)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Assert `proc` failed as a user error: exit 2, no traceback, one `error:` line holding `needles`."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr[-2000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cuda:90 cache entry of the suite's vector_add (about 2 s to build)."""
+    from kstrata.testsuite.kernels import all_kernels
+    from kstrata.testsuite.kernels.build import build_suite
+
+    root = tmp_path_factory.mktemp("cache")
+    res = build_suite(Target.parse("cuda:90"), root, [k for k in all_kernels() if k.name == "vector_add"])
+    assert not res.errors
+    return Path(str(res.bundles["vector_add"].origin))
+
+
+def _copy(entry: Path, dest: Path) -> Path:
+    shutil.copytree(entry, dest / entry.name)
+    return dest / entry.name
+
+
+# --- reading files --------------------------------------------------------------------------------
+def test_non_utf8_ir_names_file_and_line(tmp_path: Path, entry: Path) -> None:
+    ttgir = next(entry.glob("*.ttgir")).read_bytes()
+    bad = tmp_path / "k.ttgir"
+    bad.write_bytes(ttgir.replace(b"module", b"mod\xffule", 1))
+    line = ttgir[: ttgir.index(b"module")].count(b"\n") + 1
+    one_line_error(kstrata("passes", "apply", str(bad), "-p", "ttgir(num-stages{n=4})"), f"{bad}:{line}", "UTF-8")
+    one_line_error(kstrata("ir", "roundtrip", str(bad), "--no-compile"), f"{bad}:{line}", "UTF-8")
+    one_line_error(kstrata("verify", str(entry), str(bad), "--device", "cpu"), f"{bad}:{line}", "UTF-8")
+
+
+def test_non_utf8_patch(tmp_path: Path, entry: Path) -> None:
+    patch = tmp_path / "p.patch"
+    patch.write_bytes(b"# kstrata asm patch v1\nlevel: ptx\n\n@@\n-\xfe\n")
+    one_line_error(kstrata("asm", "patch", str(entry), str(patch), "--out", str(tmp_path / "o")), f"{patch}:5")
+
+
+def test_directory_where_a_file_belongs(tmp_path: Path, entry: Path) -> None:
+    d = tmp_path / "k.ttir"
+    d.mkdir()
+    one_line_error(kstrata("ir", "show", str(d)), str(d), "directory")
+    broken = _copy(entry, tmp_path / "cache")
+    ptx = next(broken.glob("*.ptx"))
+    ptx.unlink()
+    ptx.mkdir()
+    from kstrata.ir.triton_layout import load_cache_entry
+
+    with pytest.raises(KstrataError, match="found a directory") as info:
+        load_cache_entry(broken)
+    assert str(ptx) in str(info.value)
+
+
+def test_deeply_nested_and_invalid_json_metadata(tmp_path: Path, entry: Path) -> None:
+    from kstrata.ir.triton_layout import load_cache_entry
+
+    broken = _copy(entry, tmp_path / "cache")
+    meta = next(p for p in broken.glob("*.json") if not p.name.startswith("__grp"))
+    meta.write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(KstrataError, match="nested 100001 levels deep"):
+        load_cache_entry(broken)
+    meta.write_text('{"name": "k",\n "target": }')
+    with pytest.raises(KstrataError, match="not valid JSON") as info:
+        load_cache_entry(broken)
+    assert f"{meta}:2" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["cuda:90", ["cuda", 90], 7, {"backend": 1, "arch": 90, "warp_size": 32}])
+def test_target_from_wrong_metadata_types(value: object) -> None:
+    with pytest.raises(KstrataError, match="not a Triton target"):
+        Target.from_triton(value)
+
+
+def test_load_any_expands_home(tmp_path: Path, entry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.ir.triton_layout import load_any
+
+    shutil.copytree(entry.parent, tmp_path / "cache")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    bundles, errors = load_any("~/cache")
+    assert not errors and [b.name for b in bundles] == ["vector_add_kernel"]
+
+
+def test_markup_in_a_message_is_printed_as_text(tmp_path: Path) -> None:
+    odd = tmp_path / "[bold]x.ttir"
+    odd.write_text("module {\n")
+    line = one_line_error(kstrata("passes", "apply", str(odd), "-p", "ttir(load-eviction{policy=evict_last})"))
+    assert "[bold]x.ttir" in line
+    task = tmp_path / "t.py"
+    task.write_text("raise ValueError('[/] closes nothing')\n")
+    line = one_line_error(kstrata("task", "show", str(task)), f"{task}:1", "[/] closes nothing")
+
+
+# --- IR that is not what `ir` reads, or that parsers choke on ---------------------------------------
+@pytest.mark.parametrize("ext", ["ptx", "llir"])
+def test_ir_show_names_the_levels_it_reads(tmp_path: Path, ext: str) -> None:
+    f = tmp_path / f"x.{ext}"
+    f.write_text("//\n.version 8.0\n" if ext == "ptx" else "define void @f() {\n  ret void\n}\n")
+    one_line_error(kstrata("ir", "show", str(f)), str(f), ".ttir or .ttgir", f"--level {ext}")
+
+
+def test_ttgir_that_is_not_mlir(tmp_path: Path) -> None:
+    f = tmp_path / "x.ttgir"
+    f.write_text("//\n.version 8.0\n.target sm_90a\n")
+    one_line_error(kstrata("ir", "roundtrip", str(f), "--no-compile"), f"{f}:2")
+
+
+def test_unterminated_string_literal_returns_at_once(tmp_path: Path, entry: Path) -> None:
+    ttir = next(entry.glob("*.ttir")).read_text()
+    cut = ttir.index('"')
+    f = tmp_path / "k.ttir"
+    f.write_text(ttir[:cut] + '"' + "a" * 60)
+    start = time.monotonic()
+    one_line_error(kstrata("ir", "show", str(f), timeout=60), f"{f}:", "string literal")
+    assert time.monotonic() - start < 30  # xDSL's lexer alone takes minutes (exponential backtracking)
+
+
+def test_deeply_nested_types(tmp_path: Path, entry: Path) -> None:
+    from kstrata.ir.triton_ir import IRParseError, parse_triton
+
+    ttir = next(entry.glob("*.ttir")).read_text()
+    deep = ttir.replace("f32", "!tt.ptr<" * 20000 + "f32" + ">" * 20000, 1)
+    with pytest.raises(IRParseError, match="nested too deeply"):
+        parse_triton(deep, "deep.ttir")
+
+
+def test_huge_line_is_refused_and_not_echoed(tmp_path: Path, entry: Path) -> None:
+    ttir = next(entry.glob("*.ttir")).read_text()
+    f = tmp_path / "k.ttir"
+    f.write_text(ttir + "x" * (10 << 20) + "\n")
+    start = time.monotonic()
+    for proc in (kstrata("ir", "show", str(f)), kstrata("verify", str(entry), str(f), "--device", "cpu"),
+                 kstrata("passes", "apply", str(f), "-p", "ttir(load-eviction{policy=evict_last})")):
+        one_line_error(proc, "10,485,", "characters")
+        assert len(proc.stderr) < 1000
+    assert time.monotonic() - start < 60
+
+
+def test_quoted_input_is_cut() -> None:
+    from kstrata.ir.errors import cut_text
+
+    long = "y" * (8 << 20)
+    assert len(cut_text(long)) < 300 and "8,388,608 characters" in cut_text(long)
+    assert cut_text("short") == "short"
