@@ -46,6 +46,7 @@ class Hunk:
 
     anchor: str | None
     lines: tuple[tuple[str, str], ...]  # (" " | "-" | "+", text)
+    line: int | None = field(default=None, compare=False)  # of its `@@` in the patch file, for errors
 
     @property
     def before(self) -> list[str]:
@@ -62,6 +63,7 @@ class AsmPatch:
     hunks: tuple[Hunk, ...]
     kernel: str | None = None
     description: str = ""
+    origin: str | None = field(default=None, compare=False)  # the patch file, for errors
 
     def __post_init__(self) -> None:
         if self.level not in PATCH_LEVELS:
@@ -97,31 +99,34 @@ class AsmPatch:
         hunks: list[Hunk] = []
         current: list[tuple[str, str]] | None = None
         anchor: str | None = None
+        at = 0
         for n, line in enumerate(lines[1:], 2):
             if line.startswith("@@"):
                 if current is not None:
-                    hunks.append(Hunk(anchor, tuple(current)))
+                    hunks.append(Hunk(anchor, tuple(current), at))
                 anchor = line[2:].strip() or None
                 current = []
+                at = n
             elif current is None:
                 if not line.strip() or line.startswith("#"):
                     continue
                 key, sep, value = line.partition(":")
                 if not sep or key.strip() not in ("level", "kernel", "description"):
-                    raise AsmPatchError(f"{where}:{n}: expected `level:`, `kernel:`, `description:` or `@@`, got {line!r}")
+                    raise AsmPatchError(f"{where}:{n}: expected `level:`, `kernel:`, `description:` or `@@`, got {cut_text(repr(line))}")
                 headers[key.strip()] = value.strip()
             elif line[:1] in (" ", "-", "+"):
                 current.append((line[0], line[1:]))
             elif not line.strip():
                 continue  # blank lines between hunks
             else:
-                raise AsmPatchError(f"{where}:{n}: hunk lines start with ' ', '-' or '+', got {line!r}")
+                raise AsmPatchError(f"{where}:{n}: hunk lines start with ' ', '-' or '+', got {cut_text(repr(line))}")
         if current is not None:
-            hunks.append(Hunk(anchor, tuple(current)))
+            hunks.append(Hunk(anchor, tuple(current), at))
         if "level" not in headers:
             raise AsmPatchError(f"{where}: no `level:` header (ptx or amdgcn)")
         try:
-            return cls(headers["level"], tuple(hunks), headers.get("kernel") or None, headers.get("description", ""))
+            return cls(headers["level"], tuple(hunks), headers.get("kernel") or None, headers.get("description", ""),
+                       origin)
         except AsmPatchError as exc:
             raise AsmPatchError(f"{where}: {exc.message}") from None
 
@@ -135,7 +140,7 @@ class AsmPatch:
             data = parse_json(text, p, "patch file", error=AsmPatchError)
             try:
                 hunks = tuple(Hunk(h.get("anchor"), tuple((k, t) for k, t in h["lines"])) for h in data["hunks"])
-                return cls(data["level"], hunks, data.get("kernel"), data.get("description", ""))
+                return cls(data["level"], hunks, data.get("kernel"), data.get("description", ""), str(p))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise AsmPatchError(f"not a kstrata JSON patch: {type(exc).__name__}: {cut_text(str(exc))}",
                                     path=p) from None
@@ -185,13 +190,16 @@ def _window(lines: list[str], anchor: str | None, hunk_no: int) -> tuple[int, in
     label = anchor[:-1] if anchor.endswith(":") else anchor
     starts = [i for i, ln in enumerate(lines) if (m := _LABEL_LINE.match(ln)) and m.group(1) == label]
     if not starts:
-        starts = [i for i, ln in enumerate(lines) if _norm(ln) == _norm(anchor)]
+        wanted = _norm(anchor)
+        starts = [i for i, ln in enumerate(lines) if _norm(ln) == wanted]
     if not starts:
-        close = difflib.get_close_matches(_norm(anchor), {_norm(ln) for ln in lines if ln.strip()}, n=3)
+        # (difflib is quadratic: no near misses for an anchor longer than any line a compiler writes)
+        close = (difflib.get_close_matches(wanted, {_norm(ln) for ln in lines if ln.strip()}, n=3)
+                 if len(anchor) <= 1000 else [])
         hint = f"; near misses: {close}" if close else ""
-        raise AsmPatchError(f"hunk {hunk_no}: anchor {anchor!r} not found{hint}")
+        raise AsmPatchError(f"hunk {hunk_no}: anchor {cut_text(repr(anchor))} not found{hint}")
     if len(starts) > 1:
-        raise AsmPatchError(f"hunk {hunk_no}: anchor {anchor!r} is ambiguous: lines "
+        raise AsmPatchError(f"hunk {hunk_no}: anchor {cut_text(repr(anchor))} is ambiguous: lines "
                             + ", ".join(str(s + 1) for s in starts[:10]))
     start = starts[0]
     end = next((i for i in range(start + 1, len(lines)) if _LABEL_LINE.match(lines[i])), len(lines))
@@ -204,38 +212,49 @@ def apply_patch(text: str, patch: AsmPatch) -> PatchResult:
     lines = (text[:-1] if trailing else text).split("\n")
     results: list[HunkResult] = []
     for no, hunk in enumerate(patch.hunks, 1):
-        lo, hi = _window(lines, hunk.anchor, no)
-        before = [_norm(t, patch.level) for t in hunk.before]
-        normed = [_norm(ln, patch.level) for ln in lines]
-        matches = [i for i in range(lo, hi - len(before) + 1) if normed[i:i + len(before)] == before]
-        if not matches:
-            first = before[0]
-            near = [i + 1 for i in range(lo, hi) if normed[i] == first]
-            where = f"in the window after {hunk.anchor!r}" if hunk.anchor else "anywhere"
-            detail = (f"; its first line occurs at line(s) {near[:10]} but the following lines differ" if near
-                      else f"; its first line {hunk.before[0].strip()!r} does not occur {where}")
-            raise AsmPatchError(f"hunk {no}: context and removed lines not found {where}{detail}")
-        if len(matches) > 1:
-            raise AsmPatchError(f"hunk {no}: matches {len(matches)} places (lines "
-                                + ", ".join(str(m + 1) for m in matches[:10])
-                                + "); add context or an anchor so it matches exactly one")
-        at = matches[0]
-        replacement: list[str] = []
-        cursor = at
-        indent = _indent(lines[at])
-        for kind, t in hunk.lines:
-            if kind == " ":
-                replacement.append(lines[cursor])
-                indent = _indent(lines[cursor])
-                cursor += 1
-            elif kind == "-":
-                indent = _indent(lines[cursor])
-                cursor += 1
-            else:
-                replacement.append(indent + t.lstrip() if t.strip() else t)
-        lines[at:cursor] = replacement
-        results.append(HunkResult(no, at + 1, sum(k == "-" for k, _ in hunk.lines), sum(k == "+" for k, _ in hunk.lines)))
+        try:
+            results.append(_apply_hunk(lines, patch, no, hunk))
+        except AsmPatchError as exc:
+            if patch.origin and exc.path is None:  # the patch file and the line of the hunk's `@@`
+                raise AsmPatchError(exc.message, path=f"{patch.origin}:{hunk.line}" if hunk.line else patch.origin,
+                                    hint=exc.hint) from None
+            raise
     return PatchResult("\n".join(lines) + ("\n" if trailing else ""), results)
+
+
+def _apply_hunk(lines: list[str], patch: AsmPatch, no: int, hunk: Hunk) -> HunkResult:
+    """Apply one hunk to `lines` in place."""
+    lo, hi = _window(lines, hunk.anchor, no)
+    before = [_norm(t, patch.level) for t in hunk.before]
+    normed = [_norm(ln, patch.level) for ln in lines]
+    matches = [i for i in range(lo, hi - len(before) + 1) if normed[i:i + len(before)] == before]
+    if not matches:
+        first = before[0]
+        near = [i + 1 for i in range(lo, hi) if normed[i] == first]
+        where = f"in the window after {cut_text(repr(hunk.anchor))}" if hunk.anchor else "anywhere"
+        detail = (f"; its first line occurs at line(s) {near[:10]} but the following lines differ" if near
+                  else f"; its first line {cut_text(repr(hunk.before[0].strip()))} does not occur {where}")
+        raise AsmPatchError(f"hunk {no}: context and removed lines not found {where}{detail}")
+    if len(matches) > 1:
+        raise AsmPatchError(f"hunk {no}: matches {len(matches)} places (lines "
+                            + ", ".join(str(m + 1) for m in matches[:10])
+                            + "); add context or an anchor so it matches exactly one")
+    at = matches[0]
+    replacement: list[str] = []
+    cursor = at
+    indent = _indent(lines[at])
+    for kind, t in hunk.lines:
+        if kind == " ":
+            replacement.append(lines[cursor])
+            indent = _indent(lines[cursor])
+            cursor += 1
+        elif kind == "-":
+            indent = _indent(lines[cursor])
+            cursor += 1
+        else:
+            replacement.append(indent + t.lstrip() if t.strip() else t)
+    lines[at:cursor] = replacement
+    return HunkResult(no, at + 1, sum(k == "-" for k, _ in hunk.lines), sum(k == "+" for k, _ in hunk.lines))
 
 
 def make_patch(level: str, before: str, after: str, kernel: str | None = None, description: str = "",

@@ -7,15 +7,19 @@ tail of the tool's error output, and the command line to reproduce it.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kstrata.ir.errors import KstrataError
+from kstrata.ir.errors import KstrataError, cut_text
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -29,13 +33,81 @@ class ToolError(KstrataError):
         super().__init__(message, hint=hint)
 
     def __str__(self) -> str:
+        """One line: what failed, the tool's first error line (cut), and the command that reproduces it."""
         text = super().__str__()
-        if self.stderr.strip():
-            tail = "\n".join(self.stderr.strip().splitlines()[-8:])
-            text += f"\n{tail}"
+        lines = [ln.strip() for ln in self.stderr.strip().splitlines() if ln.strip()]
+        if lines:
+            first = next((ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower()), lines[0])
+            more = f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else ""
+            text += f": {cut_text(first, 300)}{more}"
         if self.repro:
-            text += f"\nrepro: {self.repro}"
+            text += f"; repro: {cut_text(self.repro, 600)}"
         return text
+
+    def naming(self, files: Mapping[str, str]) -> ToolError:
+        """This error with the temporary copies the tool ran on replaced by the user's files they hold.
+
+        `files` maps an extension (`ptx`, `cubin`, …) to the user's file of that level; every temporary path
+        with that extension in the tool's output and in the repro command becomes that file, and the error
+        names the first one that occurred (a user cannot act on `/tmp/kstrata-ptxas-x/kernel.ptx`).
+        """
+        named: str | None = None
+
+        def swap(m: re.Match[str]) -> str:
+            nonlocal named
+            user = files.get(m.group("ext"))
+            if user is None:
+                return m.group(0)
+            named = named or user
+            return user
+
+        self.stderr = _TEMP_PATH.sub(swap, self.stderr)
+        self.message = _TEMP_PATH.sub(swap, self.message)
+        if self.repro:
+            self.repro = _TEMP_PATH.sub(swap, self.repro)
+        if named and not self.path:
+            self.path = named
+        return self
+
+
+#: A temporary file kstrata hands a tool: under the temp directory, named by `tempfile` or `kstrata-*` dirs.
+#: (Not an output: `-o PATH` stays, so that a repro never writes over the user's file.)
+_TEMP_PATH = re.compile(r"(?<!-o )(?<!-o=)" + re.escape(tempfile.gettempdir()) + r"/[\w.-]+(?:/[\w.-]+)?\.(?P<ext>ptx|cubin|amdgcn|hsaco|llir|o)\b")
+
+
+def user_files(bundle: Any) -> dict[str, str]:
+    """Extension → the user's file that holds a bundle's level (a cache/dump entry's files, or the one IR file)."""
+    origin = Path(str(bundle.origin or ""))
+    files: dict[str, str] = {}
+    if origin.is_dir():
+        for level in bundle.levels:
+            f = origin / f"{bundle.name}.{level}"
+            if f.is_file():
+                files[level] = str(f)
+    elif origin.is_file():
+        files[origin.suffix.lstrip(".")] = str(origin)
+    return files
+
+
+@contextmanager
+def naming_user_files(bundle: Any = None, *, files: Mapping[str, str] | None = None,
+                      otherwise: str | None = None) -> Iterator[None]:
+    """Inside: a `ToolError` names the user's file of the level it failed on (see `ToolError.naming`): a
+    bundle's files, or `files` (extension → path); else the error is said to be about `otherwise`."""
+    mine = {**(user_files(bundle) if bundle is not None else {}), **(files or {})}
+    try:
+        yield
+    except ToolError as exc:
+        exc.naming(mine)
+        if not exc.path and otherwise:
+            exc.path = otherwise
+        raise exc from None
+    except KstrataError as exc:
+        if exc.path is None and bundle is not None:
+            # Decoding a binary (an ELF section, a note) names its file; anything else the kernel's entry.
+            binary = mine.get(bundle.target.binary_level)
+            exc.path = binary if binary and exc.message.startswith(("ELF", "not an ELF")) else str(bundle.origin)
+        raise
 
 
 class ToolNotFound(ToolError):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import KstrataError
+from .errors import KstrataError, cut_text
 
 LAUNCH_SCHEMA = "kstrata.launch/1"
 
@@ -75,9 +75,11 @@ class LaunchRecord:
     cache_key: str | None = None
     override_key: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str | None = field(default=None, compare=False)  # the record's file, for errors
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["origin"]
         data["schema"] = LAUNCH_SCHEMA
         data["grid"] = list(self.grid)
         data["args"] = [asdict(a) for a in self.args]
@@ -100,13 +102,14 @@ class LaunchRecord:
                 elif a["kind"] == "scalar":
                     args.append(ScalarArg(a["name"], a["type"], a["value"]))
                 else:
-                    raise LaunchRecordError(f"argument {i} has unknown kind {a['kind']!r}", path=origin)
+                    raise LaunchRecordError(f"argument {i} has unknown kind {cut_text(repr(a['kind']))}", path=origin)
             grid = tuple(int(g) for g in data["grid"]) + (1,) * (3 - len(data["grid"]))
             return cls(data["kernel"], data["target"], (grid[0], grid[1], grid[2]), tuple(args),
                        data.get("num_warps"), data.get("num_stages"), data.get("cache_key"), data.get("override_key"),
-                       dict(data.get("extra") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LaunchRecordError(f"malformed launch record: {type(exc).__name__}: {exc}", path=origin) from None
+                       dict(data.get("extra") or {}), origin)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LaunchRecordError(f"malformed launch record: {type(exc).__name__}: {cut_text(str(exc))}",
+                                    path=origin) from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         p = Path(path)
@@ -129,8 +132,8 @@ class LaunchRecord:
         expected = [p.name for p in params]
         if names != expected:
             raise LaunchRecordError(f"kernel {self.kernel}: the record's arguments {names} do not match the kernel's "
-                                    f"parameters {expected}")
+                                    f"parameters {expected}", path=self.origin)
         for a, p in zip(self.args, params, strict=True):
             if (a.kind == "tensor") != p.is_pointer:
                 raise LaunchRecordError(f"kernel {self.kernel}: argument {a.name} is a {a.kind} in the record but "
-                                        f"{p.type} in the kernel")
+                                        f"{p.type} in the kernel", path=self.origin)

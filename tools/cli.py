@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kstrata import __version__
+from kstrata.backends.tools import naming_user_files
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
@@ -205,7 +206,8 @@ def bundle_show(
     if level:
         for b in bundles:
             art = b.level(level)
-            text = _disassemble(b, level) if isinstance(art, bytes) else art
+            with naming_user_files(b):
+                text = _disassemble(b, level) if isinstance(art, bytes) else art
             if as_json:
                 _emit_json({"name": b.name, "target": str(b.target), "level": level, "text": text})
             else:
@@ -279,7 +281,8 @@ def asm_rebuild(
     bundle = _one_bundle(bundle_path, kernel)
     if level and level != bundle.target.asm_level:
         _fail(f"{bundle.target} kernels are rebuilt from {bundle.target.asm_level}, not {level}")
-    binary, report = rebuild(bundle)
+    with naming_user_files(bundle):
+        binary, report = rebuild(bundle)
     payload = {"kernel": bundle.name, "target": str(bundle.target), **report.to_json()}
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -311,7 +314,9 @@ def asm_patch(
     from kstrata.ir.triton_layout import write_override
 
     bundle = _one_bundle(bundle_path, kernel)
-    patched = patch_bundle(bundle, AsmPatch.load(patch_path))
+    asm_patch_file = AsmPatch.load(patch_path)
+    with naming_user_files(otherwise=f"{patch_path} applied to {bundle.origin}"):  # the patched text is no file
+        patched = patch_bundle(bundle, asm_patch_file)
     levels = [bundle.target.asm_level, bundle.target.binary_level]
     payload = patched.to_json()
     if patched.bundle.override_key:
@@ -352,7 +357,8 @@ def asm_report_cmd(
     from kstrata.backends.asm import asm_report
 
     bundle = _one_bundle(bundle_path, kernel)
-    report = asm_report(bundle)
+    with naming_user_files(bundle):
+        report = asm_report(bundle)
     if as_json:
         _emit_json(report)
         return
@@ -431,7 +437,8 @@ def passes_apply(
     from kstrata.passes.standalone import bundle_for_file
 
     bundle = bundle_for_file(path, target)
-    text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
+    with naming_user_files(bundle):
+        text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
     comment = ";" if level in ("llir", "amdgcn") else "//"
     header = "".join(f"{comment} kstrata: metadata {k}={v}\n" for k, v in sorted(updates.items()))
     text = header + text
@@ -495,7 +502,9 @@ def verify_cmd(
     from kstrata.ir.launch import LaunchRecord
 
     base = load_original(original, target)
-    cand = load_candidate(candidate, base)
+    with naming_user_files(files={candidate.suffix.lstrip("."): str(candidate)} if candidate.is_file() else None,
+                           otherwise=str(candidate)):
+        cand = load_candidate(candidate, base)
     record = LaunchRecord.load(launch) if launch is not None else None
 
     def progress(check: Check) -> None:

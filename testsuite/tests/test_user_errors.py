@@ -6,6 +6,7 @@ crash or an error that quoted megabytes of input.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -173,3 +174,58 @@ def test_quoted_input_is_cut() -> None:
     long = "y" * (8 << 20)
     assert len(cut_text(long)) < 300 and "8,388,608 characters" in cut_text(long)
     assert cut_text("short") == "short"
+
+
+# --- errors name the user's file (item 11) ---------------------------------------------------------
+def test_tool_failure_names_the_users_file_not_the_temp_copy(tmp_path: Path, entry: Path) -> None:
+    broken = _copy(entry, tmp_path / "cache")
+    ptx = next(broken.glob("*.ptx"))
+    text = ptx.read_text()
+    ptx.write_text(text.replace("ld.global", "ld.glowbal", 1))
+    line = one_line_error(kstrata("asm", "rebuild", str(broken)), f"{ptx}: ptxas failed")
+    assert "kstrata-ptxas" not in line.split("; repro:")[0]  # the temp copy only as the repro's output
+    repro = line.split("; repro: ")[1]
+    assert str(ptx) in repro and f"-o {ptx.with_suffix('.cubin')}" not in repro  # never writes over the user's file
+
+
+def test_elf_decode_error_names_the_binary(tmp_path: Path, entry: Path) -> None:
+    broken = _copy(entry, tmp_path / "cache")
+    cubin = next(broken.glob("*.cubin"))
+    cubin.write_bytes(cubin.read_bytes()[:40])
+    from kstrata.ir.triton_layout import load_cache_entry
+
+    with pytest.raises(KstrataError) as info:
+        load_cache_entry(broken)
+    assert str(cubin) in str(info.value)
+
+
+def test_patch_hunk_error_names_patch_file_and_line(tmp_path: Path, entry: Path) -> None:
+    patch = tmp_path / "p.patch"
+    patch.write_text("# kstrata asm patch v1\nlevel: ptx\n\n@@ $L__nowhere\n-\tld.global.b32 %r1, [%rd1];\n"
+                     "+\tld.global.nc.b32 %r1, [%rd1];\n")
+    one_line_error(kstrata("asm", "patch", str(entry), str(patch), "--out", str(tmp_path / "o")),
+                   f"{patch}:4:", "hunk 1: anchor")
+    from kstrata.backends.patch import AsmPatch, AsmPatchError, apply_patch
+
+    huge = AsmPatch.from_text(patch.read_text().replace("$L__nowhere", "y" * (8 << 20)), str(patch))
+    start = time.monotonic()
+    with pytest.raises(AsmPatchError) as info:
+        apply_patch(next(entry.glob("*.ptx")).read_text(), huge)
+    assert time.monotonic() - start < 5 and len(str(info.value)) < 1000 and f"{patch}:4" in str(info.value)
+
+
+def test_launch_record_mismatch_names_the_record(tmp_path: Path, entry: Path) -> None:
+    from kstrata.ir.launch import LaunchRecord
+    from kstrata.ir.triton_layout import load_cache_entry
+    from kstrata.testsuite.kernels import all_kernels
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    kernel = next(k for k in all_kernels() if k.name == "vector_add")
+    data = suite_launch_record(kernel, "cuda:90").to_json()
+    data["args"] = data["args"][:-1]
+    path = tmp_path / "launch.json"
+    path.write_text(json.dumps(data))
+    record = LaunchRecord.load(path)
+    with pytest.raises(KstrataError, match="do not match the kernel's parameters") as info:
+        record.check_against(load_cache_entry(entry).params)
+    assert str(path) in str(info.value)
