@@ -187,7 +187,12 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
         # one IR file: the original with that level replaced and every level below rebuilt
         from .rebuild import rebuild_from
 
-        candidate = rebuild_from(original, level, read_ir_text(p, f"{level} file"))
+        text = read_ir_text(p, f"{level} file")
+        if level in ("ttir", "ttgir"):  # our parser first: Triton's C++ one segfaults on some bad IR (an empty file)
+            from kstrata.ir.triton_ir import parse_triton
+
+            parse_triton(text, p, verify=False)
+        candidate = rebuild_from(original, level, text)
         return dataclasses.replace(candidate, origin=str(p))
     try:
         bundles, errors = load_any(p)

@@ -220,6 +220,8 @@ def _parse_error(exc: ParseError, text: str, path: str | None) -> IRParseError:
 def parse_triton(text: str, path: str | Path | None = None, *, verify: bool = True) -> TritonModule:
     """Parse TTIR or TTGIR text; raises `IRParseError` (file:line:col, op, what was expected)."""
     name = str(path) if path is not None else "<text>"
+    if not text.strip():
+        raise IRParseError("empty file: no module", path=name)
     check_ir_lines(text, name, error=IRParseError)
     _check_string_literals(text, name)
     try:
