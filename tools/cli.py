@@ -102,10 +102,8 @@ def suite_build(
     targets = [Target.parse(t) for t in target]
     kernels = all_kernels()
     if only:
-        unknown = sorted(set(only) - {k.name for k in kernels})
-        if unknown:
-            _fail(f"unknown suite kernels: {', '.join(unknown)} (see `kstrata suite list`)")
-        kernels = [k for k in kernels if k.name in only]
+        wanted = {name for o in only for name in suite_names(o)}
+        kernels = [k for k in kernels if k.name in wanted]
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json or not err.is_terminal) as progress:
@@ -165,6 +163,56 @@ def _print_build_table(tgt_payload: dict[str, Any]) -> None:
     out.print(table)
 
 
+def _close(name: str, names: Any) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def suite_names(name: str) -> list[str]:
+    """The suite kernels `name` means: a suite name (`layernorm_fwd`) or a kernel function's
+    (`layernorm_fwd_kernel`, which several suite kernels may share); unknown names fail with close ones."""
+    from kstrata.testsuite.kernels import all_kernels
+
+    kernels = all_kernels()
+    found = [k.name for k in kernels if name in (k.name, k.fn_name)]
+    if not found:
+        _fail(f"unknown suite kernel {name!r}{_close(name, [k.name for k in kernels] + [k.fn_name for k in kernels])} "
+              "(see `kstrata suite list`)", code=2)
+    return found
+
+
+def select_kernels(bundles: list[Any], name: str, path: Path) -> list[Any]:
+    """The bundles `--kernel NAME` means: the kernel function's name (`layernorm_fwd_kernel`), or the suite
+    name a `suite build` index records for the entry (`layernorm_fwd`), or that name with `_kernel`."""
+    from kstrata.ir.triton_layout import read_index
+
+    exact = [b for b in bundles if b.name == name]
+    if exact:
+        return exact
+    indexes: dict[Path, dict[str, Any]] = {}
+
+    def suite_name(b: Any) -> str | None:
+        entry = Path(str(b.origin))
+        if entry.parent not in indexes:
+            try:
+                indexes[entry.parent] = read_index(entry.parent)
+            except KstrataError:
+                indexes[entry.parent] = {}
+        record = indexes[entry.parent].get(entry.name)
+        return record.get("suite_kernel") if isinstance(record, dict) else None
+
+    by_suite = [b for b in bundles if suite_name(b) == name]
+    if by_suite:
+        return by_suite
+    suffixed = [b for b in bundles if b.name == f"{name}_kernel"]
+    if suffixed:
+        return suffixed
+    known = [b.name for b in bundles] + [s for b in bundles if (s := suite_name(b))]
+    _fail(f"{path}: no kernel named {name!r}{_close(name, known)}", code=2)
+
+
 # ---------------------------------------------------------------------------------------------------
 # bundle
 # ---------------------------------------------------------------------------------------------------
@@ -198,9 +246,7 @@ def bundle_show(
 
     bundles, errors = load_any(path)
     if kernel:
-        bundles = [b for b in bundles if b.name == kernel]
-        if not bundles:
-            _fail(f"{path}: no kernel named {kernel!r}")
+        bundles = select_kernels(bundles, kernel, path)
     for e in errors:
         err.print(f"[yellow]skipped:[/] {e}", highlight=False)
     if level:
@@ -260,7 +306,7 @@ def _one_bundle(path: Path, kernel: str | None) -> Any:
     if errors:
         raise errors[0]
     if kernel:
-        bundles = [b for b in bundles if b.name == kernel]
+        bundles = select_kernels(bundles, kernel, path)
     if len(bundles) != 1:
         names = ", ".join(sorted({b.name for b in bundles})) or "none"
         _fail(f"{path}: expected one kernel, found {len(bundles)} ({names}); pass a cache entry or --kernel")

@@ -64,7 +64,7 @@ def test_errors_name_the_file_without_a_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "cuda:91" in proc.stderr and "Traceback" not in proc.stderr
 
     proc = kstrata("suite", "build", "--target", "cuda:90", "--cache-dir", str(tmp_path), "--only", "no_such")
-    assert proc.returncode == 1 and "no_such" in proc.stderr
+    assert proc.returncode == 2 and "no_such" in proc.stderr
 
 
 def test_doctor_json() -> None:

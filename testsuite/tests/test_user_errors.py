@@ -235,3 +235,23 @@ def test_verify_parses_a_ttgir_candidate_before_triton_does(tmp_path: Path, entr
     empty = tmp_path / "c.ttgir"
     empty.write_text("")  # Triton's C++ parser segfaulted the kstrata process on it
     one_line_error(kstrata("verify", str(entry), str(empty), "--device", "cpu"), f"{empty}", "empty file")
+
+
+# --- names (item 3) --------------------------------------------------------------------------------
+def test_kernel_option_takes_suite_and_function_names(entry: Path) -> None:
+    root = entry.parent
+    for name in ("vector_add", "vector_add_kernel"):
+        proc = kstrata("bundle", "show", str(root), "--kernel", name, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert [b["name"] for b in json.loads(proc.stdout)["bundles"]] == ["vector_add_kernel"]
+    one_line_error(kstrata("asm", "report", str(root), "--kernel", "vector_ad"), "no kernel named 'vector_ad'",
+                   "did you mean", "vector_add")
+
+
+def test_suite_names_accept_both_spellings_and_suggest() -> None:
+    from kstrata.tools.cli import suite_names
+
+    assert suite_names("layernorm_fwd_kernel") == ["layernorm_fwd"] == suite_names("layernorm_fwd")
+    assert {"matmul_fp16", "matmul_bf16"} <= set(suite_names("matmul_kernel"))
+    one_line_error(kstrata("suite", "build", "--target", "cuda:90", "--cache-dir", "unused", "--only", "layernorm_fw"),
+                   "unknown suite kernel 'layernorm_fw'", "did you mean layernorm_fwd")
