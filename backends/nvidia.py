@@ -196,7 +196,9 @@ class Occupancy:
     blocks_per_sm: int
     warps_per_sm: int
     max_warps_per_sm: int
-    limiter: str  # "registers", "shared", "threads" or "blocks"
+    #: What stops more blocks from fitting: "registers", "shared", "threads" or "blocks" (ties joined by
+    #: "+", in that order), or "none" when the SM is full (every warp slot used).
+    limiter: str
 
     @property
     def fraction(self) -> float:
@@ -214,9 +216,10 @@ def occupancy(capability: int, registers: int, threads_per_block: int, shared_by
         "threads": lim.max_threads // (warps * 32),
         "blocks": lim.max_blocks,
     }
-    limiter = min(by, key=lambda k: by[k])
-    blocks = by[limiter]
-    return Occupancy(blocks, blocks * warps, lim.max_threads // 32, limiter)
+    blocks = min(by.values())
+    max_warps = lim.max_threads // 32
+    limiter = "none" if blocks * warps >= max_warps else "+".join(k for k, v in by.items() if v == blocks)
+    return Occupancy(blocks, blocks * warps, max_warps, limiter)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kstrata import __version__
 from kstrata.backends.tools import naming_user_files
 from kstrata.ir.errors import KstrataError
-from kstrata.tools.cli_eval import bench_app, eval_app
+from kstrata.tools.cli_eval import ONE_COMMAND, bench_cmd, eval_cmd
 from kstrata.tools.cli_ir import ir_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, error_line, fail, out
@@ -33,8 +34,10 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(bundle_app, name="bundle")
 app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
-app.add_typer(eval_app, name="eval")
-app.add_typer(bench_app, name="bench")
+# `eval` and `bench` are single commands: mounted as commands (a mounted sub-app's usage line would
+# end in a stray `COMMAND [ARGS]...`).
+app.command("eval", help=eval_cmd.__doc__, context_settings=ONE_COMMAND)(eval_cmd)
+app.command("bench", help=bench_cmd.__doc__, context_settings=ONE_COMMAND)(bench_cmd)
 app.add_typer(ir_app, name="ir")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
@@ -273,9 +276,20 @@ def bundle_show(
         raise typer.Exit(1)
 
 
+#: How the text output names resource keys where the JSON name alone misleads.
+_RESOURCE_LABEL = {"shared_bytes": "static_shared_bytes"}
+#: Why the header's shared memory and the resources' static shared memory differ.
+_SHARED_NOTE = {
+    "cuda": ("shared: Triton's allocation, passed at launch (dynamic); static_shared_bytes: what the binary "
+             "declares (cuobjdump; on sm_80+ it counts the 1 KiB CUDA reserves per block once a kernel uses shared memory)"),
+    "hip": ("shared: Triton's LDS allocation, passed at launch (dynamic); static_shared_bytes: the code object's "
+            "static LDS (0 for Triton kernels: all their LDS is dynamic)"),
+}
+
+
 def _print_bundle(s: dict[str, Any]) -> None:
-    out.print(f"[bold]{s['name']}[/]  {s['target']}  warps={s['num_warps']} stages={s['num_stages']} "
-              f"shared={s['shared']}  [dim]{s['origin']}[/]", highlight=False)
+    out.print(f"[bold]{escape(s['name'])}[/]  {s['target']}  warps={s['num_warps']} stages={s['num_stages']} "
+              f"shared={s['shared']} B at launch  [dim]{escape(str(s['origin']))}[/]", highlight=False)
     sig = ", ".join(f"{k}: {v}" for k, v in s["signature"].items())
     out.print(f"  signature: ({sig})", highlight=False)
     table = Table(show_header=True, box=None, padding=(0, 2))
@@ -290,7 +304,9 @@ def _print_bundle(s: dict[str, Any]) -> None:
     elif r:
         keys = [k for k in ("registers", "sgprs", "agprs", "shared_bytes", "local_bytes", "stack_bytes", "vgpr_spills",
                             "sgpr_spills") if r.get(k) is not None]
-        out.print("  resources: " + " ".join(f"{k}={r[k]}" for k in keys) + f"  [dim]({r['source']})[/]", highlight=False)
+        out.print("  resources: " + " ".join(f"{_RESOURCE_LABEL.get(k, k)}={r[k]}" for k in keys)
+                  + f"  [dim]({escape(str(r['source']))})[/]", highlight=False)
+        out.print(f"  [dim]{_SHARED_NOTE[str(s['target']).split(':')[0]]}[/]", highlight=False)
     for note in s["notes"]:
         out.print(f"  [dim]note: {note}[/]", highlight=False)
     out.print()
@@ -410,15 +426,16 @@ def asm_report_cmd(
         return
     out.print(f"[bold]{bundle.name}[/] {bundle.target}", highlight=False)
     res = {k: v for k, v in report["resources"].items() if v is not None and k not in ("vendor", "source")}
-    out.print("  resources: " + " ".join(f"{k}={v}" for k, v in res.items()), highlight=False)
+    out.print("  resources: " + " ".join(f"{_RESOURCE_LABEL.get(k, k)}={v}" for k, v in res.items()), highlight=False)
     if "ptxas" in report:
         p = report["ptxas"]
         out.print(f"  ptxas: {p['registers']} registers, spill stores {p['spill_store_bytes']} B, "
                   f"spill loads {p['spill_load_bytes']} B, stack {p['stack_frame_bytes']} B", highlight=False)
     if "occupancy" in report:
         o = report["occupancy"]
-        out.print(f"  occupancy: {o['warps_per_sm']} warps/SM ({o['fraction']:.0%}), limited by {o['limiter']}",
-                  highlight=False)
+        limit = ("every warp slot used" if o["limiter"] == "none"
+                 else "limited by " + " and ".join(o["limiter"].split("+")))
+        out.print(f"  occupancy: {o['warps_per_sm']} warps/SM ({o['fraction']:.0%}), {limit}", highlight=False)
     mix = report["instruction_mix"]
     cats = " ".join(f"{k}={v}" for k, v in mix["by_category"].items())
     out.print(f"  instructions: {mix['total']} ({cats})", highlight=False)
@@ -427,7 +444,8 @@ def asm_report_cmd(
             out.print(f"    {cat} by width: " + ", ".join(f"{w}b x{n}" for w, n in widths.items()), highlight=False)
     abi = report["abi"]
     out.print(f"  ABI: {len(abi['params'])} params, {abi['threads_per_block']} threads/block, "
-              f"shared {abi['shared_bytes']} B", highlight=False)
+              f"shared {abi['shared_bytes']} B at launch", highlight=False)
+    out.print(f"  [dim]{_SHARED_NOTE[bundle.target.backend]}[/]", highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -19,19 +19,19 @@ from kstrata.ir.errors import KstrataError
 from kstrata.tools.console import JsonFlag, emit_json, err, error_line, out
 
 #: Each sub-app is one command (its callback): options may follow the arguments, as in any command.
-_ONE_COMMAND: dict[str, Any] = {"allow_interspersed_args": True}
+ONE_COMMAND: dict[str, Any] = {"allow_interspersed_args": True}
 eval_app = typer.Typer(help="Judge a KernelBench ModelNew candidate against a task, hardened against cheating.",
-                       add_completion=False, pretty_exceptions_enable=False, context_settings=_ONE_COMMAND)
+                       add_completion=False, pretty_exceptions_enable=False, context_settings=ONE_COMMAND)
 bench_app = typer.Typer(help="Benchmark a suite of tasks under eager and torch.compile baselines.",
-                        add_completion=False, pretty_exceptions_enable=False, context_settings=_ONE_COMMAND)
+                        add_completion=False, pretty_exceptions_enable=False, context_settings=ONE_COMMAND)
 
 _emit_json = emit_json
 
 
 @eval_app.callback(invoke_without_command=True)
 def eval_cmd(
-    task: Annotated[Path, typer.Argument(help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
-    candidate: Annotated[Path, typer.Argument(help="A file defining ModelNew.")],
+    task: Annotated[Path, typer.Argument(metavar="TASK.py", help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE.py", help="A file defining ModelNew.")],
     as_json: JsonFlag = False,
     policy: Annotated[str, typer.Option("--policy", help="strict (float64-anchored, default) or kernelbench.")] = "strict",
     trials: Annotated[int, typer.Option("--trials", help="Correctness trials (at least 5).")] = 6,
@@ -92,7 +92,7 @@ def eval_cmd(
 
 @bench_app.callback(invoke_without_command=True)
 def bench_cmd(
-    suite_dir: Annotated[Path, typer.Argument(help="A directory of task files (searched recursively).")],
+    suite_dir: Annotated[Path, typer.Argument(metavar="SUITE_DIR", help="A directory of task files (searched recursively).")],
     baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")] = "eager,compile",
     as_json: JsonFlag = False,
     out_dir: Annotated[Path, typer.Option("--out", help="Results JSON, markdown report and plots go here.")] = Path("bench-out"),
@@ -132,8 +132,8 @@ def bench_cmd(
 def main() -> None:
     """Run `eval` or `bench` on its own, turning kstrata's user errors into one line and exit code 2."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True)
-    app.add_typer(eval_app, name="eval")
-    app.add_typer(bench_app, name="bench")
+    app.command("eval", help=eval_cmd.__doc__, context_settings=ONE_COMMAND)(eval_cmd)
+    app.command("bench", help=bench_cmd.__doc__, context_settings=ONE_COMMAND)(bench_cmd)
     try:
         app()
     except KstrataError as exc:

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from kstrata.ir.errors import KstrataError
 from kstrata.ir.target import Target
+from kstrata.tools.console import console
 
 ir_app = typer.Typer(help="TTIR/TTGIR as typed xDSL IR: pretty-print, and check the exact round trip.",
                      no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = console()
+err = console(stderr=True)
 
 
 def _level_of(path: Path) -> str:
@@ -42,7 +42,7 @@ def _fail(exc: KstrataError) -> None:
 
 @ir_app.command("show")
 def ir_show(
-    file: Annotated[Path, typer.Argument(help="A .ttir or .ttgir file.")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A .ttir or .ttgir file.")],
     no_locations: Annotated[bool, typer.Option("--no-locations", help="Leave out loc(...) and #loc aliases.")] = False,
 ) -> None:
     """Parse FILE into the typed dialects, verify it, and print it with its op count per dialect and types."""
@@ -64,7 +64,7 @@ def ir_show(
 
 @ir_app.command("roundtrip")
 def ir_roundtrip(
-    file: Annotated[Path, typer.Argument(help="A .ttir or .ttgir file (a cache entry's; its .json gives the options).")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A .ttir or .ttgir file (a cache entry's; its .json gives the options).")],
     target: Annotated[str | None, typer.Option("--target", help="cuda:90, hip:gfx942, …; default: the module's.")] = None,
     no_compile: Annotated[bool, typer.Option("--no-compile", help="Check text and Triton's parser only.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

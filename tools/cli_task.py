@@ -32,7 +32,7 @@ TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds one tas
 
 @task_app.command("show")
 def task_show(
-    task: Annotated[Path, typer.Argument(help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
+    task: Annotated[Path, typer.Argument(metavar="TASK.py", help="A KernelBench-format task file (Model, get_inputs, get_init_inputs).")],
     as_json: JsonFlag = False,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
@@ -48,7 +48,7 @@ def task_show(
 
 @task_app.command("list")
 def task_list(
-    directory: Annotated[Path, typer.Argument(help="A directory of task files (searched recursively).")],
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="A directory of task files (searched recursively).")],
     as_json: JsonFlag = False,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:

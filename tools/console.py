@@ -10,8 +10,21 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-out = Console()
-err = Console(stderr=True)
+#: The width of output that is not a terminal: wide enough that no kernel name, path or table cell is cut
+#: or wrapped at 80 columns when piped into a file or `grep`.
+PIPE_WIDTH = 10_000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console for stdout or stderr: the terminal's width on a terminal, otherwise never wrapping."""
+    c = Console(stderr=stderr)
+    if not c.is_terminal:
+        c = Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+    return c
+
+
+out = console()
+err = console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
