@@ -271,12 +271,53 @@ def _constexpr_names(fn: Any) -> set[str]:
 
 
 def install_from_env() -> None:
-    """Install the recorder when `KSTRATA_RECORD_DIR` is set (called from the generated sitecustomize)."""
+    """Install the recorder when `KSTRATA_RECORD_DIR` is set (called from the generated sitecustomize).
+
+    It is installed when the program imports `triton`, not before: importing Triton at start-up would
+    change what the program does. A program that sets `TRITON_INTERPRET=1` itself before importing Triton
+    (as `python -m kstrata.testsuite.kernels.run --device cpu` does) gets Triton's `@jit` library
+    functions (`tl.sum`, …) decorated as interpreted only if Triton is first imported after that; when
+    sitecustomize imported it, 35 of the 47 suite kernels failed with "Cannot call @triton.jit'd outside
+    of the scope of a kernel"."""
     out = os.environ.get(ENV_DIR)
     if not out:
         return
     Path(out).mkdir(parents=True, exist_ok=True)
-    LaunchRecorder(Path(out), int(os.environ.get(ENV_MAX, "1")), os.environ.get(ENV_SNAPSHOTS) == "1").install()
+    recorder = LaunchRecorder(Path(out), int(os.environ.get(ENV_MAX, "1")), os.environ.get(ENV_SNAPSHOTS) == "1")
+    if "triton" in sys.modules:
+        recorder.install()
+    else:
+        sys.meta_path.insert(0, _AfterImport("triton", recorder.install))
+
+
+class _AfterImport:
+    """A meta-path finder that runs `callback` once, right after the module `name` has been executed."""
+
+    def __init__(self, name: str, callback: Any) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # once, and so that finding the real spec does not come back here
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+        real_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            try:
+                callback()
+            except Exception as exc:  # never break the program being recorded
+                print(f"kstrata record: recorder not installed: {exc}", file=sys.stderr)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, snapshots: bool = False,

@@ -123,3 +123,16 @@ def test_install_hooks_triton_launch_path(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert recorder._after_launch in knobs.runtime.launch_exit_hook.calls
     finally:
         knobs.runtime.launch_exit_hook.remove(recorder._after_launch)
+
+
+def test_record_does_not_change_an_interpreted_program(tmp_path: Path) -> None:
+    """`kstrata record -- python -m kstrata.testsuite.kernels.run --device cpu` (which sets TRITON_INTERPRET
+    itself) must run as it does alone: importing Triton in the recorder's start-up made kernels that call
+    Triton's @jit library functions (tl.sum in layernorm) fail, and nothing was recorded."""
+    out = tmp_path / "records"
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(out), "--",
+                           sys.executable, "-m", "kstrata.testsuite.kernels.run", "--device", "cpu", "--only",
+                           "vector_add", "layernorm_fwd"], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 passed, 0 failed" in proc.stdout
+    assert sorted(p.name for p in out.glob("*.json")) == ["layernorm_fwd_kernel-1.json", "vector_add_kernel-1.json"]
