@@ -82,14 +82,14 @@ def parse_json(text: str, path: str | os.PathLike[str], what: str = "JSON file",
     """`json.loads(text)`; invalid or too deeply nested JSON is an `error` at its line."""
     depth = _max_nesting(text)
     if depth > MAX_JSON_DEPTH:
-        raise error(f"{what} is nested {depth} levels deep (at most {MAX_JSON_DEPTH})", path=path)
+        raise error(f"{what} is nested {depth} levels deep (at most {MAX_JSON_DEPTH})", path=user_path(path))
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})",
                     path=f"{user_path(path)}:{exc.lineno}") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
-        raise error(f"{what} is nested too deeply", path=path) from None
+        raise error(f"{what} is nested too deeply", path=user_path(path)) from None
 
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON file", *,

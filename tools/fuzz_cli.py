@@ -360,13 +360,12 @@ def generate_cases(seeds: dict[str, Path], work: Path, seed: int = 0) -> Iterato
                                                           "unterminated-string", "deep-nesting")})
             kind = "grp.json" if art.name.startswith("__grp") else art.name.split(".", 1)[-1]
             variants: list[tuple[str, Callable[[Path], None]]] = [
-                (m, lambda p, mut=muts[m], key=f"{tag}/{kind}/{m}": p.write_bytes(mut(p.read_bytes(), random.Random(key))))
-                for m in muts]
-            variants.append(("removed", lambda p: p.unlink()))
-            variants.append(("directory", lambda p: (p.unlink(), p.mkdir())))  # type: ignore[func-returns-value]
+                (m, _mutate_file(muts[m], f"{seed}/{tag}/{kind}/{m}")) for m in muts]
+            variants.append(("removed", Path.unlink))
+            variants.append(("directory", _file_to_directory))
             for vname, change in variants:
                 entry = st.entry(entry_seed, fresh(f"entry-{tag}-{kind}-{vname}") / entry_seed.name,
-                                 lambda e, change=change, name=art.name: change(e / name))
+                                 _in_entry(change, art.name))
                 base = f"entry-{tag}/{kind}/{vname}"
                 first = st.case(f"{base}/bundle-show", ("bundle", "show", str(entry)))
                 yield first
@@ -417,7 +416,7 @@ def generate_cases(seeds: dict[str, Path], work: Path, seed: int = 0) -> Iterato
         yield st.case(f"task/{mname}/task-show", ("task", "show", str(tf), "--timeout", "15"), timeout_s=90)
     for bname, code in _BAD_TASK_CODE.items():
         body = _replace_definition(_TASK, code).encode()
-        tf = st.write(fresh(f"task-{bname}") / "task.py", lambda body=body: body)
+        tf = st.write(fresh(f"task-{bname}") / "task.py", _constant(body))
         first = st.case(f"task/{bname}/task-show", ("task", "show", str(tf), "--timeout", "15"), timeout_s=90)
         yield first
         yield st.also(f"task/{bname}/task-list", ("task", "list", str(tf.parent), "--timeout", "15"), first,
@@ -431,6 +430,25 @@ def generate_cases(seeds: dict[str, Path], work: Path, seed: int = 0) -> Iterato
     st.write(mixed / "2_exit.py", lambda: exit3)
     st.write(mixed / "3_segv.py", lambda: segv)
     yield st.case("task/mixed-dir/task-list", ("task", "list", str(mixed), "--timeout", "15"), timeout_s=120)
+
+
+def _mutate_file(mut: Mutation, key: str) -> Callable[[Path], None]:
+    def change(p: Path) -> None:
+        p.write_bytes(mut(p.read_bytes(), random.Random(key)))
+    return change
+
+
+def _file_to_directory(p: Path) -> None:
+    p.unlink()
+    p.mkdir()
+
+
+def _in_entry(change: Callable[[Path], None], name: str) -> Callable[[Path], None]:
+    return lambda entry: change(entry / name)
+
+
+def _constant(data: bytes) -> Callable[[], bytes]:
+    return lambda: data
 
 
 def _replace_definition(source: str, code: str) -> str:
