@@ -421,6 +421,22 @@ def generate_cases(seeds: dict[str, Path], work: Path, seed: int = 0) -> Iterato
         yield first
         yield st.also(f"task/{bname}/task-list", ("task", "list", str(tf.parent), "--timeout", "15"), first,
                       timeout_s=90)
+    # eval: a misbehaving task, and a misbehaving candidate against a good task.
+    good_task = st.write(fresh("eval-task") / "task.py", lambda: tdata)
+    good_cand = st.write(fresh("eval-candidate") / "cand.py", lambda: _CANDIDATE.encode())
+    yield st.case("eval/good/eval", ("eval", str(good_task), str(good_cand), "--device", "cpu", "--no-timing",
+                                     "--trials", "5", "--timeout", "60"), timeout_s=300)
+    for bname in ("import-loops", "import-os-exit-0", "import-segfault", "forward-loops", "get-inputs-exits"):
+        bad_task = _replace_definition(_TASK, _BAD_TASK_CODE[bname]).encode()
+        bad_cand = _replace_definition(_CANDIDATE, _BAD_TASK_CODE[bname].replace("class Model(", "class ModelNew(")
+                                       ).encode()
+        tf = st.write(fresh(f"eval-task-{bname}") / "task.py", _constant(bad_task))
+        yield st.case(f"eval-task/{bname}/eval", ("eval", str(tf), str(good_cand), "--device", "cpu", "--no-timing",
+                                                   "--trials", "5", "--timeout", "15"), timeout_s=300)
+        cf = st.write(fresh(f"eval-cand-{bname}") / "cand.py", _constant(bad_cand))
+        yield st.case(f"eval-candidate/{bname}/eval", ("eval", str(good_task), str(cf), "--device", "cpu",
+                                                        "--no-timing", "--trials", "5", "--timeout", "15"),
+                      timeout_s=300)
     td = st.mkdir(fresh("task-directory") / "task.py")
     yield st.case("task/directory/task-show", ("task", "show", str(td)))
     mixed = fresh("task-list-mixed")
