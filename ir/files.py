@@ -34,7 +34,7 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", *, error: type[
     try:
         return p.read_bytes()
     except FileNotFoundError:
-        raise error(f"no such {what}", path=p) from None
+        raise error("no such file", path=p) from None
     except IsADirectoryError:
         raise error(f"expected a {what}, found a directory", path=p) from None
     except OSError as exc:
@@ -86,8 +86,8 @@ def parse_json(text: str, path: str | os.PathLike[str], what: str = "JSON file",
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})",
-                    path=f"{user_path(path)}:{exc.lineno}") from None
+        raise error(f"corrupt JSON ({what}): {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                    path=user_path(path)) from None
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise error(f"{what} is nested too deeply", path=user_path(path)) from None
 

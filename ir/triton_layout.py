@@ -29,7 +29,7 @@ from typing import Any
 
 from .bundle import Artifact, KernelBundle
 from .errors import BundleError, CompileError, KstrataError, TargetError
-from .files import decode_text, read_bytes, read_json, read_text, user_path
+from .files import check_ir_lines, decode_text, read_bytes, read_json, read_text, user_path
 from .target import BINARY_LEVELS, LEVELS, Target
 
 #: Index of a cache root written by kstrata: cache entry directory name -> override key and source.
@@ -109,6 +109,8 @@ def _read_artifact(path: Path, level: str) -> Artifact:
         raise BundleError(f"missing {level} file", path=path)
     data = read_bytes(path, f"{level} file", error=BundleError)
     art: Artifact = data if level in BINARY_LEVELS else decode_text(data, path, f"{level} file", error=BundleError)
+    if isinstance(art, str) and level in ("ttir", "ttgir"):  # MLIR from Triton: no long lines (LLVM IR and
+        check_ir_lines(art, path, f"{level} file", error=BundleError)  # assembly may hold big constant arrays)
     check_artifact(level, art, path)
     return art
 

@@ -357,7 +357,7 @@ def generate_cases(seeds: dict[str, Path], work: Path, seed: int = 0) -> Iterato
             ext = art.suffix.lstrip(".")
             muts = (JSON_MUTATIONS if ext == "json" else BINARY_MUTATIONS if ext in ("cubin", "hsaco")
                     else {k: TEXT_MUTATIONS[k] for k in ("truncated-half", "non-utf8", "flip-16", "empty",
-                                                          "unterminated-string", "deep-nesting")})
+                                                          "unterminated-string", "deep-nesting", "huge-line-end")})
             kind = "grp.json" if art.name.startswith("__grp") else art.name.split(".", 1)[-1]
             variants: list[tuple[str, Callable[[Path], None]]] = [
                 (m, _mutate_file(muts[m], f"{seed}/{tag}/{kind}/{m}")) for m in muts]

@@ -93,9 +93,9 @@ def test_deeply_nested_and_invalid_json_metadata(tmp_path: Path, entry: Path) ->
     with pytest.raises(KstrataError, match="nested 100001 levels deep"):
         load_cache_entry(broken)
     meta.write_text('{"name": "k",\n "target": }')
-    with pytest.raises(KstrataError, match="not valid JSON") as info:
+    with pytest.raises(KstrataError, match="corrupt JSON") as info:
         load_cache_entry(broken)
-    assert f"{meta}:2" in str(info.value)
+    assert f"{meta}: corrupt JSON (metadata): Expecting value at line 2" in str(info.value)
 
 
 @pytest.mark.parametrize("value", ["cuda:90", ["cuda", 90], 7, {"backend": 1, "arch": 90, "warp_size": 32}])
@@ -255,3 +255,24 @@ def test_suite_names_accept_both_spellings_and_suggest() -> None:
     assert {"matmul_fp16", "matmul_bf16"} <= set(suite_names("matmul_kernel"))
     one_line_error(kstrata("suite", "build", "--target", "cuda:90", "--cache-dir", "unused", "--only", "layernorm_fw"),
                    "unknown suite kernel 'layernorm_fw'", "did you mean layernorm_fwd")
+
+
+def test_huge_line_in_a_cache_entry(tmp_path: Path, entry: Path) -> None:
+    from kstrata.ir.triton_layout import load_cache_entry
+
+    broken = _copy(entry, tmp_path / "cache")
+    ttgir = next(broken.glob("*.ttgir"))
+    ttgir.write_text(ttgir.read_text() + "y" * (2 << 20) + "\n")
+    with pytest.raises(KstrataError, match="has a line of 2,097,152 characters") as info:
+        load_cache_entry(broken)
+    assert f"{ttgir}:" in str(info.value)
+
+
+def test_corrupt_metadata_beside_an_ir_file_is_an_error_not_ignored(tmp_path: Path, entry: Path) -> None:
+    # It was read as "no metadata" and the file was then compiled with Triton's default options: a
+    # round trip that holds or fails for the wrong reason.
+    ttgir = next(entry.glob("*.ttgir"))
+    f = tmp_path / ttgir.name
+    shutil.copy(ttgir, f)
+    f.with_suffix(".json").write_text('{"num_warps": 4,')
+    one_line_error(kstrata("ir", "roundtrip", str(f), "--no-compile"), str(f.with_suffix(".json")), "corrupt JSON")
