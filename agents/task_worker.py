@@ -29,7 +29,37 @@ def _emit(results: Any, event: dict[str, Any]) -> None:
     results.flush()
 
 
+def _die_with_parent() -> None:
+    """End this process group when the process that started it goes away.
+
+    The loader runs in a session of its own (so that a timeout kills the task's forks with it); that
+    also means nothing kills it when the CLI itself is killed (a SIGKILL, a fuzzer's timeout), and a task
+    that loops would run on. The kernel's parent-death signal covers this process; a watchdog thread
+    covers what the task forked (and a parent that died before the signal was armed).
+    """
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os.killpg(0, signal.SIGKILL)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="kstrata-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
+    _die_with_parent()
     results_path, *paths = argv
     import tempfile
     from pathlib import Path

@@ -82,3 +82,30 @@ def test_cli_task_show_and_list_survive_task_code(tmp_path: Path) -> None:
     payload = json.loads(listed.stdout)
     assert [Path(t["path"]).name for t in payload["tasks"]] == ["1_good.py"]
     assert [Path(e["path"]).name for e in payload["errors"]] == ["2_exit.py"]
+
+
+def test_the_loader_dies_with_the_cli(tmp_path: Path) -> None:
+    """The loader has a session of its own; when the CLI is killed (SIGKILL), a looping task must not run on."""
+    import os
+    import signal
+
+    loop = _task(tmp_path, "loop.py", "import os, time\nopen('started', 'w').write(str(os.getpid()))\n"
+                                      "while True:\n    time.sleep(0.01)\n")
+    cli = subprocess.Popen([sys.executable, "-m", "kstrata.tools.cli", "task", "show", str(loop)], cwd=tmp_path,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = tmp_path / "started"
+    deadline = time.monotonic() + 120
+    while not started.exists() or not started.read_text():
+        assert time.monotonic() < deadline and cli.poll() is None
+        time.sleep(0.2)
+    loader = int(started.read_text())
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    for _ in range(50):
+        try:
+            os.kill(loader, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(loader, signal.SIGKILL)
+    raise AssertionError("the task loader outlived the CLI that started it")
