@@ -594,7 +594,7 @@ def _markdown(summary: dict[str, object], outcomes: list[Outcome], meta: dict[st
     lines = [f"# CLI fuzzer, {meta['date']}", "",
              f"`python -m kstrata.tools.fuzz_cli --results testsuite/results` (seed {meta['seed']}, "
              f"{meta['jobs']} jobs, {meta['seconds']} s on {meta['host']}; kstrata {meta['kstrata']}, "
-             f"Python {meta['python']}).", "",
+             f"Python {meta['python']}" + (f"; {meta['label']}" if meta.get("label") else "") + ").", "",
              f"{summary['cases']} cases; bugs (not clean/ok/failed): {summary['bugs']}.", "",
              "| class | cases |", "|---|---|"]
     lines += [f"| {c} | {counts[c]} |" for c in CLASSES]
@@ -616,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", help="Only cases whose name contains this.")
     ap.add_argument("--work", type=Path, help="Work directory (default: a temporary one).")
+    ap.add_argument("--label", default="", help="What was fuzzed (e.g. the commit), written into the results.")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="kstrata-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -640,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         date = _dt.date.today().isoformat()
         meta = {"date": date, "seed": str(args.seed), "jobs": str(args.jobs),
                 "seconds": f"{time.monotonic() - start:.0f}", "host": f"{os.cpu_count()} CPUs",
-                "kstrata": __version__, "python": sys.version.split()[0]}
+                "kstrata": __version__, "python": sys.version.split()[0], "label": args.label}
         args.results.mkdir(parents=True, exist_ok=True)
         (args.results / f"fuzz-cli-{date}.md").write_text(_markdown(summary, outcomes, meta))
         (args.results / f"fuzz-cli-{date}.json").write_text(json.dumps(
