@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=None)

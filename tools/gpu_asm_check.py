@@ -34,9 +34,10 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     import torch
 
     from kstrata.backends.asm import patch_bundle
-    from kstrata.backends.launch import LoadedKernel, time_gpu
+    from kstrata.backends.launch import LoadedKernel
     from kstrata.backends.nvidia import compare_cubins, rebuild_cubin
     from kstrata.backends.patch import make_patch
+    from kstrata.backends.timing import time_gpu
     from kstrata.ir.bundle import KernelBundle
     from kstrata.ir.target import Target
     from kstrata.testsuite.kernels import get_kernel

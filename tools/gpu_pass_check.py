@@ -45,7 +45,8 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     """Launch `bundle`'s binary on fresh copies of `host` (outputs poisoned), then time it."""
     import torch
 
-    from kstrata.backends.launch import LoadedKernel, time_gpu
+    from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.timing import time_gpu
     from kstrata.testsuite.kernels.run import poison_
 
     loaded = LoadedKernel(bundle)
@@ -166,7 +167,7 @@ def _program(out: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
 def _proof(work: Path, results: Path) -> dict[str, Any]:
     import torch
 
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "TORCHINDUCTOR_"))}
     fresh = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
