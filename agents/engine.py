@@ -549,12 +549,11 @@ class Engine:
         if result.status != "changed" or result.binary_digest is None:
             return result
         marker = self.cache_dir / "binaries" / f"{result.binary_digest}.json"
-        with self._lock:
-            first = _read_json(marker)
-            if isinstance(first, dict) and first.get("key") not in (None, result.key) \
-                    and self._cached_build(str(first["key"])) is not None:
-                return BuildResult.from_json({**result.to_json(), "duplicate_of": first["key"]})
-            _write_json(marker, {"key": result.key})
+        first = _read_json(marker)
+        if isinstance(first, dict) and first.get("key") not in (None, result.key) \
+                and self._cached_build(str(first["key"])) is not None:
+            return BuildResult.from_json({**result.to_json(), "duplicate_of": first["key"]})
+        _write_json(marker, {"key": result.key})
         return result
 
     def build(self, candidate: Candidate, *, repro_dir: str | Path | None = None,
@@ -595,9 +594,9 @@ class Engine:
                 with self._lock:
                     self.stats.builds += 1
                 return result
-        result = self._dedupe(result)
-        _write_json(out / "build.json", result.to_json())
-        with self._lock:
+        with self._lock:  # the marker and the first build's record are written together
+            result = self._dedupe(result)
+            _write_json(out / "build.json", result.to_json())
             self.stats.builds += 1
             self.stats.deduplicated += result.duplicate_of is not None
         return result

@@ -278,6 +278,10 @@ def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["counts"] == {"changed": 1, "unchanged": 1, "failed": 0}  # the hip vector_add has no PTX
+    # not a terminal: plain progress lines with the total, each naming the kernel and its entry key
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert progress[0].startswith("[1/2] vector_add_kernel ") and progress[-1].startswith("[2/2] ")
+    assert {k["key"][:12] for k in data["kernels"]} == {ln.split()[2] for ln in progress}
     bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
                           "ptx(cache-hints", "--out", str(tmp_path / "o2")], capture_output=True, text=True, timeout=120,
                          check=False)
