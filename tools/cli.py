@@ -62,9 +62,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version_cal
 @suite_app.command("list")
 def suite_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the suite's kernels with what each exercises."""
-    from kstrata.testsuite.kernels import all_kernels
+    from kstrata.tools.suite import load_suite
 
-    kernels = all_kernels()
+    kernels = load_suite().all_kernels()
     rows = [{"name": k.name, "function": k.fn_name, "module": k.fn.__module__.rsplit(".", 1)[-1], "tags": list(k.tags),
              "num_warps": k.num_warps, "num_stages": k.num_stages, "outputs": list(k.outputs),
              "description": k.description} for k in kernels]
@@ -97,8 +97,10 @@ def suite_build(
 ) -> None:
     """Compile the suite for each target into CACHE_DIR and show every kernel's levels and resources."""
     from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import all_kernels
-    from kstrata.testsuite.kernels.build import build_suite
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    all_kernels, build_suite = suite.all_kernels, suite.build_suite
 
     targets = [Target.parse(t) for t in target]
     kernels = all_kernels()

@@ -46,8 +46,8 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     import torch
 
     from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.poison import poison_
     from kstrata.backends.timing import time_gpu
-    from kstrata.testsuite.kernels.run import poison_
 
     loaded = LoadedKernel(bundle)
     args = {k: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
@@ -67,11 +67,12 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
 def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[str, Any]]:
     import torch
 
+    from kstrata.backends.poison import first_mismatch
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import first_mismatch
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, bundle_for = load_suite().get_kernel, load_suite().bundle_for
 
     rows = []
     for name in TWIN_KERNELS:
@@ -113,8 +114,8 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
 _PROGRAM = r'''
 import json, os, sys, torch, torch.nn as nn
 torch.manual_seed(0)
-from kstrata.testsuite.kernels import get_kernel
-from kstrata.testsuite.kernels.run import launch
+from kstrata.tools.suite import load_suite
+get_kernel, launch = load_suite().get_kernel, load_suite().launch
 
 class Block(nn.Module):
     def __init__(self, d=1024):
