@@ -48,9 +48,21 @@ EXTRA_ARCHS = ("gfx90a", "gfx950", "gfx1100")
 # -- fixtures ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def gfx942(tmp_path_factory: pytest.TempPathFactory) -> SuiteBuild:
-    """The whole suite for hip:gfx942; a kernel that fails to compile is in `errors`, not an exception."""
-    return build_suite(Target.parse("hip:gfx942"), tmp_path_factory.mktemp("amd-gfx942"))
+def gfx942(suite_cache: Path) -> SuiteBuild:
+    """The whole suite for hip:gfx942, read from the session's shared suite cache (built once)."""
+    from kstrata.ir.triton_layout import load_cache_entry, read_index
+    from kstrata.testsuite.kernels import all_kernels
+
+    target = Target.parse("hip:gfx942")
+    build = SuiteBuild(target)
+    index = read_index(suite_cache)
+    for key, record in index.items():
+        if record["target"] == str(target):
+            build.bundles[record["suite_kernel"]] = load_cache_entry(suite_cache / key, index)
+    for kernel in all_kernels():
+        if target.backend in kernel.unsupported_backends:
+            build.skipped[kernel.name] = f"not supported on {target.backend}: {kernel.description}"
+    return build
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ from kstrata.agents.run_passes import run_passes
 from kstrata.backends.timing import CudaClock, interleaved_ab, time_gpu
 from kstrata.ir.errors import KstrataError
 
-from .conftest import has_cuda
+from .conftest import copy_suite_subset, has_cuda
 
 DIGEST = "ab" * 32
 
@@ -120,7 +121,7 @@ def test_gpu_jobs_are_serialized_per_gpu(jobs_module: dict[str, str]) -> None:
     finally:
         pool.close()
     intervals = sorted(tuple(r.value) for r in results)
-    assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:], strict=False)), intervals  # never overlap
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(intervals)), intervals  # never overlap
     assert gpu.value["gpu"] == "0"
 
 
@@ -176,13 +177,8 @@ def test_interleaved_rounds_alternate_and_stop_early_when_clearly_slower() -> No
 # Builds: cached by key, deduplicated by binary
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def add_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import build_suite
-
-    root = tmp_path_factory.mktemp("engine-add")
-    assert not build_suite(Target.parse("cuda:90"), root, [get_kernel("vector_add")]).errors
+def add_entry(suite_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = copy_suite_subset(suite_cache, tmp_path_factory.mktemp("engine-add"), ("vector_add",), ("cuda:90",))
     return next(p for p in root.iterdir() if p.is_dir())
 
 
@@ -308,13 +304,8 @@ def test_run_passes_on_a_plain_cache_writes_a_patched_cache_triton_loads(tmp_pat
     assert hashlib.sha256(cubin.read_bytes()).hexdigest() in rewritten
 
 
-def test_only_names_kernels_like_suite_build(tmp_path: Path) -> None:
-    from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import build_suite
-
-    cache = tmp_path / "cache"
-    assert not build_suite(Target.parse("cuda:90"), cache, [get_kernel(n) for n in ("vector_add", "transpose_2d")]).errors
+def test_only_names_kernels_like_suite_build(suite_cache: Path, tmp_path: Path) -> None:
+    cache = copy_suite_subset(suite_cache, tmp_path / "cache", ("vector_add", "transpose_2d"), ("cuda:90",))
     with pytest.raises(KstrataError, match="did you mean vector_add_kernel"):
         run_passes(cache, "ptx(cache-hints)", tmp_path / "o", only=["vector_ad"])
     report = run_passes(cache, "ptx(cache-hints)", tmp_path / "o", only=["vector_add"])

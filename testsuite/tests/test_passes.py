@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kstrata.agents.run_passes import run_passes
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.candidate import CandidateInfo
 from kstrata.ir.target import Target
@@ -26,9 +27,10 @@ from kstrata.passes.pipeline import (
     run_pipeline,
 )
 from kstrata.passes.registry import BUILTIN_PASSES, available_passes, get_pass
-from kstrata.agents.run_passes import run_passes
 from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.build import bundle_for, specialization
+
+from .conftest import copy_suite_subset
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "kstrata_demo_plugin"
 
@@ -206,14 +208,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def small_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kstrata.testsuite.kernels.build import build_suite
-
-    root = tmp_path_factory.mktemp("small-cache")
-    kernels = [get_kernel(n) for n in ("vector_add", "softmax_online", "matmul_fp16")]
-    for t in ("cuda:90", "hip:gfx942"):
-        assert not build_suite(Target.parse(t), root, kernels).errors
-    return root
+def small_cache(suite_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_suite_subset(suite_cache, tmp_path_factory.mktemp("small-cache"),
+                             ("vector_add", "softmax_online", "matmul_fp16"))
 
 
 def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:

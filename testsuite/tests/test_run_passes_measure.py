@@ -16,10 +16,6 @@ from typing import Any
 
 import pytest
 
-from kstrata.ir.errors import KstrataError
-from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
-from kstrata.ir.target import Target
-from kstrata.ir.triton_layout import load_cache_root
 from kstrata.agents.run_passes import (
     declared_tolerances,
     load_launch_records,
@@ -27,21 +23,19 @@ from kstrata.agents.run_passes import (
     run_passes,
     suspicious_reasons,
 )
-from kstrata.testsuite.kernels import get_kernel
+from kstrata.ir.errors import KstrataError
+from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+from kstrata.ir.triton_layout import load_cache_root
 
-from .conftest import has_cuda
+from .conftest import copy_suite_subset, has_cuda
 
 PIPELINE = "ptx(cache-hints)"
 
 
 @pytest.fixture(scope="module")
-def add_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kstrata.testsuite.kernels.build import build_suite
-
-    root = tmp_path_factory.mktemp("add-cache")
-    kernels = [get_kernel(n) for n in ("vector_add", "softmax_online")]
-    assert not build_suite(Target.parse("cuda:90"), root, kernels).errors
-    return root
+def add_cache(suite_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_suite_subset(suite_cache, tmp_path_factory.mktemp("add-cache"), ("vector_add", "softmax_online"),
+                             ("cuda:90",))
 
 
 def _record_for(cache: Path, kernel: str, out: Path, *, by: str = "cache_key",
@@ -194,6 +188,7 @@ def test_record_then_measure_on_the_gpu(tmp_path: Path) -> None:
     assert "before µs" in (tmp_path / "out" / "run-passes-report.md").read_text()
 
 
+@pytest.mark.slow
 def test_ttir_rewrites_are_checked_by_the_interpreter_on_their_launch(add_cache: Path, tmp_path: Path) -> None:
     launches = tmp_path / "launches"
     record = _record_for(add_cache, "vector_add_kernel", launches)

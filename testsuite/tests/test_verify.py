@@ -151,6 +151,7 @@ def test_device_cuda_needs_a_gpu_only_for_nvidia_kernels() -> None:
         verify(cuda, cuda, suite_launch_record(kernel, "cuda:90"), device="cuda")
 
 
+@pytest.mark.slow
 def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path: Path) -> None:
     from kstrata.backends.rebuild import rebuild_from
     from kstrata.ir.triton_layout import load_any, write_override
@@ -174,6 +175,7 @@ def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path:
     assert "verdict: rejected" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_takes_ir_files(entry: Path, tmp_path: Path) -> None:
     # ORIGINAL as the entry's .ttgir (compiled with the metadata beside it), CANDIDATE as one edited file
     from kstrata.testsuite.kernels.launch import suite_launch_record
