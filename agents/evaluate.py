@@ -81,7 +81,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -90,6 +89,8 @@ from typing import Any
 
 import torch
 
+from kstrata.backends.child import run_child
+from kstrata.backends.timing import Timing
 from kstrata.ir.errors import KstrataError
 
 #: The version of `EvalVerdict.to_json()`'s layout.
@@ -179,25 +180,6 @@ class TrialResult:
                 "integrity_ok": self.integrity_ok, "strict_ok": self.passes("strict"),
                 "kernelbench_ok": self.passes("kernelbench"),
                 "checks": [c.to_json() for c in self.checks], "outputs": [o.to_json() for o in self.outputs]}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Times in microseconds over `runs` timed runs (CUDA events, L2 flushed before each)."""
-
-    median_us: float
-    p10_us: float
-    p90_us: float
-    min_us: float
-    runs: int
-    cuda_graph: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -390,7 +372,6 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
                timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
                policy: str = "strict") -> WorkerRun:
     """Spawn `python -m kstrata.agents.eval_worker` for one role and wait for it (or kill it at the timeout)."""
-    import time
 
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "kstrata.agents.eval_worker", "--role", role, "--task", str(task),
@@ -405,22 +386,10 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
     log_path = workdir / "log.txt"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    start = time.monotonic()
-    with log_path.open("wb") as log:
-        # A new session: the timeout kills the worker and everything it started (a candidate's helpers too).
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    elapsed = time.monotonic() - start
+    # the one child protocol: a new session, so the timeout kills the worker and everything it started
+    run = run_child(cmd, timeout=timeout_s, env=env, log=log_path)
+    timed_out = run.status == "timeout"
+    elapsed = run.seconds
     tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
     report_path = workdir / "report.json"
     report = None
@@ -429,7 +398,8 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
             report = json.loads(report_path.read_text())
         except (json.JSONDecodeError, OSError):
             report = None
-    return WorkerRun(role, report, proc.returncode, timed_out, tail, workdir, elapsed)
+    return WorkerRun(role, report, run.returncode if run.returncode is not None else -9, timed_out, tail, workdir,
+                     elapsed)
 
 
 def _load_trial(workdir: Path, index: int) -> dict[str, Any]:

@@ -590,10 +590,10 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
     bases = {entry: engine.add_kernel(entry, keys.get(entry)) for entry in entries}
     level = pipeline.stages[0].level
     provenance = Provenance("run-passes", None, "ir")
-    candidates = {entry: Candidate(bases[entry], level, PipelineEdit(pipeline.spelling()),
-                                   (pipeline.tolerance().spelling() if pipeline.tolerance() else None),
-                                   provenance=provenance) for entry in entries}
     tolerance = pipeline.tolerance()
+    candidates = {entry: Candidate(bases[entry], level, PipelineEdit(pipeline.spelling()),
+                                   tolerance.spelling() if tolerance else None, provenance=provenance)
+                  for entry in entries}
     builds: dict[str, BuildResult] = {}
 
     def finish(entry: str, build: BuildResult) -> None:

@@ -112,13 +112,14 @@ def _status(code: int) -> str:
 
 
 def run_child(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-              cwd: str | Path | None = None) -> ChildResult:
-    """Run `argv` to completion or until `timeout` seconds have passed (then it and its children are killed)."""
+              cwd: str | Path | None = None, log: Path | None = None) -> ChildResult:
+    """Run `argv` to completion or until `timeout` seconds have passed (then it and its children are killed).
+    With `log`, stdout and stderr both go to that file, interleaved (the result's `stdout` is its end)."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kstrata-child-") as tmp:
-        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        out_path, err_path = log or Path(tmp) / "stdout", Path(tmp) / "stderr"
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = _spawn(argv, stdout=out, stderr=err, env=env, cwd=cwd)
+            proc = _spawn(argv, stdout=out, stderr=out if log is not None else err, env=env, cwd=cwd)
             try:
                 code: int | None = proc.wait(timeout=timeout)
                 status = _status(code or 0)

@@ -5,6 +5,7 @@ around a longer loop), counting imports inside functions too."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +45,14 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.lru_cache(maxsize=1)
+def _scan() -> dict[str, frozenset[str]]:
     files = {_module_name(p): p for p in _package_files()}
-    return {m: {i for i in _imports(p) if i in files and i != m} for m, p in files.items()}
+    return {m: frozenset(i for i in _imports(p) if i in files and i != m) for m, p in files.items()}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: set(deps) for m, deps in _scan().items()}
 
 
 def _layer(module: str) -> int | None:
