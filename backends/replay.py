@@ -37,6 +37,8 @@ EDGE_FRACTION = 0.25
 #: fp32 word 0xA5A5A5A5 is -2.9e-16, a value no kernel is likely to write by accident).
 REDZONE_BYTES = 4096
 REDZONE_BYTE = 0xA5
+#: Buffers at least this large are filled on the device they are replayed on.
+DEVICE_FILL_NUMEL = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,25 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
 
     dtype = _dtype(arg.dtype)
     numel = buffer_numel(arg)
+    if device != "cpu" and numel >= DEVICE_FILL_NUMEL:
+        # Large launches (past 2^31 elements) are filled where they run: on the host they would cost
+        # tens of GB and seconds per input set. The device generator is seeded from the host one, so a
+        # seed still gives the same inputs every time.
+        gen = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    where_ = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
     if dtype.is_floating_point:
-        flat = torch.randn(numel, generator=gen).to(dtype)
+        flat = torch.randn(numel, generator=gen, **where_).to(dtype)
     elif dtype == torch.bool:
-        flat = torch.rand(numel, generator=gen) > 0.5
+        flat = torch.rand(numel, generator=gen, **where_) > 0.5
     else:
-        flat = torch.randint(0, 8, (numel,), generator=gen).to(dtype)
+        flat = torch.randint(0, 8, (numel,), generator=gen, dtype=dtype, **where_)
     salted = (mode == "edge-float" and dtype.is_floating_point) or \
              (mode == "edge-int" and not dtype.is_floating_point and dtype != torch.bool)
     if salted and numel:
         specials = _float_specials(dtype) if dtype.is_floating_point else _int_specials(dtype)
-        where = torch.rand(numel, generator=gen) < EDGE_FRACTION
-        pick = torch.randint(0, len(specials), (numel,), generator=gen)
-        flat = torch.where(where, specials[pick], flat)
+        where = torch.rand(numel, generator=gen, **where_) < EDGE_FRACTION
+        pick = torch.randint(0, len(specials), (numel,), generator=gen, dtype=torch.int32, **where_)
+        flat = torch.where(where, specials.to(flat.device)[pick], flat)
     view = flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
     if mode == "random" and arg.written:
         _poison(view)
