@@ -311,6 +311,9 @@ class BuildResult:
 
 
 class Verdict(str, Enum):
+    """`kstrata verify`'s verdicts (`backends/verify.py`, same values) plus `error`: could not be decided
+    (the check's process crashed or timed out, the build failed); never cached."""
+
     EQUIVALENT = "equivalent"
     DIFFERENT = "different"
     UNPROVEN = "unproven"
@@ -680,6 +683,8 @@ class Engine:
         if built.same_binary_as_base:
             return CheckResult(Verdict.EQUIVALENT, "identical code: the binary is byte-identical to the original's",
                                (*evidence, Evidence("identical binary", "binary", "pass", "same bytes")))
+        verdicts: list[str] = []
+        reasons: list[str] = []
         for launch in launches:
             payload = {"original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
                        "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance}
@@ -688,8 +693,19 @@ class Engine:
             if not run.ok:
                 return CheckResult(Verdict.ERROR, f"the check could not run on {launch}: "
                                    f"{run.error if run.status == 'error' else run.reason()}", tuple(evidence))
-            evidence += [Evidence(**e) for e in run.value]
-        return _verdict_of(evidence)
+            evidence += [Evidence(**e) for e in run.value["checks"]]
+            verdicts.append(run.value["verdict"])
+            reasons += run.value["reasons"]
+        if not launches:
+            return _verdict_of(evidence)
+        # `kstrata verify`'s own verdict per launch record (backends/verify.py), combined over the records
+        if Verdict.DIFFERENT.value in verdicts:
+            return _verdict_of(evidence)
+        if all(v == Verdict.EQUIVALENT.value for v in verdicts):
+            dynamic = sum(1 for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu")))
+            return CheckResult(Verdict.EQUIVALENT, f"equivalent on {len(launches)} launch records "
+                               f"({dynamic} dynamic checks passed)", tuple(evidence))
+        return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))
 
     def _check_task(self, base: BaseRef, model_new: str, device: str, policy: str, timeout: float) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
@@ -873,8 +889,9 @@ def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
             "seconds": time.perf_counter() - start}
 
 
-def check_kernel_job(p: dict[str, Any]) -> list[dict[str, Any]]:
-    """Worker: `kstrata verify` of the candidate against the original on one launch record."""
+def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker: `kstrata verify` of the candidate against the original on one launch record: its verdict,
+    why it is not proven (when it is not) and every check."""
     from kstrata.backends.verify import verify
     from kstrata.ir.launch import LaunchRecord
 
@@ -882,7 +899,9 @@ def check_kernel_job(p: dict[str, Any]) -> list[dict[str, Any]]:
     candidate = _load_one(p["candidate"])
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
                     tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent)
-    return [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail} for c in report.checks]
+    return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
+            "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
+                       for c in report.checks]}
 
 
 def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:

@@ -610,9 +610,11 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
                     verdict = engine.check(bases[entry], build, [record], device="cpu", seeds=1,
                                            tolerance=tolerance.spelling() if tolerance else None)
                     o.checks["interpreter"] = _interpreter_summary(verdict)
-                    if verdict.verdict is not Verdict.EQUIVALENT:
+                    if verdict.verdict in (Verdict.DIFFERENT, Verdict.ERROR):
                         o.status, o.error = "failed", (f"kernel {build.name}: the check finds the rewrite "
                                                        f"{verdict.verdict.value}: {verdict.reason}")
+                    elif verdict.verdict is Verdict.UNPROVEN:  # written, and said: no dynamic evidence
+                        o.checks["verdict"] = f"unproven: {verdict.reason}"
             if o.status == "changed" and keys.get(entry):
                 bundle = _load_built(engine.built_entry(build), load_any)
                 bundle.override_key = keys[entry]
