@@ -48,7 +48,7 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     kernel = get_kernel(name)
     original = bundle_for(kernel, Target.parse("cuda:90"))
     rebuilt = rebuild_cubin(original)
-    same = compare_cubins(original.level("cubin"), rebuilt.cubin)
+    same = compare_cubins(original.level("cubin"), rebuilt.cubin)  # type: ignore[arg-type]
     rebuilt_bundle = KernelBundle(original.name, original.target, {**original.levels, "cubin": rebuilt.cubin},
                                   dict(original.metadata))
     ptx = original.text("ptx")
