@@ -1,7 +1,7 @@
 """The one child-process protocol: run work in a fresh process with a timeout, and turn whatever happens
 to it (an exit code, a signal, a hang) into a value, never an exception in the caller.
 
-Three ways in, one mechanism underneath (`_spawn`: a new session, so a timeout kills the child and
+Three ways in, one mechanism underneath (`spawn`: a new session, so a timeout kills the child and
 everything it started; stdin closed; output to files, so a chatty child cannot block on a full pipe):
 
 - `run_child(argv, timeout=...)`: a command, waited for; a `ChildResult` (status, exit code or signal,
@@ -92,9 +92,11 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def _spawn(argv: Sequence[str], *, stdout: IO[Any] | int, stderr: IO[Any] | int, env: Mapping[str, str] | None,
-           cwd: str | Path | None, text: bool = False) -> subprocess.Popen[Any]:
-    return subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+def spawn(argv: Sequence[str], *, stdout: IO[Any] | int, stderr: IO[Any] | int, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None, text: bool = False, stdin: int = subprocess.DEVNULL) -> subprocess.Popen[Any]:
+    """The one way a child starts: in a new session (so `kill_tree` ends it and all it started), stdin closed
+    unless `stdin=subprocess.PIPE` (a parent that drives the child step by step)."""
+    return subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, stdin=stdin,
                             env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True, text=text)
 
 
@@ -119,7 +121,7 @@ def run_child(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | N
     with tempfile.TemporaryDirectory(prefix="kstrata-child-") as tmp:
         out_path, err_path = log or Path(tmp) / "stdout", Path(tmp) / "stderr"
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = _spawn(argv, stdout=out, stderr=out if log is not None else err, env=env, cwd=cwd)
+            proc = spawn(argv, stdout=out, stderr=out if log is not None else err, env=env, cwd=cwd)
             try:
                 code: int | None = proc.wait(timeout=timeout)
                 status = _status(code or 0)
@@ -169,7 +171,7 @@ class ChildStream:
         self._tmp = tempfile.TemporaryDirectory(prefix="kstrata-stream-")
         self._err_path = Path(self._tmp.name) / "stderr"
         self._err = self._err_path.open("wb")
-        self.proc = _spawn(argv, stdout=subprocess.PIPE, stderr=self._err, env=env, cwd=cwd, text=True)
+        self.proc = spawn(argv, stdout=subprocess.PIPE, stderr=self._err, env=env, cwd=cwd, text=True)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()
