@@ -16,7 +16,7 @@ from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.candidate import CandidateInfo
 from kstrata.ir.target import Target
 from kstrata.ir.triton_layout import compile_jit, load_cache_root, update_index
-from kstrata.passes.base import KernelPass, PassContext, PassResult
+from kstrata.passes.base import KernelPass, PassContext, PassResult, option_specs
 from kstrata.passes.pipeline import (
     PassFailure,
     Pipeline,
@@ -47,17 +47,46 @@ def test_registry_keys_are_pass_names_and_the_catalogue_spans_four_levels() -> N
 def test_spelling_round_trips(name: str) -> None:
     cls = get_pass(name)
     default = cls()
-    fields = dataclasses.fields(cls)
     changed = default
-    if fields:
-        f = fields[0]
-        value = {"bool": True, "int": 2, "str": "cg"}.get(str(f.type).split(" ")[0], None)
-        if value is not None and value != getattr(default, f.name):
-            changed = dataclasses.replace(default, **{f.name: value})
+    for spec in option_specs(cls):  # every option moved off its default to another valid value
+        others = [v for v in (spec.domain() or ()) if v != spec.default]
+        if not others and spec.range is not None:
+            others = [type(spec.default)(spec.range[1])]
+        if not others and spec.base is str:
+            others = ["--a value, with {braces} and \"quotes\""]
+        if others:
+            changed = dataclasses.replace(changed, **{spec.name: others[0]})
     for instance in (default, changed):
         pipeline = parse_pipeline(f"{cls.level}({instance.spelling()})")
         assert pipeline.passes == [(cls.level, instance)]
         assert parse_pipeline(pipeline.spelling()) == pipeline
+        # every option is spelled out, defaults included (a dropped default reads as another pipeline)
+        assert all(f"{s.name}=" in instance.spelling() for s in option_specs(cls))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("ttir(load-eviction{policy=bogus})", "option policy=bogus is not valid: expected one of evict_first, evict_last"),
+    ("ttgir(num-warps{n=3})", "option n=3 is not valid: expected one of 1, 2, 4, 8, 16, 32"),
+    ("ttgir(num-stages{n=9})", "option n=9 is not valid: expected int in 1..8"),
+    ("ptx(ld-nc{assume_noalias=maybe})", "option assume_noalias='maybe' is not a valid bool"),
+    ("ptx(cache-hints{loads=wb})", "expected one of ca, cg, cs, lu, cv, none"),
+])
+def test_options_are_checked_against_their_types(spec: str, message: str) -> None:
+    with pytest.raises(PipelineSyntaxError) as info:
+        parse_pipeline(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)  # one line
+
+
+def test_options_are_checked_when_a_pass_is_constructed() -> None:
+    from kstrata.passes.base import PassError
+
+    with pytest.raises(PassError, match="expected one of evict_first"):
+        get_pass("load-eviction")(policy="bogus")  # type: ignore[call-arg]
+    with pytest.raises(PassError, match="expected int in 16..255"):
+        get_pass("max-registers")(n=8)  # type: ignore[call-arg]
+    with pytest.raises(PassError, match="option n=true is not valid"):
+        get_pass("num-stages")(n=True)  # type: ignore[call-arg]
+    assert get_pass("num-stages")(n=4).spelling() == "num-stages{n=4}"  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(("spec", "column", "message"), [
@@ -247,9 +276,9 @@ def test_run_passes_refuses_to_write_into_the_cache(small_cache: Path) -> None:
 
 
 def test_failed_kernel_is_reported_and_the_run_goes_on(small_cache: Path, tmp_path: Path) -> None:
-    report = run_passes(small_cache, "ttgir(num-warps{n=64})", tmp_path / "o")
+    report = run_passes(small_cache, "ttir(dot-precision{precision=ieee})", tmp_path / "o")
     assert report.counts()["changed"] == 0
-    assert all(p["status"] == "skipped" and "power of two" in p["reason"] for k in report.kernels for p in k["passes"])
+    assert all(p["status"] == "skipped" and "no tt.dot on fp32" in p["reason"] for k in report.kernels for p in k["passes"])
 
 
 def test_override_key_collisions_are_refused(tmp_path: Path) -> None:
