@@ -89,6 +89,18 @@ def test_options_are_checked_when_a_pass_is_constructed() -> None:
     assert get_pass("num-stages")(n=4).spelling() == "num-stages{n=4}"  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(("spec", "printed"), [
+    ("ttgir(num-stages{n=4})", "ttgir(num-stages{n=4})"),  # a default value stays written
+    ("ttgir(num-stages)", "ttgir(num-stages{n=4})"),
+    ("ttir(load-eviction)", "ttir(load-eviction{policy=evict_first})"),
+    ("ptx(ptxas-options{extra=\"-O3 --foo\"})", "ptx(ptxas-options{opt_level=3 extra=\"-O3 --foo\"})"),
+    ("llir(flush-denormals)", "llir(flush-denormals)"),
+])
+def test_pipelines_print_every_option_value(spec: str, printed: str) -> None:
+    assert parse_pipeline(spec).spelling() == printed
+    assert parse_pipeline(printed) == parse_pipeline(spec)
+
+
 @pytest.mark.parametrize(("spec", "column", "message"), [
     ("ttir(", 6, "expected ')'"),
     ("tir(cache-hints)", 1, "unknown level 'tir'"),
@@ -259,7 +271,10 @@ def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:
         assert {f.suffix for f in entry.iterdir()} == {".llir", f".{'ptx' if binary == 'cubin' else 'amdgcn'}",
                                                        f".{binary}", ".json"}
         info = CandidateInfo.read(entry)  # what the files do not say: the pipeline, tolerance, metadata
-        assert info is not None and info.pipeline == spec and info.tolerance is None and info.metadata == {}
+        # the pipeline with every option's value spelled out (defaults included), as a reader needs it
+        assert info is not None and info.tolerance is None and info.metadata == {}
+        assert info.pipeline == ("llir(noalias-args{assume=true}),ptx(cache-hints{loads=cs stores=cs}),"
+                                 "amdgcn(nontemporal-hints{stores=true loads=false})")
         assert k["checks"]["signature"] == "unchanged" and k["resources_after"]["registers"] > 0
     data = json.loads((out / "run-passes-report.json").read_text())
     assert data["counts"]["changed"] == 6 and "| vector_add_kernel |" in (out / "run-passes-report.md").read_text()
@@ -331,3 +346,48 @@ def test_every_pass_fires_on_the_suite(suite_cache: Path) -> None:
                 break
         assert fired, f"{name} changed no suite kernel's binary"
     assert set(available_passes()) >= set(BUILTIN_PASSES)
+
+
+# -- schedule spaces -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def space_bundles() -> dict[str, KernelBundle]:
+    cuda, hip = Target.parse("cuda:90"), Target.parse("hip:gfx942")
+    return {"vector_add": bundle_for(get_kernel("vector_add"), cuda),
+            "matmul_fp16": bundle_for(get_kernel("matmul_fp16"), cuda),
+            "matmul_fp32_tf32": bundle_for(get_kernel("matmul_fp32_tf32"), cuda),
+            "vector_add_hip": bundle_for(get_kernel("vector_add"), hip)}
+
+
+@pytest.mark.parametrize(("name", "kernel", "expected"), [
+    ("num-warps", "vector_add", ["num-warps{n=2}", "num-warps{n=8}", "num-warps{n=16}"]),
+    ("num-stages", "matmul_fp16", ["num-stages{n=2}", "num-stages{n=4}", "num-stages{n=5}"]),
+    ("num-stages", "vector_add", "no scf.for loop"),
+    ("dot-precision", "matmul_fp16", "no tt.dot on fp32"),
+    ("dot-precision", "matmul_fp32_tf32", ["dot-precision{precision=tf32x3}", "dot-precision{precision=ieee}",
+                                           "dot-precision{precision=bf16x3}", "dot-precision{precision=bf16x6}"]),
+    ("ld-nc", "vector_add", ["ld-nc{assume_noalias=true}"]),
+    ("nontemporal-hints", "vector_add", "applies to hip only"),
+    ("nontemporal-hints", "vector_add_hip", ["nontemporal-hints{stores=false loads=true}",
+                                             "nontemporal-hints{stores=true loads=false}",
+                                             "nontemporal-hints{stores=true loads=true}"]),
+    ("mfma-priority", "vector_add_hip", "no MFMA"),
+    ("grouped-pid", "matmul_fp16", "already groups"),
+])
+def test_schedule_space(space_bundles: dict[str, KernelBundle], name: str, kernel: str,
+                        expected: list[str] | str) -> None:
+    space = get_pass(name).schedule_space(space_bundles[kernel])
+    if isinstance(expected, str):
+        assert not space and space.reason is not None and expected in space.reason
+    else:
+        assert space.spellings() == expected
+
+
+def test_every_space_holds_only_instances_whose_precondition_holds(space_bundles: dict[str, KernelBundle]) -> None:
+    for name in BUILTIN_PASSES:
+        cls = get_pass(name)
+        for kernel, bundle in space_bundles.items():
+            space = cls.schedule_space(bundle)
+            assert space or space.reason, f"{name} on {kernel}: an empty space without a reason"
+            for candidate in space:
+                assert type(candidate) is cls
+                assert candidate.precondition(PassContext(bundle, cls.level)) is None, (name, kernel, candidate)
