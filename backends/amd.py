@@ -32,8 +32,8 @@ from kstrata.ir.errors import BundleError
 
 from .elf import ElfFile, ElfSection, read_elf
 from .isa import InstructionMix
-from .resources import ResourceUsage
 from .tools import DEFAULT_TIMEOUT_S, FoundTool, ToolError, ToolNotFound, find_tool, run_tool
+from .usage import ResourceUsage
 
 AMD_TOOLS = ("llvm-mc", "ld.lld", "llvm-objdump", "llvm-readobj")
 LLVM_VERSIONS = (22, 19)

@@ -25,12 +25,14 @@ LEVELS = (("cuda:90", "ttir"), ("cuda:90", "ttgir"), ("hip:gfx942", "ttgir"))
 def bench(cache: Path, repeat: int, only: list[str] | None) -> list[dict[str, Any]]:
     import torch
 
+    from kstrata.backends.poison import first_mismatch, poison_
     from kstrata.ir.interp import Buffer, run_bundle
     from kstrata.ir.target import Target
     from kstrata.ir.triton_layout import load_cache_entry, read_index
-    from kstrata.testsuite.kernels import all_kernels
-    from kstrata.testsuite.kernels.build import build_suite
-    from kstrata.testsuite.kernels.run import first_mismatch, poison_
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    all_kernels, build_suite = suite.all_kernels, suite.build_suite
 
     kernels = [k for k in all_kernels() if not only or k.name in only]
     index = read_index(cache) if cache.exists() else {}

@@ -31,10 +31,11 @@ import torch
 def _workloads() -> dict[str, Callable[[], Any]]:
     import importlib
 
-    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.tools.suite import load_suite
 
-    # (imported by name: the suite's kernel modules are not type-checked, their @jit functions are untyped)
-    matmul_module: Any = importlib.import_module("kstrata.testsuite.kernels.matmul")
+    get_kernel = load_suite().get_kernel
+    # the module of a suite kernel, for its input helpers (untyped: the suite's kernel modules are not type-checked)
+    matmul_module: Any = importlib.import_module(get_kernel("matmul_fp16").fn.fn.__module__)
 
     def elementwise() -> Any:
         n = 1 << 20
@@ -70,8 +71,10 @@ def bench_one(name: str, make_kernel: Callable[[], Any], seeds: int, workdir: Pa
     from kstrata.ir.launch import TensorArg
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.launch import suite_launch_record
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    bundle_for, suite_launch_record = suite.bundle_for, suite.suite_launch_record
 
     kernel = make_kernel()
     target = Target.parse("cuda:90")

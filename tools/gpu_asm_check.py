@@ -34,14 +34,16 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     import torch
 
     from kstrata.backends.asm import patch_bundle
-    from kstrata.backends.launch import LoadedKernel, time_gpu
+    from kstrata.backends.launch import LoadedKernel
     from kstrata.backends.nvidia import compare_cubins, rebuild_cubin
     from kstrata.backends.patch import make_patch
+    from kstrata.backends.poison import first_mismatch, poison_
+    from kstrata.backends.timing import time_gpu
     from kstrata.ir.bundle import KernelBundle
     from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import first_mismatch, poison_
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, bundle_for = load_suite().get_kernel, load_suite().bundle_for
 
     kernel = get_kernel(name)
     original = bundle_for(kernel, Target.parse("cuda:90"))

@@ -50,7 +50,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kstrata.testsuite.kernels import get_kernel
+from kstrata.tools.suite import load_suite
+
+get_kernel = load_suite().get_kernel
 
 
 class Block(nn.Module):

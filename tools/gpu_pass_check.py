@@ -45,8 +45,9 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     """Launch `bundle`'s binary on fresh copies of `host` (outputs poisoned), then time it."""
     import torch
 
-    from kstrata.backends.launch import LoadedKernel, time_gpu
-    from kstrata.testsuite.kernels.run import poison_
+    from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.poison import poison_
+    from kstrata.backends.timing import time_gpu
 
     loaded = LoadedKernel(bundle)
     args = {k: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
@@ -66,11 +67,12 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
 def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[str, Any]]:
     import torch
 
+    from kstrata.backends.poison import first_mismatch
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import first_mismatch
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, bundle_for = load_suite().get_kernel, load_suite().bundle_for
 
     rows = []
     for name in TWIN_KERNELS:
@@ -112,8 +114,8 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
 _PROGRAM = r'''
 import json, os, sys, torch, torch.nn as nn
 torch.manual_seed(0)
-from kstrata.testsuite.kernels import get_kernel
-from kstrata.testsuite.kernels.run import launch
+from kstrata.tools.suite import load_suite
+get_kernel, launch = load_suite().get_kernel, load_suite().launch
 
 class Block(nn.Module):
     def __init__(self, d=1024):
@@ -166,7 +168,7 @@ def _program(out: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
 def _proof(work: Path, results: Path) -> dict[str, Any]:
     import torch
 
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "TORCHINDUCTOR_"))}
     fresh = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     import kstrata.tools.torch_backend as tb
-    from kstrata.backends.launch import time_gpu
+    from kstrata.backends.timing import time_gpu
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, required=True)

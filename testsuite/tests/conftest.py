@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,19 @@ import pytest
 from kstrata.ir.target import Target
 
 REFERENCE_TARGETS = ("cuda:90", "hip:gfx942")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The candidate engine's cache for this session (never the user's ~/.cache/kstrata/engine)."""
+    root = tmp_path_factory.mktemp("engine-cache")
+    saved = os.environ.get("KSTRATA_ENGINE_CACHE")
+    os.environ["KSTRATA_ENGINE_CACHE"] = str(root)
+    yield root
+    if saved is None:
+        os.environ.pop("KSTRATA_ENGINE_CACHE", None)
+    else:
+        os.environ["KSTRATA_ENGINE_CACHE"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from kstrata.passes.pipeline import (
     run_pipeline,
 )
 from kstrata.passes.registry import BUILTIN_PASSES, available_passes, get_pass
-from kstrata.passes.runner import run_passes
+from kstrata.agents.run_passes import run_passes
 from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.build import bundle_for, specialization
 
@@ -306,18 +306,26 @@ def test_override_key_collisions_are_refused(tmp_path: Path) -> None:
         records[Path(b.origin or "").name] = {"override_key": b.override_key, "name": b.name, "target": "cuda:90"}
     update_index(cache, records)
     report = run_passes(cache, "ptx(cache-hints)", tmp_path / "out")
-    assert report.counts()["failed"] == 2
-    assert all("override key collision" in k["error"] for k in report.kernels)
+    # no override (it would apply to both variants), but each variant keeps its cache key in the patched cache
+    assert report.counts()["changed"] == 2
+    assert all("override key collision" in k["note"] and k["override_entry"] is None for k in report.kernels)
     assert not any((tmp_path / "out" / "cuda-90").glob("*/*.ptx"))
+    assert report.patched_cache and all(Path(k["patched_entry"]).parent == Path(report.patched_cache)
+                                        for k in report.kernels)
+    assert {k["launch_options"]["num_warps"] for k in report.kernels} == {4, 8}  # the rows tell them apart
 
 
 def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
-                           "ptx(cache-hints)", "--out", str(tmp_path / "o"), "--json", "--kernel", "vector_add"],
+                           "ptx(cache-hints)", "--out", str(tmp_path / "o"), "--json", "--only", "vector_add"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["counts"] == {"changed": 1, "unchanged": 1, "failed": 0}  # the hip vector_add has no PTX
+    # not a terminal: plain progress lines with the total, each naming the kernel and its entry key
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert progress[0].startswith("[1/2] vector_add_kernel ") and progress[-1].startswith("[2/2] ")
+    assert {k["key"][:12] for k in data["kernels"]} == {ln.split()[2] for ln in progress}
     bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
                           "ptx(cache-hints", "--out", str(tmp_path / "o2")], capture_output=True, text=True, timeout=120,
                          check=False)

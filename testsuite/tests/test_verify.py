@@ -117,7 +117,7 @@ def test_run_passes_candidates_carry_their_metadata_and_tolerance(entry: Path, t
     # num-warps changes the block size on purpose and declares a tolerance: run-passes writes both into
     # the override entry's kstrata-candidate.json, and verify uses them (launch bounds must match it)
     from kstrata.ir.candidate import CandidateInfo
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     out = tmp_path / "out"
     report = run_passes(entry.parent, "ttgir(num-warps{n=8})", out, kernel_filter="softmax_online")
