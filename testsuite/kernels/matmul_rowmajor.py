@@ -6,11 +6,14 @@ group their programs); use `ROWMAJOR_MATMULS`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import ODD, _FP16_TOL, _FP32_TOL, _matmul_args, _matmul_ref, accumulate_tile, gemm_grid, unit_strides
+from .matmul import ODD, _FP16_TOL, _FP32_TOL, _matmul_args, _matmul_ref, accumulate_tile, unit_strides
 from .spec import SuiteKernel
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 32
@@ -38,20 +41,27 @@ def matmul_rowmajor_kernel(
 
 
 def rowmajor_matmul(name: str, shape: tuple[int, int, int], in_dtype: torch.dtype, precision: str,
-                    tol: dict[str, float]) -> SuiteKernel:
-    """The row-major GEMM on `shape` (M, N, K), as a suite-style kernel (reference, inputs, launch)."""
+                    tol: dict[str, float], blocks: tuple[int, int, int] = (_BLOCK_M, _BLOCK_N, _BLOCK_K),
+                    num_warps: int = 4, num_stages: int = 3) -> SuiteKernel:
+    """The row-major GEMM on `shape` (M, N, K) with `blocks` (BLOCK_M, BLOCK_N, BLOCK_K), as a suite-style
+    kernel (reference, inputs, launch grid)."""
     unit = ("stride_ak", "stride_bn", "stride_cn")
+    block_m, block_n, block_k = blocks
+
+    def grid(a: Mapping[str, Any]) -> tuple[int, ...]:
+        return (triton.cdiv(a["M"], block_m) * triton.cdiv(a["N"], block_n),)
+
     return SuiteKernel(
         name=name,
         fn=matmul_rowmajor_kernel,
         make_args=unit_strides(_matmul_args(shape, in_dtype, in_dtype, False), unit),
-        grid=gemm_grid,
+        grid=grid,
         reference=_matmul_ref,
         outputs=("c_ptr",),
-        constexprs={"BLOCK_M": _BLOCK_M, "BLOCK_N": _BLOCK_N, "BLOCK_K": _BLOCK_K, "PRECISION": precision,
+        constexprs={"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision,
                     **dict.fromkeys(unit, 1)},
-        num_warps=4,
-        num_stages=3,
+        num_warps=num_warps,
+        num_stages=num_stages,
         tags=("matmul", "row-major-grid", "scf.for", "masked-tail"),
         description=f"GEMM {shape} {in_dtype}, row-major program order (no GROUP_SIZE_M)",
         **tol,
