@@ -278,12 +278,11 @@ class _decoding:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc is not None and isinstance(exc, (ELFError, ELFParseError, ConstructError, struct.error, ValueError,
                                                 KeyError, IndexError, UnicodeDecodeError)):
             raise BundleError(f"corrupt ELF: cannot decode {self.what}: {type(exc).__name__}: {exc}",
                               path=self.origin) from None
-        return False
 
 
 _SH_TYPES: dict[str, int] = {}

@@ -99,7 +99,7 @@ def _format_value(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Options: declared by type hints, checked at construction
 # ---------------------------------------------------------------------------------------------------
-def option(default: Any, *, range: tuple[float, float] | None = None, doc: str = "") -> Any:  # noqa: A002
+def option(default: Any, *, range: tuple[float, float] | None = None, doc: str = "") -> Any:
     """A pass option with a default, and for numbers the closed range of valid values."""
     return field(default=default, metadata={"range": range, "doc": doc})
 

@@ -51,7 +51,7 @@ from kstrata.ir.dialects.tt import (
 )
 from kstrata.ir.triton_ir import TritonModule
 
-from .base import PassContext, Rewrites, RewritePass, option
+from .base import PassContext, RewritePass, Rewrites, option
 
 #: Memory ops whose pointer operand (operand 0) kstrata traces; other ops that touch memory refuse.
 _READS = {"tt.load", "tt.descriptor_load", "tt.descriptor_gather", "ttg.async_copy_global_to_local",
@@ -119,11 +119,11 @@ def _derivations(func: FuncOp) -> tuple[dict[SSAValue, frozenset[int]], list[str
                     derived[res] = of(res) | of(init) | back
                 continue
             if op.regions:
-                terminators = [b.last_op for r in op.regions for b in r.blocks if b.last_op is not None]
+                terminators = [b.last_op for region in op.regions for b in region.blocks if b.last_op is not None]
                 from_yields = frozenset().union(*(of(v) for t in terminators for v in t.operands)) \
                     if terminators else frozenset()
-                for r in op.regions:
-                    for b in r.blocks:
+                for region in op.regions:
+                    for b in region.blocks:
                         for a in b.args:
                             derived[a] = of(a) | incoming | from_yields
                 for res in op.results:
@@ -189,7 +189,7 @@ def find_decomposition(module: TritonModule) -> Decomposition | str:
         op = use.operation
         if isinstance(op, arith.DivSIOp | arith.DivUIOp | arith.RemSIOp | arith.RemUIOp) and use.index == 0:
             kind = "div" if isinstance(op, arith.DivSIOp | arith.DivUIOp) else "rem"
-            divisors.setdefault(op.rhs, set()).add(kind)
+            divisors.setdefault(op.operands[1], set()).add(kind)
             quotients.append(op)
     split = [d for d, kinds in divisors.items() if kinds == {"div", "rem"}]
     if not split:
@@ -199,7 +199,7 @@ def find_decomposition(module: TritonModule) -> Decomposition | str:
         return "the program id is split by more than one value"
     tiles_n = split[0]
     for q in quotients:
-        if q.rhs is not tiles_n:
+        if q.operands[1] is not tiles_n:
             continue
         for use in q.results[0].uses:
             if isinstance(use.operation, arith.DivSIOp | arith.DivUIOp | arith.RemSIOp | arith.RemUIOp):

@@ -26,7 +26,7 @@ from kstrata.ir.dialects.tt import (
 from kstrata.ir.tolerance import Tolerance
 from kstrata.ir.triton_ir import TritonModule
 
-from .base import PassContext, Rewrites, RewritePass
+from .base import PassContext, RewritePass, Rewrites
 
 __all__ = ["DotPrecision", "LoadEviction"]
 

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-
 import torch
+import typer
 
 
 def _workloads() -> dict[str, Callable[[], Any]]:

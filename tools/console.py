@@ -28,7 +28,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def run_command(command: Callable[..., int], argv: list[str] | None = None, *, help: str | None = None) -> int:  # noqa: A002
+def run_command(command: Callable[..., int], argv: list[str] | None = None, *, help: str | None = None) -> int:
     """Run a script's typer `command` on `argv` (default: `sys.argv[1:]`) and return its exit code.
 
     For the scripts under `tools/` (`python -m kstrata.tools.X`): their `main(argv)` stays callable

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import ODD, _FP16_TOL, _FP32_TOL, _matmul_args, _matmul_ref, accumulate_tile, unit_strides
+from .matmul import _FP16_TOL, _FP32_TOL, ODD, _matmul_args, _matmul_ref, accumulate_tile, unit_strides
 from .spec import SuiteKernel
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 32

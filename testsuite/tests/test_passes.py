@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kstrata.agents.run_passes import run_passes
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.candidate import CandidateInfo
 from kstrata.ir.target import Target
@@ -26,7 +27,6 @@ from kstrata.passes.pipeline import (
     run_pipeline,
 )
 from kstrata.passes.registry import BUILTIN_PASSES, available_passes, get_pass
-from kstrata.agents.run_passes import run_passes
 from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.build import bundle_for, specialization
 
@@ -82,7 +82,7 @@ def test_options_are_checked_when_a_pass_is_constructed() -> None:
 
     with pytest.raises(PassError, match="expected one of evict_first"):
         get_pass("load-eviction")(policy="bogus")  # type: ignore[call-arg]
-    with pytest.raises(PassError, match="expected int in 16..255"):
+    with pytest.raises(PassError, match=r"expected int in 16\.\.255"):
         get_pass("max-registers")(n=8)  # type: ignore[call-arg]
     with pytest.raises(PassError, match="option n=true is not valid"):
         get_pass("num-stages")(n=True)  # type: ignore[call-arg]
