@@ -403,3 +403,46 @@ def test_every_space_holds_only_instances_whose_precondition_holds(space_bundles
             for candidate in space:
                 assert type(candidate) is cls
                 assert candidate.precondition(PassContext(bundle, cls.level)) is None, (name, kernel, candidate)
+
+
+def test_a_ttir_group_parses_its_module_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rewrites in one level group share one parsed module: the text is parsed once, not per pass."""
+    import kstrata.ir.triton_ir as triton_ir
+    from kstrata.passes.pipeline import run_stage
+
+    text = (Path(__file__).resolve().parents[1] / "filecheck" / "ttir" / "inputs" / "matmul_tf32.ttir").read_text()
+    bundle = KernelBundle("matmul_kernel", Target.parse("cuda:90"), {"ttir": text}, {"name": "matmul_kernel"})
+    calls = []
+    real = triton_ir.parse_triton
+
+    def counting(*args: object, **kwargs: object) -> triton_ir.TritonModule:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ir, "parse_triton", counting)
+    stage = parse_pipeline("ttir(load-eviction,dot-precision{precision=ieee},load-eviction{policy=evict_last})").stages[0]
+    outcome = run_stage(bundle, stage, verify=False)
+    assert [r.status for r in outcome.records] == ["changed", "changed", "skipped"]
+    assert "evictionPolicy = evict_first" in outcome.text and "inputPrecision = tf32" not in outcome.text
+    assert len(calls) == 1
+
+
+def test_passes_apply_says_why_a_pass_did_nothing(tmp_path: Path) -> None:
+    from kstrata.passes.pipeline import apply_passes
+
+    inputs = Path(__file__).resolve().parents[1] / "filecheck" / "ttgir" / "inputs"
+    ttir = KernelBundle("vector_add_kernel", Target.parse("cuda:90"), {"ttir": (inputs / "vector_add.ttir").read_text()},
+                        {"name": "vector_add_kernel"})
+    bare = tmp_path / "vector_add.ttgir"
+    bare.write_text(apply_passes(ttir, parse_pipeline("ttgir(num-warps{n=8})")).text)
+    cli = [sys.executable, "-m", "kstrata.tools.cli", "passes", "apply"]
+    proc = subprocess.run([*cli, str(bare), "-p", "ttgir(num-warps{n=4})"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout == bare.read_text()  # unchanged, and it says so
+    assert "num-warps{n=4}: skipped: num-warps is a re-lowering option" in proc.stderr
+    assert "needs the kernel's TTIR and metadata" in proc.stderr
+    bad = subprocess.run([*cli, str(bare), "-p", "ttir(load-eviction{policy=bogus})"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0, bad.stderr  # one line
+    assert "policy=bogus is not valid: expected one of evict_first, evict_last, evict_normal" in bad.stderr
