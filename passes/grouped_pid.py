@@ -135,6 +135,13 @@ def _derivations(func: FuncOp) -> tuple[dict[SSAValue, frozenset[int]], list[str
     return derived, sorted(set(problems))
 
 
+def _flag(op: Operation, name: str) -> bool:
+    """Whether the boolean property or attribute `name` of `op` is set to true."""
+    attr = op.properties.get(name, op.attributes.get(name))
+    value = getattr(attr, "value", None)
+    return bool(getattr(value, "data", False))
+
+
 def independence(module: TritonModule) -> str | None:
     """`None` when the kernel's programs are independent by the rules above, or why they may not be."""
     funcs = [op for op in module.ops() if isinstance(op, FuncOp)]
@@ -156,9 +163,9 @@ def independence(module: TritonModule) -> str | None:
             return f"the kernel uses `{name}`: programs may communicate through it"
         if isinstance(op, CallOp):
             return "the kernel calls another function, which this pass does not look into"
-        if name == "tt.elementwise_inline_asm" and "pure" not in op.properties and "pure" not in op.attributes:
+        if name == "tt.elementwise_inline_asm" and not _flag(op, "pure"):
             return "the kernel runs inline assembly that may have side effects"
-        if name == "tt.load" and ("isVolatile" in op.properties or "isVolatile" in op.attributes):
+        if name == "tt.load" and _flag(op, "isVolatile"):
             return "the kernel has a volatile load (it may wait on another program)"
         if name in _READS or name in _WRITES:
             bases = derived.get(op.operands[0], frozenset())

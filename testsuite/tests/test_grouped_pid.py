@@ -167,3 +167,16 @@ def test_rewritten_gemm_is_bit_exact_on_the_gpu(name: str, tmp_path: Path) -> No
     gpu = [c for c in report.checks if c.name.startswith("differential")]
     assert gpu and all(c.verdict == "pass" for c in gpu), [c.__dict__ for c in report.checks]
     assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+
+
+def test_a_volatile_load_is_refused_and_a_plain_one_is_not() -> None:
+    text = (INPUTS / "inplace_tiles.ttir").read_text()
+    # two buffers: the kernel reads x and writes y, so the programs are independent
+    two = (text.replace("%x: !tt.ptr<f32>,", "%x: !tt.ptr<f32>, %y: !tt.ptr<f32>,")
+           .replace("%dst = tt.addptr %x, %next", "%dst = tt.addptr %y, %next"))
+    plain = apply_passes(_bare(two, "k"), parse_pipeline("ttir(grouped-pid)"))
+    assert plain.records[0].status == "changed", plain.messages()
+    volatile = two.replace("tt.load %src : !tt.ptr<f32>", "tt.load %src {isVolatile = true} : !tt.ptr<f32>")
+    assert volatile != two
+    refused = apply_passes(_bare(volatile, "k"), parse_pipeline("ttir(grouped-pid)"))
+    assert refused.records[0].status == "skipped" and "volatile load" in refused.records[0].reason
