@@ -215,16 +215,16 @@ def find_decomposition(module: TritonModule) -> Decomposition | str:
     block = pid_op.parent_block()
     assert block is not None
     anchor: Operation = pid_op
-    if not isinstance(tiles_n, BlockArgument) or tiles_n.block is not block:
+    if isinstance(tiles_n, BlockArgument):
+        if not isinstance(tiles_n.block.parent_op(), FuncOp):
+            return "the tile count the program id is divided by is a loop or region argument"
+    else:
         owner = tiles_n.owner
-        if isinstance(tiles_n, BlockArgument) or not isinstance(owner, Operation):
-            if not (isinstance(tiles_n, BlockArgument) and isinstance(tiles_n.block.parent_op(), FuncOp)):
-                return "the tile count the program id is divided by is not defined where the program id is"
-        else:
-            if owner.parent_block() is not block:
-                return "the tile count the program id is divided by is computed inside a region"
-            if block.get_operation_index(owner) > block.get_operation_index(pid_op):
-                anchor = owner
+        assert isinstance(owner, Operation)
+        if owner.parent_block() is not block:
+            return "the tile count the program id is divided by is computed in another region"
+        if block.get_operation_index(owner) > block.get_operation_index(pid_op):
+            anchor = owner  # the renumbering needs the tile count: it goes after both
     at = block.get_operation_index(anchor)
     for use in pid.uses:
         owner_op = _owner_in(block, use.operation)
