@@ -261,6 +261,8 @@ class KernelPass:
 
     name: ClassVar[str]
     level: ClassVar[str]
+    #: Other levels the pass also rewrites (a TTIR rewrite of scalar ops works on TTGIR unchanged).
+    also_at: ClassVar[tuple[str, ...]] = ()
     backends: ClassVar[tuple[str, ...]] = ("cuda", "hip")
     #: `None` when the pass keeps results bit-exact; otherwise the tolerance it needs (ULPs or
     #: relative/absolute error, and why). Passes whose tolerance depends on their options override
@@ -354,7 +356,7 @@ class KernelPass:
     def describe(cls) -> dict[str, Any]:
         doc = (cls.__doc__ or "").strip()
         return {
-            "name": cls.name, "level": cls.level, "backends": list(cls.backends),
+            "name": cls.name, "level": cls.level, "also_at": list(cls.also_at), "backends": list(cls.backends),
             "tolerance": cls.tolerance.spelling() if cls.tolerance else None,
             "tolerance_why": cls.tolerance.why if cls.tolerance else None,
             "options": {s.name: {"type": s.describe(), "default": s.default,

@@ -305,6 +305,7 @@ class GroupedProgramIds(RewritePass):
 
     name = "grouped-pid"
     level = "ttir"
+    also_at = ("ttgir",)  # the ops it matches and inserts are scalar: no layouts involved
     group: int = option(8, range=(2, 64), doc="tile rows per group (Triton's GROUP_SIZE_M)")
 
     @classmethod

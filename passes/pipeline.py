@@ -137,8 +137,9 @@ def parse_pipeline(spec: str) -> Pipeline:
                 instance = cls.from_options(options)
             except PassError as exc:
                 raise PipelineSyntaxError(spec, pat, exc.message, caret=False) from None
-            if cls.level != level:
-                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {cls.level}, not {level}")
+            if level != cls.level and level not in cls.also_at:
+                at = " and ".join((cls.level, *cls.also_at))
+                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {at}, not {level}")
             passes.append(instance)
             skip_ws()
             if pos < len(spec) and spec[pos] == ",":
