@@ -431,11 +431,16 @@ def passes_apply(
 
     This is the tool the golden (FileCheck) tests drive; `run-passes` is the one that rebuilds and writes
     overrides."""
-    from kstrata.passes.pipeline import apply_passes_only, parse_pipeline
+    from kstrata.passes.pipeline import apply_passes, parse_pipeline
     from kstrata.passes.standalone import bundle_for_file
 
     bundle = bundle_for_file(path, target)
-    text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
+    outcome = apply_passes(bundle, parse_pipeline(pipeline))
+    for line in outcome.messages():  # what each pass did or why it did nothing, never silent
+        err.print(f"kstrata: {line}", highlight=False, markup=False, soft_wrap=True)
+    text, updates, level = outcome.text, outcome.updates, outcome.level
+    if not text:
+        _fail(f"{path}: the pipeline ends at {level}, which this input does not have and no pass produced", 2)
     comment = ";" if level in ("llir", "amdgcn") else "//"
     header = "".join(f"{comment} kstrata: metadata {k}={v}\n" for k, v in sorted(updates.items()))
     text = header + text
