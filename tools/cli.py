@@ -412,7 +412,8 @@ def passes_show(name: str = typer.Argument(...), as_json: bool = typer.Option(Fa
     if as_json:
         _emit_json(info)
         return
-    out.print(f"[bold]{info['name']}[/]  level={info['level']}  backends={','.join(info['backends'])}  "
+    also = f" (also {', '.join(info['also_at'])})" if info.get("also_at") else ""
+    out.print(f"[bold]{info['name']}[/]  level={info['level']}{also}  backends={','.join(info['backends'])}  "
               f"exact={'yes' if info['tolerance'] is None else info['tolerance']}", highlight=False)
     for opt, meta in info["options"].items():
         out.print(f"  option {opt}: {meta['type']} = {meta['default']!r}", highlight=False)
