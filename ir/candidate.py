@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import KstrataError
-
 CANDIDATE_FILE = "kstrata-candidate.json"
+#: The version of the file's format; `ir/schema.py:CandidateModel` is its schema.
 CANDIDATE_SCHEMA = "kstrata.candidate/1"
 
 
@@ -45,15 +44,11 @@ class CandidateInfo:
         if not path.is_file():
             return None
         from .files import read_json
+        from .schema import CandidateModel, validate
 
         data = read_json(path, "candidate description")
-        if not isinstance(data, dict) or data.get("schema") != CANDIDATE_SCHEMA:
-            raise KstrataError(f"not a candidate description (expected schema {CANDIDATE_SCHEMA})", path=path)
-        try:
-            return cls(str(data["kernel"]), data.get("pipeline"), data.get("tolerance"), data.get("tolerance_why"),
-                       dict(data.get("metadata") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise KstrataError(f"malformed candidate description: {type(exc).__name__}: {exc}", path=path) from None
+        model = validate(CandidateModel, data, schema=CANDIDATE_SCHEMA, path=path, what="candidate description")
+        return cls(model.kernel, model.pipeline, model.tolerance, model.tolerance_why, dict(model.metadata))
 
 
 #: Metadata keys a pass may change that a launcher or a rebuild of the candidate must see.

@@ -129,11 +129,11 @@ def build_seeds(work: Path) -> dict[str, Path]:
     """Valid inputs under `work`: a cuda:90 and a hip:gfx942 cache entry of `vector_add`, their levels as
     files, a patch, a launch record, a task and a candidate."""
     from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import all_kernels
-    from kstrata.testsuite.kernels.build import build_suite
-    from kstrata.testsuite.kernels.launch import suite_launch_record
+    from kstrata.tools.suite import load_suite
 
-    kernel = next(k for k in all_kernels() if k.name == "vector_add")
+    suite = load_suite()  # tools/ reach the project's kernels through the entry point, never by import
+    build_suite, suite_launch_record = suite.build_suite, suite.suite_launch_record
+    kernel = next(k for k in suite.all_kernels() if k.name == "vector_add")
     cache = work / "seed-cache"
     seeds: dict[str, Path] = {"cache": cache}
     for spelling, key in (("cuda:90", "entry-cuda"), ("hip:gfx942", "entry-hip")):

@@ -249,10 +249,10 @@ def test_kernel_option_takes_suite_and_function_names(entry: Path) -> None:
 
 
 def test_suite_names_accept_both_spellings_and_suggest() -> None:
-    from kstrata.tools.cli import suite_names
+    from kstrata.tools.cli import suite_kernel_names
 
-    assert suite_names("layernorm_fwd_kernel") == ["layernorm_fwd"] == suite_names("layernorm_fwd")
-    assert {"matmul_fp16", "matmul_bf16"} <= set(suite_names("matmul_kernel"))
+    assert suite_kernel_names("layernorm_fwd_kernel") == ["layernorm_fwd"] == suite_kernel_names("layernorm_fwd")
+    assert {"matmul_fp16", "matmul_bf16"} <= set(suite_kernel_names("matmul_kernel"))
     one_line_error(kstrata("suite", "build", "--target", "cuda:90", "--cache-dir", "unused", "--only", "layernorm_fw"),
                    "unknown suite kernel 'layernorm_fw'", "did you mean layernorm_fwd")
 
