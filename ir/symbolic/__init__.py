@@ -47,6 +47,8 @@ from .program import UNROLL_LIMIT, Program, SharedSymbols, Unsupported, int_widt
 from .replay import ReplayOutcome, concrete_launch, replay
 
 STATUSES = ("proved", "counterexample", "undecided")
+#: Concrete launches replayed in the interpreter per check, at most (each runs both kernels, twice).
+REPLAY_BUDGET = 6
 
 
 @dataclass
@@ -130,13 +132,15 @@ def _has_floats(func: Any) -> bool:
 
 
 def check(original_text: str, candidate_text: str, level: str, *, launch: Any | None = None,
-          timeout_s: float = 5.0, confirm: bool = True) -> SymbolicResult:
+          timeout_s: float = 5.0, confirm: bool = True, budget_s: float | None = None) -> SymbolicResult:
     """Whether `candidate_text` computes what `original_text` computes, for every launch (see the module doc).
 
     `level` is `ttir` or `ttgir`; `launch` (a `LaunchRecord`) fixes the grid and scalar arguments;
     `timeout_s` bounds each solver query. With `confirm=False` a failed claim is reported as a
-    counterexample without the interpreter's replay (its `confirmed` is then None).
+    counterexample without the interpreter's replay (its `confirmed` is then None). `budget_s` bounds
+    the whole check (default: 6 query limits); when it runs out the result is `undecided`.
     """
+    budget = budget_s if budget_s is not None else 6 * timeout_s
     start = time.perf_counter()
     if level not in ("ttir", "ttgir"):
         return SymbolicResult("undecided", f"the symbolic checker reads TTIR or TTGIR, not {level}")
@@ -149,11 +153,16 @@ def check(original_text: str, candidate_text: str, level: str, *, launch: Any | 
     tiers = ["uninterpreted"] + (["exact"] if _has_floats(func_o) or _has_floats(func_c) else [])
     unconfirmed: list[str] = []
     timeouts: list[Outcome] = []
+    replays = 0
+    #: Claims proved with uninterpreted floats hold for every meaning of the float operations: the
+    #: exact tier only re-solves the others (claims come in the same order from both tiers).
+    proved: set[int] = set()
     for tier in tiers:
-        shared = SharedSymbols(exact=tier == "exact")
+        exact = tier == "exact"
+        shared = SharedSymbols(exact=exact)
         shared.combiners.timeout_ms = max(1, int(timeout_s * 1000))
-        po = Program(func_o, shared, exact=tier == "exact")
-        pc = Program(func_c, shared, exact=tier == "exact")
+        po = Program(func_o, shared, exact=exact)
+        pc = Program(func_c, shared, exact=exact)
         try:
             po.run()
             pc.run()
@@ -167,17 +176,24 @@ def check(original_text: str, candidate_text: str, level: str, *, launch: Any | 
         except z3.Z3Exception as exc:
             return _done(result, "undecided", f"the solver refused a term: {exc}", start)
         assumed = assumptions(po, launch)
-        small = small_bounds(po) if launch is None else None
+        # Models for the replay are searched in the first tier; the exact tier is there for proofs.
+        small = small_bounds(po) if launch is None and not exact else None
         result.claims = len(pairing.obligations)
         result.floats = tier
         timeouts = []
         refuted = False
         symbols = launch_symbols(po)
-        for ob in pairing.obligations:
+        for k, ob in enumerate(pairing.obligations):
+            if k in proved:
+                continue
+            if time.perf_counter() - start > budget:
+                return _done(result, "undecided", f"the time budget of {budget:g} s ran out with claims unproved"
+                             + (f" ({unconfirmed[-1]})" if unconfirmed else ""), start)
             for abstract in (True, False):
-                outcome = solve(ob, assumed, timeout_s, small, abstract=abstract, launch=symbols)
+                outcome = solve(ob, assumed, timeout_s, small, abstract=abstract, launch=symbols, falsify=not exact)
                 result.query_seconds.append(outcome.seconds)
                 if outcome.status == "proved":
+                    proved.add(k)
                     break
                 if outcome.status == "timeout":
                     if abstract and _has_arrays(ob.claim):
@@ -185,12 +201,15 @@ def check(original_text: str, candidate_text: str, level: str, *, launch: Any | 
                     timeouts.append(outcome)
                     break
                 details: list[str] = []
-                for model in outcome.models:
+                for model in outcome.models[:max(0, REPLAY_BUDGET - replays)]:
+                    if time.perf_counter() - start > budget:
+                        break
+                    replays += 1
                     cex = _counterexample(outcome, model, po, param_names)
                     if not confirm:
                         result.counterexample = cex
                         return _done(result, "counterexample", cex.summary(), start)
-                    rep = replay(parsed_o.module, parsed_c.module, cex)
+                    rep = replay(parsed_o.module, parsed_c.module, cex, seeds=2)
                     cex.confirmed, cex.replay = rep.confirmed, rep.detail
                     if rep.confirmed:
                         result.counterexample = cex
@@ -203,15 +222,15 @@ def check(original_text: str, candidate_text: str, level: str, *, launch: Any | 
                     refuted = True
                     break
             if refuted:
-                break  # the next tier, with exact floats, rechecks every claim
+                break  # the next tier, with exact floats, re-solves what is not proved
         if not refuted and not timeouts:
             return _done(result, "proved", f"{len(pairing.obligations)} claims proved"
-                         + (" with exact IEEE floats" if tier == "exact" else ""), start)
+                         + (" (some with exact IEEE floats)" if exact else ""), start)
         if not refuted:
             break  # only timeouts: exact floats are harder still
     if unconfirmed:
         return _done(result, "undecided", "the solver refuted a claim under the abstraction but the interpreter did "
-                     "not confirm a difference: " + "; ".join(unconfirmed), start)
+                     "not confirm a difference: " + "; ".join(unconfirmed[-1:]), start)
     return _done(result, "undecided", "timeout after "
                  f"{timeout_s:g} s on: " + "; ".join(o.obligation.text for o in timeouts[:3]), start)
 
@@ -246,7 +265,11 @@ def _model_value(model: z3.ModelRef, term: Any) -> str:
         return _fp_text(v)
     if z3.is_bv_value(v):
         return str(v.as_signed_long())
-    return str(v)
+    if z3.is_true(v) or z3.is_false(v):
+        return str(v)
+    if z3.is_app(v) and v.num_args() == 0:
+        return str(v).replace("!val!", "#")  # an element of an uninterpreted float sort
+    return "(a term of the abstraction)"
 
 
 def _fp_text(v: Any) -> str:

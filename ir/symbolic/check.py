@@ -41,7 +41,7 @@ GRID_LIMITS = (2**31 - 1, 65535, 65535)
 SMALL_SCALAR = 2048
 SMALL_POSITIVE = 600
 #: Models asked for per refuted claim (each one a different launch for the replay).
-MODELS = 4
+MODELS = 3
 SMALL_GRID = 4
 
 
@@ -258,7 +258,7 @@ def abstract_arrays(term: z3.ExprRef) -> z3.ExprRef:
 
 def solve(obligation: Obligation, assumed: list[z3.BoolRef], timeout_s: float,
           small: list[list[z3.BoolRef]] | None = None, *, abstract: bool = True,
-          launch: list[z3.ExprRef] | None = None) -> Outcome:
+          launch: list[z3.ExprRef] | None = None, falsify: bool = True) -> Outcome:
     """Try to refute `obligation`. A refutation comes with up to `MODELS` models for the replay, searched
     within the `small` bounds first, each with other values of the `launch` symbols than the ones before.
     When the unbounded query times out, the small bounds and random fixed launches are tried too (a
@@ -280,11 +280,12 @@ def solve(obligation: Obligation, assumed: list[z3.BoolRef], timeout_s: float,
         return Outcome(obligation, "proved", time.perf_counter() - start)
     models: list[z3.ModelRef] = []
     symbols = list(launch or []) + list(obligation.lanes)
-    solver.set("timeout", max(1, int(timeout_s * 500)))
+    solver.set("timeout", max(1, int(timeout_s * 250)))
+    deadline = start + 2 * timeout_s
     for bounds in small or []:
         solver.push()
         solver.add(*bounds)
-        while len(models) < MODELS and solver.check() == z3.sat:
+        while len(models) < MODELS and time.perf_counter() < deadline and solver.check() == z3.sat:
             m = solver.model()
             models.append(m)
             fixed = [v == m.eval(v, model_completion=True) for v in symbols]
@@ -297,14 +298,14 @@ def solve(obligation: Obligation, assumed: list[z3.BoolRef], timeout_s: float,
     if r == z3.sat and not models:
         models.append(solver.model() if solver.check() == z3.sat else None)  # type: ignore[arg-type]
         models = [m for m in models if m is not None]
-    if r == z3.unknown and not models:
-        models = _random_launches(solver, symbols, obligation)
+    if r == z3.unknown and not models and falsify:
+        models = _random_launches(solver, symbols, obligation, deadline + timeout_s)
     if not models:
         return Outcome(obligation, "timeout", time.perf_counter() - start)
     return Outcome(obligation, "failed", time.perf_counter() - start, models[0], True, models, abstract)
 
 
-def _random_launches(solver: z3.Solver, symbols: list[z3.ExprRef], obligation: Obligation,
+def _random_launches(solver: z3.Solver, symbols: list[z3.ExprRef], obligation: Obligation, deadline: float,
                      tries: int = 6) -> list[z3.ModelRef]:
     """Models with the launch symbols fixed to random small values (cheap queries: no symbolic products)."""
     import random
@@ -313,6 +314,8 @@ def _random_launches(solver: z3.Solver, symbols: list[z3.ExprRef], obligation: O
     lanes = {v.get_id(): n for v, n in zip(obligation.lanes, _shape_of_bounds(obligation), strict=False)}
     found: list[z3.ModelRef] = []
     for _ in range(tries):
+        if time.perf_counter() > deadline:
+            break
         solver.push()
         for v in symbols:
             n = lanes.get(v.get_id())
