@@ -478,45 +478,74 @@ def verify_cmd(
     original: Path = typer.Argument(..., help="The original kernel: a cache or dump entry, or a .ttir/.ttgir file."),
     candidate: Path = typer.Argument(..., help="The candidate: a cache, dump or override entry, or one IR file "
                                                "(.ttir .ttgir .llir .ptx .amdgcn) whose lower levels are rebuilt."),
-    target: str = typer.Option(None, "--target", help="Target of an ORIGINAL given as a .ttir file (e.g. cuda:90)."),
-    launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the dynamic checks."),
+    target: str = typer.Option(None, "--target", help="Target of an ORIGINAL .ttir file when neither the module nor "
+                                                      "Triton's metadata JSON beside it names one (e.g. cuda:90)."),
+    launch: Path = typer.Option(None, "--launch", help="A launch record (kstrata record) for the dynamic checks "
+                                                       "(default: the launch kstrata knows, e.g. a suite kernel's)."),
     seeds: int = typer.Option(2, "--seeds", help="Random input sets per dynamic check (edge sets come on top)."),
     device: str = typer.Option("auto", "--device", help="cpu (static + interpreter), cuda (+ GPU runs) or auto."),
     tolerance: str = typer.Option(None, "--tolerance",
                                   help="Declared floating tolerance, e.g. 'ulp=2' or 'rtol=1e-5,atol=1e-6' "
                                        "(default: the candidate's kstrata-candidate.json, else bit-exact)."),
-    sanitizer: str = typer.Option(None, "--sanitizer", help="Also run the candidate under compute-sanitizer: "
-                                                            "memcheck, racecheck, synccheck or initcheck."),
+    sanitizer: str = typer.Option("auto", "--sanitizer", help="compute-sanitizer on one launch of the candidate: "
+                                  "auto (memcheck where it exists), memcheck, racecheck, synccheck, initcheck or none."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds per dynamic run (a hang fails)."),
+    static_only: bool = typer.Option(False, "--static-only", help="Accept static evidence explicitly: no dynamic "
+                                     "run; the verdict stays 'unproven' but exits 0."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL."""
-    from kstrata.backends.verify import Check, declared_tolerance, load_candidate, load_original, verify
+    """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL.
+
+    Verdict and exit status: equivalent 0 (dynamic evidence, or identical code), different 1, unproven 3
+    (only static checks ran, or a check could not run; 0 with --static-only), 2 for a file that cannot be used.
+    """
+    from rich.markup import escape
+
+    import kstrata.testsuite.kernels.launch  # noqa: F401  (registers the suite kernels' launches)
+    from kstrata.backends.verify import (
+        Check,
+        Verdict,
+        declared_tolerance,
+        edited_levels,
+        load_candidate,
+        load_original,
+        verify,
+    )
     from kstrata.ir.launch import LaunchRecord
 
     base = load_original(original, target)
     cand = load_candidate(candidate, base)
     record = LaunchRecord.load(launch) if launch is not None else None
+    colours = {"pass": "green", "fail": "red", "skipped": "yellow", "n/a": "dim"}
 
     def progress(check: Check) -> None:
         if not as_json:
-            colour = {"pass": "green", "fail": "red", "skipped": "yellow"}[check.verdict]
-            err.print(f"  [{colour}]{check.verdict}[/] {check.level} {check.name}", highlight=False)
+            err.print(f"  [{colours[check.verdict]}]{check.verdict}[/] {check.level} {check.name}", highlight=False)
 
     report = verify(base, cand, record, seeds=seeds, device=device, tolerance=tolerance or declared_tolerance(candidate),
                     sanitizer=sanitizer, timeout=timeout, launch_dir=launch.parent if launch is not None else None,
-                    on_check=progress)
+                    on_check=progress, static_only=static_only, edited=edited_levels(candidate))
     if as_json:
         _emit_json(report.to_json())
     else:
         out.print(f"[bold]{report.kernel}[/] {report.target}: levels that differ: "
-                  f"{', '.join(report.differing_levels) or 'none'}", highlight=False)
+                  f"{', '.join(report.differing_levels) or 'none (identical code)'}", highlight=False)
+        if report.rebuilt_levels:
+            out.print(f"  rebuilt before checking: {', '.join(report.rebuilt_levels)}", highlight=False)
+        if report.launch_source and report.launch_source != "the given launch record":
+            out.print(f"  launch: {report.launch_source}", highlight=False)
         for c in report.checks:
-            colour = {"pass": "green", "fail": "red", "skipped": "yellow"}[c.verdict]
-            out.print(f"  [{colour}]{c.verdict:7s}[/] {c.level:6s} {c.name}: {c.detail}", highlight=False)
-        out.print(f"verdict: {'[green]equivalent[/]' if report.ok else '[red]rejected[/]'}", highlight=False)
-    if not report.ok:
-        raise typer.Exit(1)
+            out.print(f"  [{colours[c.verdict]}]{c.verdict:7s}[/] {c.level:6s} {escape(c.name)}: {escape(c.detail)}",
+                      highlight=False)
+        for note in report.notes:
+            out.print(f"  note: {note}", highlight=False, markup=False)
+        v = report.verdict
+        colour = {Verdict.EQUIVALENT: "green", Verdict.DIFFERENT: "red", Verdict.UNPROVEN: "yellow"}[v]
+        out.print(f"verdict: [{colour}]{v.value}[/]" + ("" if v is not Verdict.UNPROVEN else
+                  (" (static evidence accepted: --static-only)" if report.accepted else
+                   f" — {escape('; '.join(report.unproven_reasons()))}")), highlight=False)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 @app.command("run-passes")
