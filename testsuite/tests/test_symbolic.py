@@ -4,6 +4,8 @@ cases (every bug rejected with a confirmed counterexample, no correct rewrite re
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
@@ -172,3 +174,35 @@ def _planted(name: str, correct: bool) -> None:
     else:
         assert r.status == "counterexample", f"{name}: {r.reason}"
         assert r.counterexample is not None and r.counterexample.confirmed, name
+
+
+def test_verify_symbolic_is_on_by_default_without_a_launch_record() -> None:
+    from pathlib import Path
+
+    from kstrata.tools.cli import _symbolic_on
+
+    assert _symbolic_on(None, None) is True
+    assert _symbolic_on(None, Path("launch.json")) is False
+    assert _symbolic_on(True, Path("launch.json")) is True and _symbolic_on(False, None) is False
+
+
+@pytest.mark.slow
+def test_verify_takes_a_symbolic_proof_as_evidence_and_a_confirmed_counterexample_as_different(tmp_path: Any) -> None:
+    from kstrata.backends.rebuild import rebuild_from
+    from kstrata.backends.verify import Verdict, verify
+    from kstrata.backends.verify_symbolic import enable
+    from kstrata.ir.target import Target
+    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.testsuite.kernels.build import bundle_for
+
+    enable()
+    original = bundle_for(get_kernel("vector_add"), Target.parse("cuda:90"), tmp_path)
+    text = original.text("ttir")
+    commuted = rebuild_from(original, "ttir", text.replace("%2 = arith.addf %x_5, %y_7", "%2 = arith.addf %y_7, %x_5"))
+    report = verify(original, commuted, None, device="cpu", find_launch=False, symbolic=True, sanitizer=None)
+    assert report.verdict is Verdict.EQUIVALENT and report.evidence() == ["symbolic"], report.checks
+    wrong = rebuild_from(original, "ttir", text.replace("arith.cmpi slt", "arith.cmpi sle"))
+    report = verify(original, wrong, None, device="cpu", find_launch=False, symbolic=True, sanitizer=None)
+    assert report.verdict is Verdict.DIFFERENT
+    failed = [c for c in report.checks if c.verdict == "fail"]
+    assert failed and all(c.name == "symbolic" and "confirmed by the interpreter" in c.detail for c in failed)
