@@ -9,7 +9,8 @@ time limit per query; the kernel against itself (`identity`) is the coverage row
 checker models the kernel at all. Reported per pass and kernel: proved / undecided (with the reason)
 / counterexample (confirmed by the interpreter), the whole check's seconds and the slowest query; per
 pass the counts and the median and worst check time. Passes that declare a tolerance (not bit-exact)
-are expected to get counterexamples: the checker's claims are bit-exact. With `--results DIR`,
+are expected to get counterexamples: the checker's claims are bit-exact. The planted TTIR/TTGIR cases
+(`testsuite/planted`) follow unless `--no-planted` or `--only` is given. With `--results DIR`,
 `symbolic-cpu-<date>.md` and `.json` (machine, versions) are written there.
 """
 
@@ -91,6 +92,34 @@ def run_kernel(job: tuple[str, str, float, Path]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_planted(timeout_s: float) -> list[dict[str, Any]]:
+    """The planted TTIR/TTGIR cases (`testsuite/planted`): every bug must get a confirmed counterexample,
+    no correct rewrite one."""
+    from kstrata.ir.symbolic import check
+    from kstrata.testsuite.planted import CASES
+    from kstrata.testsuite.planted.candidate import build_candidate, original_bundle
+
+    rows: list[dict[str, Any]] = []
+    for case in CASES:
+        if case.level not in ("ttir", "ttgir"):
+            continue
+        row: dict[str, Any] = {"case": case.name, "kernel": case.kernel, "level": case.level,
+                               "expected": "accept" if case.correct else "reject"}
+        try:
+            original = original_bundle(case)
+            candidate = build_candidate(case, original)
+            start = time.perf_counter()
+            r = check(original.text(case.level), candidate.text(case.level), case.level, timeout_s=timeout_s)
+            confirmed = bool(r.counterexample and r.counterexample.confirmed)
+            ok = (r.status != "counterexample") if case.correct else (r.status == "counterexample" and confirmed)
+            rows.append({**row, "status": r.status, "ok": ok, "seconds": round(time.perf_counter() - start, 3),
+                         "worst_query": round(max(r.query_seconds, default=0.0), 3), "reason": r.reason})
+        except Exception as exc:
+            rows.append({**row, "status": "error", "ok": False, "seconds": 0.0, "worst_query": 0.0,
+                         "reason": f"{type(exc).__name__}: {exc}"})
+    return rows
+
+
 def _environment() -> dict[str, Any]:
     import triton
     import z3
@@ -115,19 +144,24 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _reason_kind(reason: str) -> str:
+    """The reason without its per-kernel details (for the counts of why rows are undecided)."""
     if reason.startswith("unsupported: "):
-        return reason.split(":")[1].strip() + ": " + reason.split(":", 2)[2].strip()[:70]
-    return reason[:110]
+        return reason[:100]
+    if reason.startswith("the solver refuted"):
+        return "refuted under the abstraction, no difference in the interpreter"
+    if reason.startswith("the time budget"):
+        return "the time budget ran out"
+    return reason.split(":")[0][:100]
 
 
 def write_results(rows: list[dict[str, Any]], env: dict[str, Any], target: str, timeout_s: float,
-                  directory: Path) -> Path:
+                  directory: Path, planted: list[dict[str, Any]] | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"symbolic-cpu-{env['date'][:10]}"
     summary = summarize(rows)
     payload = {"schema": "kstrata.bench-symbolic/1", "environment": env, "target": target, "timeout_s": timeout_s,
-               "summary": summary, "rows": rows}
-    (directory / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
+               "summary": summary, "rows": rows, "planted": planted or []}
+    (directory / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")  # first: the table is derived
     lines = [f"# Symbolic translation validation on the suite kernels ({target})", "",
              f"{env['date']} · {env['host']} ({env['cpus']} CPUs) · python {env['python']} · triton {env['triton']} · "
              f"z3 {env['z3']} · {timeout_s:g} s per query · command: `python -m kstrata.tools.bench_symbolic "
@@ -150,6 +184,20 @@ def write_results(rows: list[dict[str, Any]], env: dict[str, Any], target: str, 
             reasons[k] = reasons.get(k, 0) + 1
     lines += ["", "## Why undecided", "", "| reason | rows |", "|---|---|"]
     lines += [f"| {k.replace('|', '/')} | {n} |" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    if planted:
+        good = sum(r["ok"] for r in planted)
+        lines += ["", f"## Planted TTIR/TTGIR cases: {good} of {len(planted)} as expected", "",
+                  "A bug must get a counterexample the interpreter confirms; a correct rewrite must not get one.", "",
+                  "| case | level | expected | status | ok | s | reason |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['case']} | {r['level']} | {r['expected']} | {r['status']} | {'yes' if r['ok'] else 'NO'} | "
+                  f"{r['seconds']} | {r['reason'][:150].replace('|', '/')} |" for r in planted]
+    kernels: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] in ("proved", "undecided", "counterexample"):
+            kernels.setdefault(r["kernel"], []).append(r["seconds"])
+    lines += ["", "## Check time per kernel (over its passes and levels)", "", "| kernel | checks | median s | worst s |",
+              "|---|---|---|---|"]
+    lines += [f"| {k} | {len(v)} | {statistics.median(v):.3f} | {max(v):.3f} |" for k, v in kernels.items()]
     lines += ["", "## Per kernel", "", "| kernel | pass | level | status | s | slowest query s | claims | reason |",
               "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -175,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-planted", action="store_true", help="leave out the planted TTIR/TTGIR cases")
     ns = parser.parse_args(argv)
     from kstrata.testsuite.kernels import all_kernels
 
@@ -188,11 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kstrata-bench-symbolic-") as cache:
         jobs = [(n, ns.target, ns.timeout, Path(cache)) for n in names]
-        if ns.jobs > 1:
-            with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
-                results = list(pool.map(run_kernel, jobs))
-        else:
-            results = [run_kernel(j) for j in jobs]
+        pool = ProcessPoolExecutor(max_workers=ns.jobs) if ns.jobs > 1 else None
+        results = pool.map(run_kernel, jobs) if pool is not None else map(run_kernel, jobs)
         for kernel_rows in results:
             rows += kernel_rows
             if not ns.json:
@@ -200,9 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                     if r["status"] != "unchanged":
                         print(f"{r['kernel']:34s} {r['pass']:38s} {r['level']:6s} {r['status']:15s} "
                               f"{r['seconds']:7.2f}s  {r['reason'][:90]}", flush=True)
+        if pool is not None:
+            pool.shutdown()
+    planted = [] if ns.no_planted or ns.only else run_planted(ns.timeout)
+    for p in planted:
+        if not ns.json:
+            print(f"planted {p['case']:30s} {p['level']:6s} expected {p['expected']:6s} {p['status']:15s} "
+                  f"{'ok' if p['ok'] else 'UNEXPECTED'} {p['seconds']:6.2f}s", flush=True)
     env = _environment()
     if ns.results:
-        path = write_results(rows, env, ns.target, ns.timeout, ns.results)
+        path = write_results(rows, env, ns.target, ns.timeout, ns.results, planted)
         if not ns.json:
             print(f"results: {path}")
     if ns.json:
@@ -213,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"counterexample {s['counterexample']:2d} unchanged {s['unchanged']:2d} error {s['error']:2d} "
                   f"median {s['median_s']} s worst {s['worst_s']} s")
     wrong = [r for r in rows if r["status"] == "counterexample" and not r["tolerance"]]
-    return 1 if wrong else 0
+    return 1 if wrong or any(not p["ok"] for p in planted) else 0
 
 
 if __name__ == "__main__":

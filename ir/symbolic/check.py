@@ -246,7 +246,7 @@ def abstract_arrays(term: z3.ExprRef) -> z3.ExprRef:
             continue
         seen.add(i)
         if z3.is_quantifier(t):
-            if t.is_lambda():  # type: ignore[attr-defined]
+            if t.is_lambda():
                 found[i] = t
             continue
         stack.extend(t.children())
@@ -296,7 +296,7 @@ def solve(obligation: Obligation, assumed: list[z3.BoolRef], timeout_s: float,
         if len(models) >= MODELS:
             break
     if r == z3.sat and not models:
-        models.append(solver.model() if solver.check() == z3.sat else None)  # type: ignore[arg-type]
+        models.append(solver.model() if solver.check() == z3.sat else None)
         models = [m for m in models if m is not None]
     if r == z3.unknown and not models and falsify:
         models = _random_launches(solver, symbols, obligation, deadline + timeout_s)

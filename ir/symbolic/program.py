@@ -811,12 +811,12 @@ class Program:
         return [Sym(shape_of(t), ec, fn)]
 
     def call(self, op: Operation, args: list[Any], guard: z3.BoolRef, env: dict[SSAValue, Any]) -> list[Any]:
-        callee = str(op.properties["callee"]).lstrip("@")  # type: ignore[arg-type]
+        callee = str(op.properties["callee"]).lstrip("@")
         module = self.func.parent_op()
         target = None
         if module is not None:
             for f in module.regions[0].blocks.first.ops:  # type: ignore[union-attr]
-                if f.name == "tt.func" and str(f.properties["sym_name"].data) == callee:  # type: ignore[attr-defined]
+                if f.name == "tt.func" and str(f.properties["sym_name"].data) == callee:
                     target = f
         if target is None:
             raise Unsupported(op, f"call of an unknown function @{callee}")
@@ -845,7 +845,7 @@ class Program:
         body = op.regions[0]
         lo, hi, st = (z3.simplify(x.scalar()) for x in (lb, ub, step))
         if all(z3.is_bv_value(v) for v in (lo, hi, st)):
-            lo_i, hi_i, st_i = (v.as_signed_long() for v in (lo, hi, st))  # type: ignore[attr-defined]
+            lo_i, hi_i, st_i = (v.as_signed_long() for v in (lo, hi, st))
             if st_i <= 0 and lo_i < hi_i:
                 raise Unsupported(op, "a loop whose step is not positive")
             trips = len(range(lo_i, hi_i, st_i)) if st_i > 0 else 0
