@@ -1,7 +1,7 @@
 """Benchmark and table: the symbolic checker on every TTIR/TTGIR pass's output for the suite kernels.
 
-    python -m kstrata.tools.bench_symbolic [--target cuda:90] [--only KERNEL ...] [--timeout S] [--jobs N]
-                                            [--results DIR] [--json]
+    python -m kstrata.testsuite.bench_symbolic [--target cuda:90] [--only KERNEL]... [--timeout S] [--jobs N]
+                                            [--results DIR] [--json] [--no-planted]
 
 For each suite kernel (compiled for the target) and each pass of the table below whose output differs
 from the kernel's level, `kstrata.ir.symbolic.check(original, rewritten, level)` runs with the given
@@ -9,14 +9,14 @@ time limit per query; the kernel against itself (`identity`) is the coverage row
 checker models the kernel at all. Reported per pass and kernel: proved / undecided (with the reason)
 / counterexample (confirmed by the interpreter), the whole check's seconds and the slowest query; per
 pass the counts and the median and worst check time. Passes that declare a tolerance (not bit-exact)
-are expected to get counterexamples: the checker's claims are bit-exact. The planted TTIR/TTGIR cases
+are expected to get counterexamples: the checker's claims are bit-exact. (It lives in `testsuite/`, not
+`tools/`: it reads the suite and the planted cases, and `tools/` never imports `testsuite/`.) The planted TTIR/TTGIR cases
 (`testsuite/planted`) follow unless `--no-planted` or `--only` is given. With `--results DIR`,
 `symbolic-cpu-<date>.md` and `.json` (machine, versions) are written there.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
@@ -26,7 +26,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+import typer
 
 #: (pipeline, level) pairs; `identity` compares a level with itself.
 PASSES: tuple[tuple[str, str], ...] = (
@@ -181,7 +184,7 @@ def write_results(rows: list[dict[str, Any]], env: dict[str, Any], target: str, 
     (directory / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")  # first: the table is derived
     lines = [f"# Symbolic translation validation on the suite kernels ({target})", "",
              f"{env['date']} · {env['host']} ({env['cpus']} CPUs) · python {env['python']} · triton {env['triton']} · "
-             f"z3 {env['z3']} · {timeout_s:g} s per query · command: `python -m kstrata.tools.bench_symbolic "
+             f"z3 {env['z3']} · {timeout_s:g} s per query · command: `python -m kstrata.testsuite.bench_symbolic "
              f"--target {target} --timeout {timeout_s:g}`", "",
              "Seconds are one whole `check` (both programs executed symbolically, every claim solved, a refuted "
              "claim replayed in the interpreter). `identity` checks a level against itself: whether the checker "
@@ -231,17 +234,24 @@ def write_results(rows: list[dict[str, Any]], env: dict[str, Any], target: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    target: Annotated[str, typer.Option("--target", help="The target the suite is compiled for.")] = "cuda:90",
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only this suite kernel (repeatable).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per solver query.")] = 5.0,
+    jobs: Annotated[int, typer.Option("--jobs", help="Kernels checked in parallel.")] = 1,
+    results: Annotated[Path | None, typer.Option("--results", help="Write dated results here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    no_planted: Annotated[bool, typer.Option("--no-planted", help="Leave out the planted TTIR/TTGIR cases.")] = False,
+) -> int:
     import tempfile
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="cuda:90")
-    parser.add_argument("--only", nargs="*", default=None, help="suite kernel names (default: all)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per solver query")
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--results", type=Path, default=None)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--no-planted", action="store_true", help="leave out the planted TTIR/TTGIR cases")
-    ns = parser.parse_args(argv)
+    ns = SimpleNamespace(target=target, only=only, timeout=timeout, jobs=jobs, results=results, json=as_json,
+                         no_planted=no_planted)
     from kstrata.testsuite.kernels import all_kernels
 
     names = [k.name for k in all_kernels()]
@@ -253,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in ns.only]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kstrata-bench-symbolic-") as cache:
-        jobs = [(n, ns.target, ns.timeout, Path(cache)) for n in names]
+        work = [(n, ns.target, ns.timeout, Path(cache)) for n in names]
         pool = ProcessPoolExecutor(max_workers=ns.jobs) if ns.jobs > 1 else None
-        results = pool.map(run_kernel, jobs) if pool is not None else map(run_kernel, jobs)
-        for kernel_rows in results:
+        outputs = pool.map(run_kernel, work) if pool is not None else map(run_kernel, work)
+        for kernel_rows in outputs:
             rows += kernel_rows
             if not ns.json:
                 for r in kernel_rows:
