@@ -155,8 +155,8 @@ def test_every_planted_ttir_ttgir_case() -> None:
 
 
 def _planted(name: str, correct: bool) -> None:
-    from kstrata.testsuite.planted.cases import get_case
     from kstrata.testsuite.bench_symbolic import planted_texts
+    from kstrata.testsuite.planted.cases import get_case
 
     case = get_case(name)
     before, after = planted_texts(case)
