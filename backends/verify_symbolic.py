@@ -42,3 +42,25 @@ def symbolic_checker(original: KernelBundle, candidate: KernelBundle, level: str
 def enable() -> None:
     """Register the symbolic checker with `verify` (idempotent)."""
     register_symbolic_checker(symbolic_checker)
+
+
+def symbolic_checks(original: KernelBundle, candidate: KernelBundle, tolerance: Any | None = None,
+                    timeout: float = QUERY_SECONDS) -> list[Check]:
+    """The symbolic checks of every TTIR/TTGIR level in which `candidate` differs from `original`, for a
+    caller without `verify`'s report (the engine's check of a kernel candidate without a launch record,
+    so that run-passes and the optimizer gate IR candidates before any GPU time). A declared tolerance
+    (a `Tolerance` or its spelling) that is not exact skips them: the claims are bit-exact."""
+    from kstrata.ir.tolerance import Tolerance
+
+    tol = Tolerance.parse(tolerance) if isinstance(tolerance, str) else tolerance
+    out: list[Check] = []
+    for level in ("ttir", "ttgir"):
+        if original.levels.get(level) is None or original.levels.get(level) == candidate.levels.get(level):
+            continue
+        if tol is not None and not tol.exact:
+            out.append(Check("symbolic", level, "skipped", "a tolerance is declared: the symbolic claims are bit-exact"))
+            continue
+        check = symbolic_checker(original, candidate, level, None, timeout)
+        if check is not None:
+            out.append(check)
+    return out

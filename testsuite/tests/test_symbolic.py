@@ -199,3 +199,18 @@ def test_verify_takes_a_symbolic_proof_as_evidence_and_a_confirmed_counterexampl
     assert report.verdict is Verdict.DIFFERENT
     failed = [c for c in report.checks if c.verdict == "fail"]
     assert failed and all(c.name == "symbolic" and "confirmed by the interpreter" in c.detail for c in failed)
+
+
+def test_symbolic_checks_for_the_engine_gate_each_differing_ir_level_and_respect_a_tolerance() -> None:
+    from kstrata.backends.verify_symbolic import symbolic_checks
+    from kstrata.ir.bundle import KernelBundle
+    from kstrata.ir.target import Target
+
+    target = Target.parse("cuda:90")
+    original = KernelBundle("scale_kernel", target, {"ttir": ADD})
+    wrong = KernelBundle("scale_kernel", target, {"ttir": ADD.replace("arith.cmpi slt", "arith.cmpi sle")})
+    (check,) = symbolic_checks(original, wrong, None, timeout=2)
+    assert check.name == "symbolic" and check.level == "ttir" and check.verdict == "fail"
+    (skipped,) = symbolic_checks(original, wrong, "ulp=2", timeout=2)
+    assert skipped.verdict == "skipped" and "tolerance" in skipped.detail
+    assert symbolic_checks(original, original) == []
