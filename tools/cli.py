@@ -604,6 +604,10 @@ def verify_cmd(
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds per dynamic run (a hang fails)."),
     static_only: bool = typer.Option(False, "--static-only", help="Accept static evidence explicitly: no dynamic "
                                      "run; the verdict stays 'unproven' but exits 0."),
+    symbolic: bool = typer.Option(None, "--symbolic/--no-symbolic",
+                                  help="Prove a TTIR/TTGIR candidate for every launch with z3, or find a "
+                                       "counterexample the interpreter confirms, when the verdict would be "
+                                       "unproven (default: on when no --launch is given)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL.
@@ -638,7 +642,8 @@ def verify_cmd(
 
     report = verify(base, cand, record, seeds=seeds, device=device, tolerance=tolerance or declared_tolerance(candidate),
                     sanitizer=sanitizer, timeout=timeout, launch_dir=launch.parent if launch is not None else None,
-                    on_check=progress, static_only=static_only, edited=edited_levels(candidate))
+                    on_check=progress, static_only=static_only, edited=edited_levels(candidate),
+                    symbolic=_symbolic_on(symbolic, launch))
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -660,6 +665,16 @@ def verify_cmd(
                    f" — {escape('; '.join(report.unproven_reasons()))}")), highlight=False)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _symbolic_on(flag: bool | None, launch: Path | None) -> bool:
+    """`verify --symbolic`: on when asked for, or by default when no launch record is given."""
+    on = flag if flag is not None else launch is None
+    if on:
+        from kstrata.backends.verify_symbolic import enable
+
+        enable()
+    return on
 
 
 @app.command("run-passes")
