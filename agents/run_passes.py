@@ -241,7 +241,7 @@ def _resumed(out: Path, entry: str, pipeline_spec: str) -> tuple[dict[str, Any] 
         outcome, outputs = data["outcome"], data["outputs"]
         if data.get("schema") != STATE_SCHEMA or not isinstance(outcome, dict) or not isinstance(outputs, dict):
             raise ValueError("not a run-passes state")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return None, f"resume state {state.name} unreadable ({type(exc).__name__}; truncated?): redone"
     for path, digest in outputs.items():
         p = Path(path)
@@ -500,7 +500,7 @@ def _launch_options(entry: Path) -> dict[str, Any]:
     name = entry_kernel_name(entry)
     try:
         metadata = json.loads((entry / f"{name}.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # the entry's own load reports a corrupt file
         return {}
     return {k: metadata[k] for k in LAUNCH_OPTIONS if k in metadata and metadata[k] not in (None, 0, [], "")}
 

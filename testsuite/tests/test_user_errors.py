@@ -276,3 +276,12 @@ def test_corrupt_metadata_beside_an_ir_file_is_an_error_not_ignored(tmp_path: Pa
     shutil.copy(ttgir, f)
     f.with_suffix(".json").write_text('{"num_warps": 4,')
     one_line_error(kstrata("ir", "roundtrip", str(f), "--no-compile"), str(f.with_suffix(".json")), "corrupt JSON")
+
+
+def test_run_passes_on_an_entry_with_deeply_nested_metadata(tmp_path: Path, entry: Path) -> None:
+    broken = _copy(entry, tmp_path / "cache")
+    meta = next(p for p in broken.glob("*.json") if not p.name.startswith("__grp"))
+    meta.write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    proc = kstrata("run-passes", str(tmp_path / "cache"), "-p", "ptx(cache-hints)", "--out", str(tmp_path / "o"))
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "nested 100001 levels deep" in proc.stderr + proc.stdout
