@@ -234,7 +234,7 @@ def test_launch_record_mismatch_names_the_record(tmp_path: Path, entry: Path) ->
 def test_verify_parses_a_ttgir_candidate_before_triton_does(tmp_path: Path, entry: Path) -> None:
     empty = tmp_path / "c.ttgir"
     empty.write_text("")  # Triton's C++ parser segfaulted the kstrata process on it
-    one_line_error(kstrata("verify", str(entry), str(empty), "--device", "cpu"), f"{empty}", "empty file")
+    one_line_error(kstrata("verify", str(entry), str(empty), "--device", "cpu"), f"{empty}", "empty")
 
 
 # --- names (item 3) --------------------------------------------------------------------------------
