@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kstrata.ir.bundle import KernelBundle
-from kstrata.ir.errors import BundleError, CompileError
+from kstrata.ir.errors import BundleError, CompileError, cut_text
 from kstrata.ir.triton_layout import base32_key, load_cache_entry
 
 #: Metadata keys that are machine-specific or derived, never passed back as options.
@@ -132,7 +132,7 @@ def _rebuild_with_stages(bundle: KernelBundle, new: KernelBundle, level: str, sr
     except Exception as exc:
         # Keep the tool's own log (Triton puts ptxas's stderr after its first line), not only the headline.
         lines = str(exc).strip().splitlines()
-        detail = "\n".join(lines[:1] + [ln for ln in lines[1:] if ln.strip()][:12])
+        detail = "\n".join(cut_text(ln, 300) for ln in lines[:1] + [ln for ln in lines[1:] if ln.strip()][:12])
         raise CompileError(f"kernel {bundle.name}: rebuilding from {level} failed at the {lv} stage: "
                            f"{type(exc).__name__}: {detail}", path=bundle.origin) from exc
     new.metadata.update({k: v for k, v in (option_overrides or {}).items()})

@@ -103,6 +103,7 @@ def naming_user_files(bundle: Any = None, *, files: Mapping[str, str] | None = N
             exc.path = otherwise
         raise exc from None
     except KstrataError as exc:
+        exc.message = _TEMP_PATH.sub(lambda m: mine.get(m.group("ext"), m.group(0)), exc.message)
         if exc.path is None and bundle is not None:
             # Decoding a binary (an ELF section, a note) names its file; anything else the kernel's entry.
             binary = mine.get(bundle.target.binary_level)

@@ -337,7 +337,6 @@ def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0)
     is an error naming the signal, not the end of kstrata."""
     import dataclasses
     import pickle
-    import sys
 
     from kstrata.ir.errors import CompileError
 
@@ -349,8 +348,11 @@ def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0)
         return dataclasses.replace(_REBUILDS[key], origin=bundle.origin)
     if level != "llir":
         import contextlib
+        import io
 
-        with contextlib.redirect_stdout(sys.stderr):  # Triton prints ptxas's log; stdout is the report's
+        # Triton prints ptxas's log (the source, the whole error) to stdout, which is the report's; a
+        # failure's log is in the CompileError already, so what Triton prints is kept out of both streams.
+        with contextlib.redirect_stdout(io.StringIO()):
             new = rebuild_from(bundle, level, text)
     else:
         import tempfile

@@ -285,3 +285,15 @@ def test_run_passes_on_an_entry_with_deeply_nested_metadata(tmp_path: Path, entr
     proc = kstrata("run-passes", str(tmp_path / "cache"), "-p", "ptx(cache-hints)", "--out", str(tmp_path / "o"))
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "nested 100001 levels deep" in proc.stderr + proc.stdout
+
+
+def test_verify_of_a_broken_ptx_candidate_names_it_and_says_it_once(tmp_path: Path, entry: Path) -> None:
+    ptx = next(entry.glob("*.ptx")).read_text()
+    cand = tmp_path / "cand.ptx"
+    cand.write_text(ptx[: len(ptx) // 2])
+    proc = kstrata("verify", str(entry), str(cand), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    # ptxas's own line names the user's file (not Triton's temporary copy), and Triton's printed log is
+    # not repeated above the error (it was 5-190 KB).
+    assert f"ptxas {cand}, line " in proc.stderr and len(proc.stderr) < 2000, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error:")
