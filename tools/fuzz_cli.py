@@ -9,7 +9,8 @@ one `kstrata` command in a child process of its own session, with a timeout, and
 - `clean`     exit 2 and a short stderr (at most `MAX_ERROR_BYTES`) with an `error:` line (what a user error
               must be; a pipeline error adds a caret line under the spelling it points at);
 - `ok`        exit 0;
-- `failed`    exit 1 without a traceback (a check that rejects: a verify verdict, a contract that fails);
+- `failed`    exit 1 without a traceback (a check that rejects: a verify verdict, a contract that fails),
+              or verify's exit 3 (`unproven`);
 - `traceback` a Python traceback on stderr (a bug: every one is listed with its exception class);
 - `signal`    killed by a signal (SIGSEGV, SIGABRT: a crash of the kstrata process itself);
 - `hang`      still running at the timeout (its whole process group is killed);
@@ -538,7 +539,7 @@ def run_case(case: Case, env: dict[str, str], scratch: Path) -> Outcome:
         cls, detail = "ok", ""
     elif rc == 2 and text.strip() and _error_lines(text)[0].startswith("error:"):
         cls, detail = "clean", _error_lines(text)[0][:200]
-    elif rc == 1:
+    elif rc == 1 or (rc == 3 and case.argv[:1] == ("verify",)):  # verify's `unproven` verdict exits 3
         cls, detail = "failed", (text.strip().splitlines() or [""])[-1][:200]
     else:
         cls, detail = "noisy", f"exit {rc}: " + (text.strip().splitlines() or [""])[-1][:200]
