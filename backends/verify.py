@@ -346,6 +346,10 @@ def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0)
                                     sort_keys=True, default=str).encode()).hexdigest()
     if key in _REBUILDS:
         return dataclasses.replace(_REBUILDS[key], origin=bundle.origin)
+    if level in ("ttir", "ttgir"):  # our parser first: Triton's C++ one overflows its stack on deep nesting
+        from kstrata.ir.triton_ir import parse_triton
+
+        parse_triton(text, bundle.origin, verify=False)
     if level != "llir":
         import contextlib
         import io

@@ -257,11 +257,12 @@ def test_suite_names_accept_both_spellings_and_suggest() -> None:
                    "unknown suite kernel 'layernorm_fw'", "did you mean layernorm_fwd")
 
 
-def test_huge_line_in_a_cache_entry(tmp_path: Path, entry: Path) -> None:
+@pytest.mark.parametrize("level", ["ttgir", "ptx"])
+def test_huge_line_in_a_cache_entry(tmp_path: Path, entry: Path, level: str) -> None:
     from kstrata.ir.triton_layout import load_cache_entry
 
     broken = _copy(entry, tmp_path / "cache")
-    ttgir = next(broken.glob("*.ttgir"))
+    ttgir = next(broken.glob(f"*.{level}"))
     ttgir.write_text(ttgir.read_text() + "y" * (2 << 20) + "\n")
     with pytest.raises(KstrataError, match="has a line of 2,097,152 characters") as info:
         load_cache_entry(broken)
@@ -297,3 +298,12 @@ def test_verify_of_a_broken_ptx_candidate_names_it_and_says_it_once(tmp_path: Pa
     # not repeated above the error (it was 5-190 KB).
     assert f"ptxas {cand}, line " in proc.stderr and len(proc.stderr) < 2000, proc.stderr[-3000:]
     assert proc.stderr.startswith("error:")
+
+
+def test_verify_of_an_entry_with_deeply_nested_ttgir(tmp_path: Path, entry: Path) -> None:
+    broken = _copy(entry, tmp_path / "cand")
+    ttgir = next(broken.glob("*.ttgir"))
+    ttgir.write_text(ttgir.read_text().replace("f32", "!tt.ptr<" * 20000 + "f32" + ">" * 20000, 1))
+    proc = kstrata("verify", str(entry), str(broken), "--device", "cpu")  # Triton's parser: SIGSEGV
+    assert proc.returncode in (1, 2, 3) and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert "nested too deeply" in proc.stderr + proc.stdout
