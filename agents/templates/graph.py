@@ -196,15 +196,31 @@ _METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", 
             "matmul": "matmul", "contiguous": "identity"}
 
 
-def _kw(node: fx.Node, pos: int, name: str, default: Any) -> Any:
+def _kw(node: Any, pos: int, name: str, default: Any) -> Any:
     if len(node.args) > pos:
         return node.args[pos]
     return node.kwargs.get(name, default)
 
 
-def _function_attrs(op: str, node: fx.Node) -> tuple[dict[str, Any], list[Any]]:
+class _CallView:
+    """An fx node's target, args and kwargs with one keyword removed (fx nodes are not copied for this)."""
+
+    def __init__(self, node: fx.Node, drop: str) -> None:
+        self.name, self.target, self.args = node.name, node.target, node.args
+        self.kwargs = {k: v for k, v in node.kwargs.items() if k != drop}
+
+
+def _without_kwarg(node: Any, key: str) -> Any:
+    return _CallView(node, key)
+
+
+def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
     """Attributes and tensor operands of a function or method call (method calls: args[0] is self)."""
     a = list(node.args)
+    if node.kwargs.get("inplace"):
+        raise GraphError(f"{node.name}: {op} in place")
+    if "inplace" in node.kwargs:  # inplace=False changes nothing
+        node = _without_kwarg(node, "inplace")
     if op in ("softmax", "log_softmax"):
         dim = _kw(node, 1, "dim", None)
         if node.kwargs.get("dtype") is not None or (len(a) > 2 and a[2] is not None):
