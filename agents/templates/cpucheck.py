@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     jobs = json.loads(Path(args[0]).read_text())
     results = []
     for job in jobs:
+        t0 = time.monotonic()
         try:
-            results.append(compare(job["task"], job["candidate"], device=job.get("device", "cpu"),
-                                   noncontiguous=bool(job.get("noncontiguous"))))
+            r = compare(job["task"], job["candidate"], device=job.get("device", "cpu"),
+                        noncontiguous=bool(job.get("noncontiguous")))
+            r["seconds"] = round(time.monotonic() - t0, 3)
+            results.append(r)
         except Exception as e:  # one failing job is a result; the others still run
             tb = traceback.format_exception(type(e), e, e.__traceback__)
             results.append({"ok": False, "reason": f"{type(e).__name__}: {str(e)[:500]}", "traceback": "".join(tb)[-2000:]})

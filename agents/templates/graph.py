@@ -331,12 +331,12 @@ def trace(task: Task) -> Graph:
             if n.op == "call_method":
                 op_name = _METHODS.get(str(n.target))
             else:
-                op_name = _FUNCTIONS.get(n.target)  # type: ignore[call-overload]
+                op_name = _FUNCTIONS.get(n.target)
             if op_name is None:
                 what = f".{n.target}()" if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
                 raise GraphError(f"{n.name}: {what} has no template")
             if op_name in HEADS:
-                fn = _HEAD_FUNCTIONS.get(n.target, "torch.matmul")  # type: ignore[call-overload]
+                fn = _HEAD_FUNCTIONS.get(n.target, "torch.matmul")
                 kwargs = {k: _constant(v, n.name) for k, v in n.kwargs.items()}
                 args = [nodes[a] if isinstance(a, fx.Node) else _constant(a, n.name) for a in n.args]
                 node = Node(n.name, op_name, args, {"fn": fn, "kwargs": kwargs}, shape, dtype)

@@ -34,14 +34,19 @@ NAME = "norm"
 #: Largest segment the fused strategy keeps in registers.
 FUSED_MAX = 16384
 
-WELFORD = '''
-@triton.jit
-def _welford_combine(na, ma, qa, nb, mb, qb):
-    n = na + nb
-    d = mb - ma
-    w = tl.where(n > 0, nb / tl.maximum(n, 1.0), 0.0)
-    return n, ma + d * w, qa + qb + d * d * na * w
-'''
+def _combine_lines(n: str, mean: str, m2: str, out: str) -> list[str]:
+    """Kernel lines combining per-lane (count, mean, M2) vectors into the totals `{out}n, {out}mean, {out}m2`.
+
+    Chan's parallel formula over all lanes at once: M2 = sum(M2_i) + sum(n_i (mean_i - mean)^2), with
+    three plain sums (tree reductions on the GPU, vectorized in the interpreter) instead of a custom
+    pairwise `tl.reduce`.
+    """
+    return [f"{out}n = tl.sum({n}, axis=0)",
+            f"{out}mean = tl.sum({n} * {mean}, axis=0) / tl.maximum({out}n, 1.0)",
+            f"{out}dm = tl.where({n} > 0, {mean} - {out}mean, 0.0)",
+            f"{out}m2 = tl.sum({m2}, axis=0) + tl.sum({n} * {out}dm * {out}dm, axis=0)"]
+
+
 
 
 def geometry(chain: Chain) -> tuple[int, int, str]:
@@ -99,8 +104,8 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 def valid(chain: Chain, p: Params) -> bool:
     _, d, _ = geometry(chain)
     if p["strategy"] == "fused":
-        return d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and next_pow2(d) * p["BLOCK_M"] <= 32768
-    return p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"])
+        return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and next_pow2(d) * p["BLOCK_M"] <= 32768)
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]))
 
 
 def description(chain: Chain) -> str:
@@ -189,7 +194,6 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         chunk = cdiv(cdiv(d, split), block) * block
         split = cdiv(d, chunk)
         sp2 = next_pow2(split)
-        srcs.append(WELFORD)
         # kernel 1: lane-wise Welford partials of one chunk of one segment
         shift = _shift(chain, s)
         em = ExprEmitter()
@@ -200,6 +204,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
                      "mean = mean + tl.where(mask, delta / tl.maximum(cnt, 1.0), 0.0)",
                      f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)", "n = cnt"]
         body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
+        stats = "\n".join("    " + line for line in _combine_lines("n", "mean", "m2", "t"))
+        combine = "\n".join("    " + line for line in _combine_lines("pn", "pmean", "pm2", "t"))
         srcs.append(f'''
 @triton.jit
 def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}BLOCK: tl.constexpr):
@@ -212,7 +218,7 @@ def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}B
     m2 = tl.zeros([BLOCK], tl.float32)
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
-    tn, tmean, tm2 = tl.reduce((n, mean, m2), 0, _welford_combine)
+{stats}
     p = part_ptr + (row * {split} + c) * 3
     tl.store(p, tn)
     tl.store(p + 1, tmean)
@@ -240,7 +246,7 @@ def _norm_apply_kernel({sig}, part_ptr, BLOCK: tl.constexpr):
     pn = tl.load(pp, mask=pm, other=0.0)
     pmean = tl.load(pp + 1, mask=pm, other=0.0)
     pm2 = tl.load(pp + 2, mask=pm, other=0.0)
-    tn, tmean, tm2 = tl.reduce((pn, pmean, pm2), 0, _welford_combine)
+{combine}
     rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})
 {shift}
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):

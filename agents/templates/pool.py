@@ -45,7 +45,7 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 
 
 def valid(chain: Chain, p: Params) -> bool:
-    return 64 <= p["BLOCK_H"] * p["BLOCK_W"] <= 4096
+    return bool(64 <= p["BLOCK_H"] * p["BLOCK_W"] <= 4096)
 
 
 def description(chain: Chain) -> str:

@@ -28,13 +28,13 @@ from kstrata.agents.templates.graph import Chain, describe
 NAME = "softmax"
 FUSED_MAX = 16384
 
-LSE = '''
-@triton.jit
-def _lse_combine(ma, sa, mb, sb):
-    m = tl.maximum(ma, mb)
-    safe = tl.where(m == float('-inf'), 0.0, m)
-    return m, sa * tl.exp(ma - safe) + sb * tl.exp(mb - safe)
-'''
+def _combine_lines(m: str, sm: str) -> list[str]:
+    """Kernel lines combining per-lane (max, sum of exp(x - max)) into the row totals `tm`, `ts` (plain
+    reductions; lanes that saw nothing have max -inf and sum 0)."""
+    return [f"tm = tl.max({m}, axis=0)", "safe = tl.where(tm == float('-inf'), 0.0, tm)",
+            f"ts = tl.sum(tl.where({m} == float('-inf'), 0.0, {sm} * tl.exp({m} - safe)), axis=0)"]
+
+
 
 
 def geometry(chain: Chain) -> tuple[int, int]:
@@ -76,9 +76,9 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 def valid(chain: Chain, p: Params) -> bool:
     m, n = geometry(chain)
     if p["strategy"] == "fused":
-        return (n <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
-                and next_pow2(n) * p["BLOCK_M"] <= 32768)
-    return p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(n, p["BLOCK"]) and (p["GROUP_ROWS"] == 0 or p["GROUP_ROWS"] < m)
+        return bool(n <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
+                    and next_pow2(n) * p["BLOCK_M"] <= 32768)
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(n, p["BLOCK"]) and (p["GROUP_ROWS"] == 0 or p["GROUP_ROWS"] < m))
 
 
 def description(chain: Chain) -> str:
@@ -129,7 +129,6 @@ def _softmax_fused_kernel(h_ptr, out_ptr, {lsig}BLOCK_M: tl.constexpr, BLOCK_N: 
         chunk = cdiv(cdiv(n, split), block) * block
         split = cdiv(n, chunk)
         sp2 = next_pow2(split)
-        srcs.append(LSE)
         em = ExprEmitter()
         em.lines += [f"cols = start + tl.arange(0, BLOCK).to({it})", f"mask = cols < {n}", "idx = base + cols",
                      root_load(chain, s, "idx", "mask")]
@@ -138,6 +137,8 @@ def _softmax_fused_kernel(h_ptr, out_ptr, {lsig}BLOCK_M: tl.constexpr, BLOCK_N: 
                      "safe = tl.where(nm == float('-inf'), 0.0, nm)",
                      "sm = sm * tl.exp(m - safe) + tl.where(mask, tl.exp(v - safe), 0.0)", "m = nm"]
         body = "\n".join("        " + line for line in em.lines)
+        stats = "\n".join("    " + line for line in _combine_lines("m", "sm"))
+        combine = "\n".join("    " + line for line in _combine_lines("pmax", "psum"))
         srcs.append(f'''
 @triton.jit
 def _softmax_stats_kernel(h_ptr, part_ptr, {lsig}row0, BLOCK: tl.constexpr):
@@ -148,7 +149,7 @@ def _softmax_stats_kernel(h_ptr, part_ptr, {lsig}row0, BLOCK: tl.constexpr):
     sm = tl.zeros([BLOCK], tl.float32)
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
-    tm, ts = tl.reduce((m, sm), 0, _lse_combine)
+{stats}
     p = part_ptr + (row * {split} + c) * 2
     tl.store(p, tm)
     tl.store(p + 1, ts)
@@ -171,7 +172,7 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
     pp = part_ptr + row * {split * 2} + j * 2
     pmax = tl.load(pp, mask=j < {split}, other=float('-inf'))
     psum = tl.load(pp + 1, mask=j < {split}, other=0.0)
-    tm, ts = tl.reduce((pmax, psum), 0, _lse_combine)
+{combine}
     inv = 1.0 / ts
     lse = tl.log(ts)
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):

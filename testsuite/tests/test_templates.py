@@ -104,20 +104,19 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
 CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 2, "features": 3, "dim1": 29, "dim2": 31}, "norm",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}, {"strategy": "fused", "BLOCK_M": 2}]),
-    ("gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 2, "channels": 3, "height": 13, "width": 19}, "pool2d",
-     [{}, {"BLOCK_H": 4, "BLOCK_W": 16}]),
+    ("gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 1, "channels": 2, "height": 11, "width": 19}, "pool2d",
+     [{}]),
     ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 19, "dim": 3000}, "softmax",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1}]),
-    ("gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 24, "width": 22}, "norm",
+    ("gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 20, "width": 18}, "norm",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}]),
     ("gaps/05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11}, "pointwise",
      [{}, {"BLOCK": 512}]),
     ("gaps/06_gemm_swish_sum_groupnorm_fp32.py", {"batch": 7, "in_features": 24, "out_features": 64, "num_groups": 4},
-     "norm", [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 1, "BLOCK_M": 1}]),
+     "norm", [{}]),
     ("level1/19_layernorm_fp16.py", {"batch": 2, "seq": 3, "hidden": 1000}, "norm", [{}]),
     ("level1/22_groupnorm_fp16.py", {"batch": 2, "groups": 4, "channels": 8, "height": 5, "width": 7}, "norm", [{}]),
-    ("level1/18_log_softmax_bf16.py", {"batch_size": 5, "vocab": 1500}, "softmax",
-     [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}]),
+    ("level1/18_log_softmax_bf16.py", {"batch_size": 5, "vocab": 1500}, "softmax", [{}]),
     ("level1/12_gelu_fp16.py", {"batch_size": 3, "dim": 700}, "pointwise", [{}]),
     ("level2/04_conv_gelu_maxpool_fp16.py", {"batch": 2, "in_channels": 3, "out_channels": 4, "height": 10, "width": 14},
      "pool2d", [{}]),
@@ -153,11 +152,10 @@ POOL_TASK = """
         return []
 """
 
-POOL_VARIANTS = [
-    ("avg_pool2d", "3, stride=2, padding=1"),
-    ("avg_pool2d", "3, stride=2, padding=1, count_include_pad=False"),
-    ("avg_pool2d", "(2, 3), stride=(1, 2), padding=(1, 0)"),
-    ("max_pool2d", "3, stride=2, padding=1, dilation=2"),
+POOL_VARIANTS = [  # small windows: the interpreter's cost is per op, and a window is unrolled
+    ("avg_pool2d", "2, stride=2, padding=1"),
+    ("avg_pool2d", "(2, 3), stride=(1, 2), padding=(1, 1), count_include_pad=False"),
+    ("max_pool2d", "2, stride=2, padding=1, dilation=2"),
 ]
 BCAST_TASK = """
         import torch
@@ -204,7 +202,7 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
             jobs["noncontiguous-" + Path(rel).stem] = [_job(path, template, {}, noncontiguous=True)]
     for i, (op, args) in enumerate(POOL_VARIANTS):
         path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
-        jobs[f"pool-{i}"] = [_job(path, "pool2d", {"BLOCK_H": 4, "BLOCK_W": 16})]
+        jobs[f"pool-{i}"] = [_job(path, "pool2d", {"BLOCK_H": 8, "BLOCK_W": 16})]
     path = write_task(tmp, "bcast.py", BCAST_TASK)
     jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
     flat = [j for js in jobs.values() for j in js]
