@@ -154,13 +154,15 @@ def broadcast_offset(shape: tuple[int, ...], space: tuple[int, ...], idx: str) -
 class ExprEmitter:
     """Emits Triton statements for pointwise expressions; leaves are loaded with broadcast indexing."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "t") -> None:
         self.lines: list[str] = []
         self._n = 0
+        self.prefix = prefix  # distinct per emitter in one kernel: a name reused with another shape inside a loop
+        # is a loop-carried variable whose type changes, which Triton's compiler refuses (the interpreter does not)
 
     def fresh(self) -> str:
         self._n += 1
-        return f"t{self._n}"
+        return f"{self.prefix}{self._n}"
 
     def emit(self, e: Expr | Leaf, root: str, idx: str, space: tuple[int, ...], mask: str) -> str:
         if isinstance(e, Leaf):

@@ -9,6 +9,12 @@ error are within `STRICT_FACTOR` times the PyTorch reference's own plus `STRICT_
 Triton decides at `import triton` whether `@triton.jit` means the interpreter (`TRITON_INTERPRET=1`), so
 the check runs in a child process started with it set: `run_jobs(jobs)` runs many checks in one child
 (`python -m kstrata.agents.templates.cpucheck JOBS.json OUT.json`) with a timeout.
+
+A GPU compile needs no GPU: with `record=True` a job also records every kernel launch the forward made
+(kernel name, parameter types, constexpr values, num_warps), and `compile_jobs` compiles each recorded
+launch for a GPU target (`cuda:90` by default) in a child *without* the interpreter, so a rendered source
+that would not lower on the GPU (an op the backend lacks, a type mismatch the interpreter forgives) fails
+on the CPU machine.
 """
 
 from __future__ import annotations
@@ -80,8 +86,112 @@ def compare(task: str | Path, candidate: str | Path, *, device: str = "cpu", non
             "ref_max_abs": ref_abs, "ref_rel_l2": ref_rel, "abs_bound": abs_bound, "rel_bound": rel_bound}
 
 
-def run_jobs(jobs: list[dict[str, Any]], timeout_s: float = 900.0) -> list[dict[str, Any]]:
-    """Run `compare` for each job ({"task", "source" or "candidate", "noncontiguous"}) in one interpreter child."""
+_TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64",
+                  "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "i1"}
+
+
+def _record_launches() -> list[dict[str, Any]]:
+    """Patch the interpreter's launch to record each launch's kernel, parameter types and constexprs."""
+    import inspect
+
+    import torch
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    records: list[dict[str, Any]] = []
+    original = InterpretedFunction.run
+
+    def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
+        sig = inspect.signature(self.fn)
+        meta: dict[str, Any] = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+        types: dict[str, str] = {}
+        constexprs: dict[str, Any] = {}
+        for name, param in sig.parameters.items():
+            value = bound.arguments.get(name)
+            if param.annotation is tl.constexpr or (isinstance(param.annotation, type) and issubclass(param.annotation, tl.constexpr)):
+                types[name] = "constexpr"
+                constexprs[name] = value
+            elif isinstance(value, torch.Tensor):
+                types[name] = "*" + _TRITON_DTYPES[str(value.dtype).removeprefix("torch.")]
+            elif isinstance(value, bool):
+                types[name] = "i1"
+            elif isinstance(value, int):
+                types[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            elif isinstance(value, float):
+                types[name] = "fp32"
+            else:
+                raise TypeError(f"kernel {self.fn.__name__}: argument {name}={value!r} of no Triton type")
+        records.append({"kernel": self.fn.__name__, "signature": types, "constexprs": constexprs, **meta})
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+    return records
+
+
+def compile_launches(candidate: str | Path, launches: list[dict[str, Any]], target: str = "cuda:90") -> list[str]:
+    """Compile each distinct recorded launch of the candidate's kernels for `target`; the failures, one line each."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from kstrata.agents.tasks import import_task_module
+    from kstrata.ir.target import Target
+
+    mod = import_task_module(candidate)
+    tgt = Target.parse(target).to_triton()
+    failures: list[str] = []
+    seen: set[str] = set()
+    for launch in launches:
+        key = json.dumps(launch, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        fn = getattr(mod, launch["kernel"])
+        src = ASTSource(fn, dict(launch["signature"]), dict(launch["constexprs"]), {})
+        opts = {k: launch[k] for k in ("num_warps", "num_stages") if k in launch}
+        try:
+            triton.compile(src, target=tgt, options=opts)
+        except Exception as e:  # what the GPU compiler says is the result
+            lines = [line for line in str(e).splitlines() if line.strip()]
+            # Triton's CompilationError: "at L:C:", the source lines, a caret, then the reason last
+            failures.append(f"{launch['kernel']} {opts}: {type(e).__name__}: {' | '.join(lines[:1] + lines[-2:])[:400]}")
+    return failures
+
+
+def compile_jobs(jobs: list[dict[str, Any]], target: str = "cuda:90", timeout_s: float = 900.0) -> list[list[str]]:
+    """For each job ({"task", "source"}): record its launches under the interpreter, then compile them for `target`
+    (two children: the interpreter's and a compiler's). Returns each job's compile failures (empty: all compiled)."""
+    recorded = run_jobs([{**j, "record": True} for j in jobs], timeout_s=timeout_s, keep_sources=True)
+    return compile_recorded(recorded, target, timeout_s)
+
+
+def compile_recorded(recorded: list[dict[str, Any]], target: str = "cuda:90", timeout_s: float = 900.0) -> list[list[str]]:
+    """Compile the launches `run_jobs(..., record=True, keep_sources=True)` recorded, in a compiler child."""
+    todo = []
+    for r in recorded:
+        if not r.get("launches"):
+            raise RuntimeError(f"no launch recorded ({r.get('reason', '')})")
+        todo.append({"candidate": r["candidate_source"], "launches": r["launches"], "target": target})
+    with tempfile.TemporaryDirectory(prefix="kstrata-gpucompile-") as d:
+        for i, t in enumerate(todo):
+            path = Path(d) / f"model_new_{i}.py"
+            path.write_text(t.pop("candidate"))
+            t["candidate"] = str(path)
+        jobs_path, out_path = Path(d) / "jobs.json", Path(d) / "out.json"
+        jobs_path.write_text(json.dumps(todo))
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        proc = subprocess.run([sys.executable, "-m", "kstrata.agents.templates.cpucheck", "--compile", str(jobs_path),
+                               str(out_path)], env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not out_path.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"the compile child failed (exit {proc.returncode}): {' | '.join(tail)}")
+        out: list[list[str]] = json.loads(out_path.read_text())
+        return out
+
+
+def run_jobs(jobs: list[dict[str, Any]], timeout_s: float = 900.0, keep_sources: bool = False) -> list[dict[str, Any]]:
+    """Run `compare` for each job ({"task", "source" or "candidate", "noncontiguous", "record"}) in one
+    interpreter child."""
     with tempfile.TemporaryDirectory(prefix="kstrata-cpucheck-") as d:
         todo = []
         for i, job in enumerate(jobs):
@@ -100,19 +210,31 @@ def run_jobs(jobs: list[dict[str, Any]], timeout_s: float = 900.0) -> list[dict[
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"the CPU check child failed (exit {proc.returncode}): {' | '.join(tail)}")
         results: list[dict[str, Any]] = json.loads(out_path.read_text())
+        if keep_sources:
+            for job, r in zip(todo, results, strict=True):
+                r["candidate_source"] = Path(job["candidate"]).read_text()
         return results
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[0] == "--compile":
+        todo = json.loads(Path(args[1]).read_text())
+        Path(args[2]).write_text(json.dumps([compile_launches(t["candidate"], t["launches"], t["target"]) for t in todo]))
+        return 0
     jobs = json.loads(Path(args[0]).read_text())
     results = []
+    records = _record_launches() if any(j.get("record") for j in jobs) else None
     for job in jobs:
         t0 = time.monotonic()
+        if records is not None:
+            records.clear()
         try:
             r = compare(job["task"], job["candidate"], device=job.get("device", "cpu"),
                         noncontiguous=bool(job.get("noncontiguous")))
             r["seconds"] = round(time.monotonic() - t0, 3)
+            if records is not None:
+                r["launches"] = list(records)
             results.append(r)
         except Exception as e:  # one failing job is a result; the others still run
             tb = traceback.format_exception(type(e), e, e.__traceback__)

@@ -140,9 +140,9 @@ def _norm_args(chain: Chain) -> tuple[list[str], list[str]]:
 
 def _shift(chain: Chain, s: tuple[int, ...]) -> str:
     """Kernel lines giving `x0`, the segment's first value after the prologue (the statistics' shift)."""
-    em = ExprEmitter()
-    em.lines.append(root_load(chain, s, "base", "None"))
-    v = em.emit(chain.prologue, "x", "base", s, "None")
+    em = ExprEmitter("s")
+    em.lines.append(root_load(chain, s, "base", "None", var="xs"))
+    v = em.emit(chain.prologue, "xs", "base", s, "None")
     em.lines.append(f"x0 = {v}")
     return "\n".join("    " + line for line in em.lines)
 

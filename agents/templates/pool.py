@@ -93,7 +93,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
             fin = [f"hc = tl.minimum({hs} + {kh}, {h}) - tl.maximum({hs}, 0)",
                    f"wc = tl.minimum({ws} + {kw}, {w}) - tl.maximum({ws}, 0)"]
         fin.append("acc = acc / (hc * wc).to(tl.float32)")
-    out = ExprEmitter()
+    out = ExprEmitter("o")
     out.lines += fin
     out.lines.append(f"oidx = plane * {oh * ow} + oh * {ow} + ow")
     r = out.emit(chain.epilogue, "acc", "oidx", chain.out_shape, "omask")
