@@ -88,7 +88,7 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     fused = d <= FUSED_MAX
     strategies = ("fused", "split") if fused else ("split",)
     sp: list[tuple[str, tuple[object, ...]]] = [("strategy", strategies)]
-    sp.append(("BLOCK_M", (1, 2, 4, 8, 16) if fused else (1,)))
+    sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
     sp.append(("BLOCK", (1024, 2048, 4096)))
     sp.append(("SPLIT", (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     sp.append(("num_warps", (4, 8, 16)))

@@ -58,7 +58,7 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     fused = n <= FUSED_MAX
     sp: list[tuple[str, tuple[object, ...]]] = [
         ("strategy", ("fused", "split") if fused else ("split",)),
-        ("BLOCK_M", (1, 2, 4, 8, 16) if fused else (1,)),
+        ("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)),
         ("BLOCK", (1024, 2048, 4096, 8192)),
         ("SPLIT", (1, 2, 4, 8, 16, 32, 64)),
         ("GROUP_ROWS", (0, 8, 16, 32) if m > 8 else (0,)),
