@@ -39,14 +39,6 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _errors(x: Any, truth: Any) -> tuple[float, float]:
-    import torch
-
-    d = (x.double() - truth).abs().max()
-    rel = torch.linalg.vector_norm(x.double() - truth) / torch.linalg.vector_norm(truth)
-    return float(d), float(rel)
-
-
 def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: bool, cache_dir: Path,
                deadline: float) -> dict[str, Any]:
     import torch
@@ -56,7 +48,7 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
     from kstrata.agents.roofline import assess
     from kstrata.agents.tasks import load_task
     from kstrata.agents.templates import analyse
-    from kstrata.agents.templates.tune import TaskOnDevice, autotune, set_policy
+    from kstrata.agents.templates.tune import TaskOnDevice, autotune, errors, set_policy
 
     task = load_task(path)
     spec = task.spec
@@ -102,13 +94,13 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
                           "failed": sum(1 for t in tuned.trials if t.median_us is None), "tune_s": round(tuned.seconds, 1),
                           "speedup_vs_best_baseline": round(best_base / tmpl_us, 3),
                           "speedup_vs_eager": round(eager_us / tmpl_us, 3), "speedup_vs_compile": round(compile_us / tmpl_us, 3)}
-    # correctness against float64 (on the GPU)
+    # correctness against float64 (on the GPU; the errors in chunks)
     with torch.no_grad():
         out = new(*env.inputs)
         truth = env.model.double()(*[t.double() for t in env.inputs])
         env.model.float()
-        ref_abs, ref_rel = _errors(env.ref, truth)
-        out_abs, out_rel = _errors(out, truth)
+        ref_abs, ref_rel = errors(env.ref, truth)
+        out_abs, out_rel = errors(out, truth)
         scale = float(truth.abs().max())
     del truth, out
     eps = torch.finfo(env.ref.dtype).eps
@@ -190,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default="", help="comma-separated task number prefixes (default: all gap tasks)")
     p.add_argument("--tune-s", type=float, default=35.0, help="autotuning budget per task, seconds")
     p.add_argument("--runs", type=int, default=30)
-    p.add_argument("--total-s", type=float, default=330.0, help="stop starting new work after this many seconds")
+    p.add_argument("--total-s", type=float, default=300.0, help="stop starting new work after this many seconds")
     p.add_argument("--no-tf32", action="store_true")
     p.add_argument("--results", default=str(RESULTS))
     ns = p.parse_args(argv)

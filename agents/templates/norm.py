@@ -9,7 +9,8 @@ Two strategies (`strategy` in the schedule):
   split across SPLIT programs each. A first kernel computes per-chunk Welford partials (count, mean, M2)
   lane-wise; a second kernel, one program per chunk again, combines its row's partials (Chan's formula)
   and normalizes its chunk. The input is read twice and written once, by all SMs, where one program per
-  row would leave most of the GPU idle.
+  row would leave most of the GPU idle; with GROUP_ROWS > 0 both kernels run per group of rows, so the
+  second read of a group that fits in L2 does not go to DRAM.
 """
 
 from __future__ import annotations
@@ -91,21 +92,24 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
     sp.append(("BLOCK", (1024, 2048, 4096)))
     sp.append(("SPLIT", (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    sp.append(("GROUP_ROWS", (0, 1, 2, 4, 8) if m > 1 else (0,)))
     sp.append(("num_warps", (4, 8, 16)))
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(d))), "BLOCK": 1024, "SPLIT": 1,
+                   "GROUP_ROWS": 0,
                    "num_warps": 4 if d <= 1024 else 8}
     else:
         split = max(1, min(256, next_pow2(cdiv(4 * 132, m))))
-        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "num_warps": 8}
+        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8}
     return tuple(sp), tuple(default.items())
 
 
 def valid(chain: Chain, p: Params) -> bool:
-    _, d, _ = geometry(chain)
+    m, d, _ = geometry(chain)
     if p["strategy"] == "fused":
-        return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and next_pow2(d) * p["BLOCK_M"] <= 32768)
-    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]))
+        return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
+                    and next_pow2(d) * p["BLOCK_M"] <= 32768)
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m)
 
 
 def description(chain: Chain) -> str:
@@ -208,8 +212,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         combine = "\n".join("    " + line for line in _combine_lines("pn", "pmean", "pm2", "t"))
         srcs.append(f'''
 @triton.jit
-def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}BLOCK: tl.constexpr):
-    row = tl.program_id(0).to({it})
+def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
     c = tl.program_id(1).to({it})
     base = row * {d}
 {shift}
@@ -236,8 +240,8 @@ def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}B
         body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
         srcs.append(f'''
 @triton.jit
-def _norm_apply_kernel({sig}, part_ptr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to({it})
+def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
     c = tl.program_id(1).to({it})
     base = row * {d}
     j = tl.arange(0, {sp2})
@@ -253,9 +257,14 @@ def _norm_apply_kernel({sig}, part_ptr, BLOCK: tl.constexpr):
 {body}
 ''')
         fwd.append(f"part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
-        fwd.append(launch("_norm_stats_kernel", f"({m}, {split})", ["h", "part", *leaf_vals],
-                          {"BLOCK": block, **meta_common}))
-        fwd.append(launch("_norm_apply_kernel", f"({m}, {split})", ["h", "out", *norm_vals, *leaf_vals, "part"],
-                          {"BLOCK": block, **meta_common}))
+        # GROUP_ROWS > 0: statistics then normalization per group of rows, so that the second read of a
+        # group can come from L2 (a group must fit in it: LayerNorm's 16 MB rows, one or two at a time)
+        g = params["GROUP_ROWS"] or m
+        fwd.append(f"for row0 in range(0, {m}, {g}):")
+        fwd.append(f"    rows = min({g}, {m} - row0)")
+        fwd.append("    " + launch("_norm_stats_kernel", f"(rows, {split})", ["h", "part", *leaf_vals, "row0"],
+                                    {"BLOCK": block, **meta_common}))
+        fwd.append("    " + launch("_norm_apply_kernel", f"(rows, {split})",
+                                    ["h", "out", *norm_vals, *leaf_vals, "part", "row0"], {"BLOCK": block, **meta_common}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)

@@ -80,7 +80,7 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
 def test_schedule_space_is_enumerable_and_checked() -> None:
     m = match(load_task(GAPS / "01_layernorm_three_dims_fp32.py"))[0]
     space = m.schedule_space()
-    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "num_warps"}
+    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps"}
     assert space["strategy"] == ("split",)  # a 4M-element row cannot be kept in registers
     configs = m.configs()
     assert configs[0] == m.default_params() and len(configs) > 20
@@ -103,7 +103,8 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
 #: (task, sizes, template, schedules): sizes leave masked tails; split schedules put several chunks in a row.
 CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 2, "features": 3, "dim1": 29, "dim2": 31}, "norm",
-     [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}, {"strategy": "fused", "BLOCK_M": 2}]),
+     [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1, "GROUP_ROWS": 1},
+      {"strategy": "fused", "BLOCK_M": 2}]),
     ("gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 1, "channels": 2, "height": 11, "width": 19}, "pool2d",
      [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
     ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 19, "dim": 3000}, "softmax",
@@ -397,3 +398,30 @@ def test_autotune_finds_a_correct_schedule_and_caches_it(tmp_path: Path) -> None
     cand.write_text(m.render(r.params))
     assert compare(task_path, cand, device="cuda")["ok"]
 
+
+
+def test_bench_script_says_it_needs_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    if has_cuda():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    from kstrata.tools.bench_templates import main
+
+    assert main([]) == 2
+    assert capsys.readouterr().err.strip() == "bench_templates: needs a CUDA GPU"
+
+
+def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
+    from kstrata.tools.bench_templates import markdown
+
+    point = {"median_us": 100.0, "sol_fraction": 0.5, "flags": []}
+    results = {"device": "H200", "date": "2026-12-01", "versions": {"torch": "2.11", "triton": "3.6.0", "cuda": "13.0"},
+               "ceilings": {"copy_bytes_per_s": 4.0e12}, "tasks": [
+                   {"task": "01_x", "template": "norm", "strict": {
+                       "eager": point, "compile": point,
+                       "template": {**point, "median_us": 50.0, "sol_fraction": 1.0, "speedup_vs_best_baseline": 2.0,
+                                    "correct_strict": True, "params": {"SPLIT": 4}}},
+                    "tf32": {"note": "no convolution or GEMM: TF32 changes nothing, same as strict"}},
+                   {"task": "02_y", "error": "no template: ..."}]}
+    md = markdown(results)
+    assert "| 01_x | norm | 100 (50%) | 100 (50%) | 50 (100%) | 2.00x | True |" in md
+    assert "Geomean speedup over the best of eager/compile: 2.000x" in md
+    assert "## tf32 (labelled" in md and "TF32 changes nothing" in md and "| 02_y | — |" in md
