@@ -258,8 +258,11 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     """The kernels the cases above launched, compiled for cuda:90 with the signatures they were launched with
     (no GPU needed): the interpreter forgives what the GPU compiler refuses (a loop-carried variable that
     changes shape, for one)."""
-    recorded = [r for rs in interpreted.values() for r in rs]
-    assert all(r.get("launches") for r in recorded)
+    # the gap tasks' schedules and the pooling variants: every kernel shape the templates emit, at the cost of
+    # a compile each (the other suite tasks render the same kernels with other shapes and dtypes)
+    gap_names = {Path(c[0]).stem for c in CASES if c[0].startswith("gaps/")}
+    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith("pool-") for r in rs]
+    assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
@@ -357,10 +360,10 @@ def test_kstrata_eval_on_cpu_accepts_a_rendered_model_new(monkeypatch: pytest.Mo
 
     # i13 makes `eval --device cpu` set this for its workers; setting it here covers a tree without it
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    task_path = shrunk(tmp_path, "gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 20, "width": 18})
+    task_path = shrunk(tmp_path, "gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 1, "height": 12, "width": 10})
     m = match(load_task(task_path))[0]
     cand = tmp_path / "model_new.py"
-    cand.write_text(m.render({"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}))
+    cand.write_text(m.render({"strategy": "split", "BLOCK": 1024, "SPLIT": 1, "BLOCK_M": 1}))
     v = evaluate(task_path, cand, device="cpu", timeout_s=300)
     assert v.accepted and v.correct_strict, v.reason
     assert all(t.passes("strict") for t in v.trials) and len(v.trials) >= 5
