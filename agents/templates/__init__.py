@@ -18,6 +18,7 @@ template kernel or kernel pair for the rest:
 | norm       | LayerNorm over trailing dims, GroupNorm; fused rows or split rows (Welford)     | `norm`        |
 | softmax    | softmax / log-softmax over the last dim; fused rows or split rows (online)      | `softmax`     |
 | pool2d     | 2-D max / average pooling (stride, padding, dilation, count_include_pad)        | `pool`        |
+| reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
 GPU (`tune.autotune`) times a match's schedules and caches the best by template, shapes, dtypes, policy,
@@ -32,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kstrata.agents.tasks import Task
-from kstrata.agents.templates import norm, pointwise, pool, softmax
+from kstrata.agents.templates import norm, pointwise, pool, reduce, softmax
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
@@ -40,7 +41,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, reduce, pointwise)
 
 
 @dataclass(frozen=True)

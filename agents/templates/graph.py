@@ -38,7 +38,8 @@ BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 #: Library ops a template leaves to PyTorch (cuDNN, cuBLAS) and fuses what follows into.
 HEADS = ("conv", "conv_transpose", "linear", "matmul")
 #: Ops a template implements.
-CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", "max_pool2d", "avg_pool2d")
+CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "sum", "mean", "amax",
+         "logsumexp")
 
 
 class GraphError(Exception):
@@ -174,6 +175,7 @@ _FUNCTIONS: dict[Any, str] = {
     F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv",
     torch.softmax: "softmax", F.softmax: "softmax", torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax",
     F.layer_norm: "layer_norm", F.group_norm: "group_norm", F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d",
+    torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.logsumexp: "logsumexp",
 }
 _HEAD_FUNCTIONS: dict[Any, str] = {
     torch.matmul: "torch.matmul", operator.matmul: "torch.matmul", torch.mm: "torch.mm", torch.bmm: "torch.bmm",
@@ -193,7 +195,8 @@ def _constant(v: Any, where: str) -> Any:
 _METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "abs": "abs", "neg": "neg",
             "clamp": "clamp", "clip": "clamp", "sqrt": "sqrt", "rsqrt": "rsqrt", "log": "log", "square": "square",
             "add": "add", "sub": "sub", "mul": "mul", "div": "div", "softmax": "softmax", "log_softmax": "log_softmax",
-            "matmul": "matmul", "contiguous": "identity"}
+            "matmul": "matmul", "contiguous": "identity", "sum": "sum", "mean": "mean", "amax": "amax",
+            "logsumexp": "logsumexp"}
 
 
 def _kw(node: Any, pos: int, name: str, default: Any) -> Any:
@@ -226,6 +229,14 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
         if node.kwargs.get("dtype") is not None or (len(a) > 2 and a[2] is not None):
             raise GraphError(f"{node.name}: {op} with a dtype")
         return {"dim": dim}, [a[0]]
+    if op in ("sum", "mean", "amax", "logsumexp"):
+        if node.kwargs.get("dtype") is not None:
+            raise GraphError(f"{node.name}: {op} with a dtype")
+        dim = _kw(node, 1, "dim", None)
+        dims = None if dim is None else ((int(dim),) if isinstance(dim, int) else tuple(int(d) for d in dim))
+        if dims == ():
+            dims = None
+        return {"dims": dims, "keepdim": bool(_kw(node, 2, "keepdim", False))}, [a[0]]
     if op == "gelu":
         return {"approximate": node.kwargs.get("approximate", "none")}, [a[0]]
     if op == "leaky_relu":

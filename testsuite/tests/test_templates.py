@@ -62,7 +62,7 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
     assert [m.template for m in a.matches] == [template]
     m = a.matches[0]
     assert words in m.description
-    assert {r.template for r in a.rejected} == {"norm", "softmax", "pool2d", "pointwise"} - {template}
+    assert {r.template for r in a.rejected} == {"norm", "softmax", "pool2d", "reduce", "pointwise"} - {template}
     assert all(r.reason for r in a.rejected)
     if strategy:
         assert m.default_params()["strategy"] == strategy
@@ -126,6 +126,9 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("level2/02_gemm_scale_residual_bf16.py", {"batch": 5, "features": 40}, "pointwise", [{}]),
     ("level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 12, "out_features": 33}, "pointwise", [{}]),
     ("level2/05_matmul_layernorm_bf16.py", {"batch": 2, "seq": 3, "in_features": 16, "out_features": 200}, "norm", [{}]),
+    ("level2/11_gemm_sigmoid_sum_fp32.py", {"batch": 3, "in_features": 8, "out_features": 300}, "reduce", [{}]),
+    ("level2/09_gemm_logsumexp_bf16.py", {"batch": 3, "in_features": 8, "out_features": 700}, "reduce",
+     [{}, {"BLOCK_R": 256, "BLOCK_O": 2}]),
 ]
 
 
@@ -180,6 +183,26 @@ BCAST_TASK = """
         def get_init_inputs():
             return []
     """
+REDUCE_TASK = """
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return {body}
+
+
+    def get_inputs():
+        return [torch.randn(3, 37, 5, 6)]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: a middle run of dims (columns, axis 0 of the tile), trailing runs (rows), keepdim, prologue and epilogue
+REDUCE_BODIES = ["torch.sum(x * 2.0, dim=1, keepdim=True) + 1.0", "torch.amax(torch.relu(x), dim=(2, 3))",
+                 "x.mean(dim=-1)"]
 NONCONTIGUOUS = ["gaps/01_layernorm_three_dims_fp32.py", "gaps/02_maxpool2d_k4_s1_p1_fp32.py",
                  "gaps/03_softmax_wide_rows_fp32.py"]
 
@@ -206,6 +229,9 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
         if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
             jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+    for i, body in enumerate(REDUCE_BODIES):
+        path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
+        jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
     path = write_task(tmp, "bcast.py", BCAST_TASK)
     jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
     # planted bugs: a normalization off by 1%, a max pool that skips the last window column
@@ -249,6 +275,12 @@ def test_pooling_variants_with_prologue_and_epilogue(interpreted: dict[str, Any]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(REDUCE_BODIES)), ids=REDUCE_BODIES)
+def test_reductions_over_dim_runs(interpreted: dict[str, Any], i: int) -> None:
+    _assert_all_pass(interpreted[f"reduce-{i}"])
+
+
+@pytest.mark.slow
 def test_pointwise_broadcasts_parameters_and_second_inputs(interpreted: dict[str, Any]) -> None:
     _assert_all_pass(interpreted["bcast"])
 
@@ -261,7 +293,7 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     # the gap tasks' schedules and the pooling variants: every kernel shape the templates emit, at the cost of
     # a compile each (the other suite tasks render the same kernels with other shapes and dtypes)
     gap_names = {Path(c[0]).stem for c in CASES if c[0].startswith("gaps/")}
-    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith("pool-") for r in rs]
+    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "reduce-")) for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
@@ -285,7 +317,7 @@ def test_the_check_rejects_a_wrong_kernel(interpreted: dict[str, Any]) -> None:
 def test_templates_that_do_not_apply_say_why(rel: str, words: str) -> None:
     a = analyse(load_task(TASKS_DIR / rel))
     assert not a.matches
-    assert len(a.rejected) == 4 and all(words in r.reason for r in a.rejected)
+    assert len(a.rejected) == 5 and all(words in r.reason for r in a.rejected)
 
 
 def test_plain_library_op_is_left_alone() -> None:
