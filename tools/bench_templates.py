@@ -43,12 +43,12 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
                deadline: float) -> dict[str, Any]:
     import torch
 
-    from kstrata.agents.eval_worker import time_cuda
     from kstrata.agents.evaluate import STRICT_FACTOR, STRICT_FLOOR_EPS
     from kstrata.agents.roofline import assess
     from kstrata.agents.tasks import load_task
     from kstrata.agents.templates import analyse
     from kstrata.agents.templates.tune import TaskOnDevice, autotune, errors, set_policy
+    from kstrata.backends.timing import time_gpu
 
     task = load_task(path)
     spec = task.spec
@@ -63,7 +63,7 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
 
     def timed(fn: Any) -> float:
         with torch.no_grad():
-            return float(time_cuda(fn, runs=runs, warmup=3)["median_us"])
+            return float(time_gpu(fn, runs=runs, warmup=3).median_us)
 
     def point(us: float, base_us: float | None = None) -> dict[str, Any]:
         r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us)

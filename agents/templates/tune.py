@@ -7,7 +7,7 @@ swept over its values, the best is kept, until a sweep finds nothing better or t
 Each schedule is rendered, imported, built under the same seed as the reference, run once and compared
 with the reference (relative L2 error within `SCREEN_TOLERANCE` of the output dtype — a screen; the
 hardened `kstrata eval` judges the final source), then timed by the project's GPU timer
-(`eval_worker.time_cuda`: L2 flushed per run, CUDA events, median). A schedule that fails to compile,
+(`backends.timing.time_gpu`: L2 flushed per run, CUDA events, median). A schedule that fails to compile,
 crashes or differs is recorded with its reason and skipped.
 
 The result is cached in `cache_dir/templates-tuned.json`, keyed by template, input/output shapes and
@@ -156,10 +156,10 @@ def errors(x: Any, truth: Any, chunk: int = 1 << 26) -> tuple[float, float]:
 
 
 def default_measure(fn: Callable[[], Any], runs: int) -> float:
-    """Median microseconds of `fn` by the project's GPU timer."""
-    from kstrata.agents.eval_worker import time_cuda
+    """Median microseconds of `fn` by the project's one GPU timer (`backends.timing.time_gpu`)."""
+    from kstrata.backends.timing import time_gpu
 
-    return float(time_cuda(fn, runs=runs, warmup=3)["median_us"])
+    return float(time_gpu(fn, runs=runs, warmup=3).median_us)
 
 
 def autotune(m: TemplateMatch, *, budget_s: float = 60.0, cache_dir: str | Path | None = None, runs: int = 20,
