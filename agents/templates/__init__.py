@@ -93,8 +93,9 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
             def valid(params: Params, mod: ModuleType = mod) -> bool:
                 return bool(mod.valid(c, params)) if hasattr(mod, "valid") else True
 
+            hints = tuple(tuple(h.items()) for h in mod.hints(c)) if hasattr(mod, "hints") else ()
             m = TemplateMatch(mod.NAME, path, mod.description(c), sp, default, policy, _shape_key(c, policy), c,
-                              render, valid)
+                              render, valid, hints)
             m.render()  # a match whose default schedule does not render is a rejection, with the reason
         except GraphError as e:
             rejected.append(Rejection(mod.NAME, str(e)))

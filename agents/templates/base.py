@@ -42,6 +42,17 @@ class TemplateMatch:
     chain: Chain = field(repr=False, compare=False, hash=False)
     _render: Callable[[Params, str], str] = field(repr=False, compare=False, hash=False)
     _valid: Callable[[Params], bool] = field(repr=False, compare=False, hash=False, default=lambda p: True)
+    #: schedules worth timing besides the default, changing several parameters at once (a split factor with
+    #: a row grouping) where a search that changes one parameter at a time would not get to them
+    hints: tuple[tuple[tuple[str, Any], ...], ...] = field(default=(), compare=False, hash=False)
+
+    def hint_params(self) -> list[Params]:
+        out = []
+        for h in self.hints:
+            p = {**self.default_params(), **dict(h)}
+            if self._valid(p) and p not in out:
+                out.append(p)
+        return out
 
     def schedule_space(self) -> dict[str, tuple[Any, ...]]:
         return dict(self.space)

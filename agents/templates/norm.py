@@ -104,6 +104,19 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     return tuple(sp), tuple(default.items())
 
 
+def hints(chain: Chain) -> list[Params]:
+    """Row groups of wide segments that fit in L2, each split over enough programs to fill the GPU."""
+    m, d, _ = geometry(chain)
+    if d <= FUSED_MAX or m <= 1:
+        return []
+    out = []
+    for g in (1, 2, 4, 8):
+        if g < m and 2 * g * 4 * d <= 48 << 20:
+            out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(256, next_pow2(cdiv(512, g)))),
+                        "BLOCK": 2048, "num_warps": 8})
+    return out
+
+
 def valid(chain: Chain, p: Params) -> bool:
     m, d, _ = geometry(chain)
     if p["strategy"] == "fused":

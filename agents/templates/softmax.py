@@ -73,6 +73,20 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     return tuple(sp), tuple(default.items())
 
 
+def hints(chain: Chain) -> list[Params]:
+    """Row groups that fit in L2 (50 MB on an H100/H200) with enough programs per group to fill the GPU."""
+    m, n = geometry(chain)
+    if n <= FUSED_MAX or m <= 8:
+        return []
+    row_bytes = 4 * n
+    out = []
+    for g in (8, 16, 32):
+        if g < m and 2 * g * row_bytes <= 48 << 20:
+            out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(64, next_pow2(cdiv(256, g)))),
+                        "BLOCK": 4096, "num_warps": 8})
+    return out
+
+
 def valid(chain: Chain, p: Params) -> bool:
     m, n = geometry(chain)
     if p["strategy"] == "fused":

@@ -2,8 +2,9 @@
 
 `autotune(match)` builds the task's model and inputs directly on the GPU (no host copy of GB-sized
 inputs), computes the reference output once (eager PyTorch under the match's precision policy), then
-searches the schedule space by coordinate descent from the default schedule: one parameter at a time is
-swept over its values, the best is kept, until a sweep finds nothing better or the time budget is spent.
+searches the schedule space by coordinate descent from the best of the default schedule and the template's
+hints (schedules that change several parameters at once): one parameter at a time is swept over its
+values, the best is kept, until a sweep finds nothing better or the time budget is spent.
 Each schedule is rendered, imported, built under the same seed as the reference, run once and compared
 with the reference (relative L2 error within `SCREEN_TOLERANCE` of the output dtype — a screen; the
 hardened `kstrata eval` judges the final source), then timed by the project's GPU timer
@@ -212,6 +213,12 @@ def autotune(m: TemplateMatch, *, budget_s: float = 60.0, cache_dir: str | Path 
 
     best = m.default_params()
     best_us = score(best)
+    for p in m.hint_params():  # multi-parameter starting points, then one parameter at a time from the best
+        if time.monotonic() - t0 >= budget_s:
+            break
+        us = score(p)
+        if us is not None and (best_us is None or us < best_us):
+            best, best_us = p, us
     space = m.schedule_space()
     improved = True
     while improved and time.monotonic() - t0 < budget_s:

@@ -91,7 +91,13 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
         m.render({"WARPS": 4})
     with pytest.raises(ValueError, match="not in its space"):
         m.render({"BLOCK": 1000})
+    # hints: a row group that fits in L2 with the row split over enough programs, rendered like any schedule
+    assert m.hint_params() == [{**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}]
+    assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[0])
+    wide = match(load_task(GAPS / "03_softmax_wide_rows_fp32.py"))[0]
+    assert [(h["GROUP_ROWS"], h["SPLIT"]) for h in wide.hint_params()] == [(8, 32), (16, 16)]
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
+    assert soft.hint_params() == []
     assert soft.schedule_space()["strategy"] == ("fused", "split")
     with pytest.raises(ValueError, match="not valid"):
         soft.render({"strategy": "fused", "SPLIT": 4})  # a fused row is not split
