@@ -5,6 +5,11 @@
   per-chunk online (max, sum of exp) partials lane-wise; a second kernel combines its row's partials and
   normalizes its chunk. `GROUP_ROWS` > 0 runs both kernels on groups of rows in turn, so that a group's
   second read can hit L2 (a group of GROUP_ROWS rows must fit in it); 0 runs all rows at once.
+- `team` (GPU only): one persistent kernel of RESIDENT x SM-count programs; teams of SPLIT programs take a
+  row at a time, exchange their partials through a per-row counter (all programs resident, so the wait
+  ends; a bounded spin turns a scheduling surprise into a wrong result the checks reject, not a hang) and
+  re-read their chunk from L2. On the CPU (the interpreter runs programs one by one) the same source runs
+  the `split` kernels with the same SPLIT.
 """
 
 from __future__ import annotations
@@ -57,19 +62,21 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     m, n = geometry(chain)
     fused = n <= FUSED_MAX
     sp: list[tuple[str, tuple[object, ...]]] = [
-        ("strategy", ("fused", "split") if fused else ("split",)),
+        ("strategy", ("fused", "split", "team") if fused else ("split", "team")),
         ("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)),
         ("BLOCK", (1024, 2048, 4096, 8192)),
         ("SPLIT", (1, 2, 4, 8, 16, 32, 64)),
         ("GROUP_ROWS", (0, 8, 16, 32) if m > 8 else (0,)),
         ("num_warps", (4, 8, 16)),
+        ("RESIDENT", (1, 2)),
     ]
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(n))), "BLOCK": 1024, "SPLIT": 1,
-                   "GROUP_ROWS": 0, "num_warps": 4 if n <= 1024 else 8}
+                   "GROUP_ROWS": 0, "num_warps": 4 if n <= 1024 else 8, "RESIDENT": 1}
     else:
         split = max(1, min(64, next_pow2(cdiv(4 * 132, m))))
-        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 4096, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8}
+        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 4096, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8,
+                   "RESIDENT": 1}
     return tuple(sp), tuple(default.items())
 
 
@@ -84,6 +91,10 @@ def hints(chain: Chain) -> list[Params]:
         if g < m and 2 * g * row_bytes <= 48 << 20:
             out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(64, next_pow2(cdiv(256, g)))),
                         "BLOCK": 4096, "num_warps": 8})
+    for k in (8, 16):
+        for resident in (1, 2):
+            out.append({"strategy": "team", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": k, "BLOCK": 4096, "num_warps": 8,
+                        "RESIDENT": resident})
     return out
 
 
@@ -91,8 +102,11 @@ def valid(chain: Chain, p: Params) -> bool:
     m, n = geometry(chain)
     if p["strategy"] == "fused":
         return bool(n <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
-                    and next_pow2(n) * p["BLOCK_M"] <= 32768)
-    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(n, p["BLOCK"]) and (p["GROUP_ROWS"] == 0 or p["GROUP_ROWS"] < m))
+                    and next_pow2(n) * p["BLOCK_M"] <= 32768 and p["RESIDENT"] == 1)
+    if p["strategy"] == "team":
+        return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and 2 <= p["SPLIT"] <= cdiv(n, p["BLOCK"]))
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(n, p["BLOCK"]) and (p["GROUP_ROWS"] == 0 or p["GROUP_ROWS"] < m)
+                and p["RESIDENT"] == 1)
 
 
 def description(chain: Chain) -> str:
@@ -151,6 +165,7 @@ def _softmax_fused_kernel(h_ptr, out_ptr, {lsig}BLOCK_M: tl.constexpr, BLOCK_N: 
                      "safe = tl.where(nm == float('-inf'), 0.0, nm)",
                      "sm = sm * tl.exp(m - safe) + tl.where(mask, tl.exp(v - safe), 0.0)", "m = nm"]
         body = "\n".join("        " + line for line in em.lines)
+        stats_body = body
         stats = "\n".join("    " + line for line in _combine_lines("m", "sm"))
         combine = "\n".join("    " + line for line in _combine_lines("pmax", "psum"))
         srcs.append(f'''
@@ -176,6 +191,7 @@ def _softmax_stats_kernel(h_ptr, part_ptr, {lsig}row0, BLOCK: tl.constexpr):
         r = em.emit(chain.epilogue, "y", "idx", chain.out_shape, "mask")
         em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
         body = "\n".join("        " + line for line in em.lines)
+        apply_body = body
         srcs.append(f'''
 @triton.jit
 def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.constexpr):
@@ -192,6 +208,16 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
 ''')
+        if params["strategy"] == "team":
+            srcs.append(_team_kernel(stats_body, stats, apply_body, combine, lsig, it, n, m, split, sp2, chunk))
+            fwd.append("if h.is_cuda:")
+            fwd.append(f"    part = torch.empty(({m * split * 2},), device=h.device, dtype=torch.float32)")
+            fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
+            fwd.append(f"    teams = max(1, {params['RESIDENT']} * torch.cuda.get_device_properties(h.device).multi_processor_count // {split})")
+            fwd.append("    " + launch("_softmax_team_kernel", f"(teams * {split},)", ["h", "out", "part", "cnt", *leaf_vals, "teams"],
+                                        {"BLOCK": block, **nw}))
+            fwd.append("    return out")
+            fwd.append("# the interpreter runs programs one after another: a team would wait for itself; same split, two kernels")
         fwd.append(f"part = torch.empty(({m * split * 2},), device=h.device, dtype=torch.float32)")
         g = params["GROUP_ROWS"] or m
         fwd.append(f"for row0 in range(0, {m}, {g}):")
@@ -202,3 +228,50 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
                                     {"BLOCK": block, **nw}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)
+
+
+#: Spins a team member waits for its siblings before it gives up (a wrong result the check rejects, never a hang).
+SPIN_LIMIT = 1 << 20
+
+
+def _team_kernel(stats_body: str, stats: str, apply_body: str, combine: str, lsig: str, it: str, n: int, m: int,
+                 split: int, sp2: int, chunk: int) -> str:
+    """A persistent kernel (GPU only): `teams * split` programs, all resident, a team of `split` programs per row.
+
+    Each member computes its chunk's (max, sum), publishes it, waits on the row's counter for its siblings,
+    combines the row's partials and normalizes its chunk: the second read of the chunk comes from L2 (a team
+    has one 1.5 MB row in flight; all teams together far less than the 50 MB L2), so DRAM sees the input once.
+    """
+    def indent(text: str) -> str:
+        return "\n".join("    " + line if line else line for line in text.splitlines())
+
+    return f'''
+@triton.jit
+def _softmax_team_kernel(h_ptr, out_ptr, part_ptr, cnt_ptr, {lsig}teams, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to({it})
+    c = pid % {split}
+    for row in range(pid // {split}, {m}, teams):
+        base = row * {n}
+        m = tl.full([BLOCK], float('-inf'), tl.float32)
+        sm = tl.zeros([BLOCK], tl.float32)
+        for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{indent(stats_body)}
+{indent(stats)}
+        p = part_ptr + (row * {split} + c) * 2
+        tl.store(p, tm)
+        tl.store(p + 1, ts)
+        seen = tl.atomic_add(cnt_ptr + row, 1, sem="release") + 1
+        spins = 0
+        while (seen < {split}) & (spins < {SPIN_LIMIT}):
+            seen = tl.atomic_add(cnt_ptr + row, 0, sem="acquire")
+            spins += 1
+        j = tl.arange(0, {sp2})
+        pp = part_ptr + row * {split * 2} + j * 2
+        pmax = tl.load(pp, mask=j < {split}, other=float('-inf'), cache_modifier=".cg")
+        psum = tl.load(pp + 1, mask=j < {split}, other=0.0, cache_modifier=".cg")
+{indent(combine)}
+        inv = 1.0 / ts
+        lse = tl.log(ts)
+        for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{indent(apply_body)}
+'''

@@ -106,6 +106,8 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
 # ---------------------------------------------------------------------------------------------------
 # Execution under the interpreter against the task's Model
 # ---------------------------------------------------------------------------------------------------
+#: The persistent softmax: its team kernel runs on a GPU only (on the CPU the source runs the split kernels).
+TEAM = {"strategy": "team", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1, "GROUP_ROWS": 0, "RESIDENT": 2}
 #: (task, sizes, template, schedules): sizes leave masked tails; split schedules put several chunks in a row.
 CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 2, "features": 3, "dim1": 29, "dim2": 31}, "norm",
@@ -114,7 +116,8 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 1, "channels": 2, "height": 11, "width": 19}, "pool2d",
      [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
     ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 19, "dim": 3000}, "softmax",
-     [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1}]),
+     [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1},
+      TEAM]),
     ("gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 20, "width": 18}, "norm",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}]),
     ("gaps/05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11}, "pointwise",
@@ -301,6 +304,13 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     gap_names = {Path(c[0]).stem for c in CASES if c[0].startswith("gaps/")}
     recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "reduce-")) for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
+    # the team kernel is never launched on the CPU: compile it with the signature its GPU launch has
+    team = dict(interpreted["03_softmax_wide_rows_fp32"][2])
+    assert "def _softmax_team_kernel(" in team["candidate_source"]
+    team["launches"] = [{"kernel": "_softmax_team_kernel", "constexprs": {"BLOCK": 1024}, "num_warps": 8,
+                         "signature": {"h_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+                                       "teams": "i32", "BLOCK": "constexpr"}}]
+    recorded.append(team)
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
