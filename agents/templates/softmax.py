@@ -230,8 +230,9 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)
 
 
-#: Spins a team member waits for its siblings before it gives up (a wrong result the check rejects, never a hang).
-SPIN_LIMIT = 1 << 20
+#: Spins (atomic reads, ~1 us each) a team member waits for its siblings before it gives up: a wrong result the
+#: check rejects, never a hang. A normal wait is one chunk pass of the siblings (microseconds, a few spins).
+SPIN_LIMIT = 1 << 14
 
 
 def _team_kernel(stats_body: str, stats: str, apply_body: str, combine: str, lsig: str, it: str, n: int, m: int,

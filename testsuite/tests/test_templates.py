@@ -95,7 +95,9 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     assert m.hint_params() == [{**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}]
     assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[0])
     wide = match(load_task(GAPS / "03_softmax_wide_rows_fp32.py"))[0]
-    assert [(h["GROUP_ROWS"], h["SPLIT"]) for h in wide.hint_params()] == [(8, 32), (16, 16)]
+    assert [(h["strategy"], h["GROUP_ROWS"], h["SPLIT"], h["RESIDENT"]) for h in wide.hint_params()] == [
+        ("split", 8, 32, 1), ("split", 16, 16, 1), ("team", 0, 8, 1), ("team", 0, 8, 2), ("team", 0, 16, 1),
+        ("team", 0, 16, 2)]
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
     assert soft.hint_params() == []
     assert soft.schedule_space()["strategy"] == ("fused", "split")
