@@ -100,7 +100,7 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
         ("team", 0, 16, 2)]
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
     assert soft.hint_params() == []
-    assert soft.schedule_space()["strategy"] == ("fused", "split")
+    assert soft.schedule_space()["strategy"] == ("fused", "split", "team")
     with pytest.raises(ValueError, match="not valid"):
         soft.render({"strategy": "fused", "SPLIT": 4})  # a fused row is not split
 
