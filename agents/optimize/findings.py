@@ -64,6 +64,7 @@ class Evidence:
     sass_note: str = ""
     degeneracy: Any = None  # contract.Degeneracy
     graph_ops: tuple[str, ...] = ()  # torch.fx call targets in order (for structural findings)
+    rewrites: tuple[str, ...] = ()  # graph.py rewrites that match the task's graph
 
     def ops(self) -> dict[str, int]:
         return dict(self.spec.flops_by_op)
@@ -154,14 +155,33 @@ class OperatorMixAnalyzer:
                                "choice)", attn, {"share": attn}))
         mm = _op_share(ev, ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"))
         ops = ev.graph_ops
-        act = {"relu", "gelu"}
-        if mm > 0.3 and any(a in act and b == "linear" for b, a in zip(ops, ops[1:])):
-            out.append(Finding(self.name, "gemm-epilogue", "a Linear followed by an activation: a cuBLASLt epilogue "
-                               "(addmm + activation) can fuse it", 0.3, {"matmul_share": mm}))
+        if mm > 0.3 and not ev.rewrites and any(a == "gelu" and b == "linear" for b, a in zip(ops, ops[1:])):
+            out.append(Finding(self.name, "gemm-epilogue", "a Linear followed by GELU: an epilogue-fusing GEMM "
+                               "(compiler or template) can take it", 0.3, {"matmul_share": mm}))
         red = dict(ev.spec.flops_by_kind).get("reduction", 0) / max(1, ev.spec.flops)
         if red > 0.3:
             out.append(Finding(self.name, "reduction-heavy", f"reductions are {100 * red:.0f}% of the FLOPs (reduction "
                                "strategy: split, persistent)", red, {"share": red}))
+        return out
+
+
+class GraphPatternAnalyzer:
+    """Which exact torch.fx rewrites (graph.py) match the task's graph."""
+
+    name = "graph"
+
+    def analyze(self, ev: Evidence) -> list[Finding]:
+        if not ev.rewrites:
+            return []
+        lib = [r for r in ev.rewrites if r == "addmm-epilogue"]
+        ids = [r for r in ev.rewrites if r != "addmm-epilogue"]
+        out = []
+        if ids:
+            out.append(Finding(self.name, "fx-identity", "exact algebraic rewrites apply to the graph: " + ", ".join(ids),
+                               0.5, {"rewrites": ids}))
+        if lib:
+            out.append(Finding(self.name, "gemm-epilogue", "a Linear + ReLU: cuBLASLt's addmm + activation epilogue "
+                               "applies", 0.3, {"rewrites": lib}))
         return out
 
 
@@ -252,7 +272,8 @@ class DegenerateAnalyzer:
                         " (left out of geomeans)", 0.0, {"reasons": list(d.reasons)})]
 
 
-BUILTIN_ANALYZERS: tuple[type, ...] = (RooflineAnalyzer, LaunchAnalyzer, OperatorMixAnalyzer, PrecisionAnalyzer,
+BUILTIN_ANALYZERS: tuple[type, ...] = (RooflineAnalyzer, LaunchAnalyzer, OperatorMixAnalyzer, GraphPatternAnalyzer,
+                                       PrecisionAnalyzer,
                                        NcuAnalyzer, SassAnalyzer, DegenerateAnalyzer)
 
 

@@ -80,6 +80,22 @@ def graph_ops(path: Path, digest: str) -> tuple[str, ...]:
         return ()
 
 
+def applicable_rewrites(path: Path, digest: str) -> tuple[str, ...]:
+    """The rewrites that change the task's graph (each alone), for the findings."""
+    try:
+        gm, _ = _trace(str(path), digest)
+    except GraphUnavailable:
+        return ()
+    out = []
+    for name in REWRITES:
+        try:
+            if name in apply_rewrites(gm, [name])[1]:
+                out.append(name)
+        except Exception:
+            continue
+    return tuple(out)
+
+
 def _copy(gm: Any) -> Any:
     import copy
 

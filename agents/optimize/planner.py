@@ -21,6 +21,7 @@ BOOSTS: dict[str, dict[str, float]] = {
     "conv-heavy": {"library": 0.4, "compiler": 0.1},
     "attention": {"library": 0.4, "triton": 0.1},
     "gemm-epilogue": {"library": 0.3, "compiler": 0.1},
+    "fx-identity": {"graph": 0.6},
     "memory-bound-low-bw": {"compiler": 0.3, "triton": 0.4, "ir": 0.1},
     "reduction-heavy": {"compiler": 0.3, "triton": 0.3},
     "simt-fp32-tf32-allowed": {"library": 0.5, "compiler": 0.2},

@@ -390,14 +390,15 @@ class TaskSearch:
         self.say(f"incumbent: baseline {best.candidate.proposer.split(':')[1]}")
 
     def step_findings(self) -> None:
-        from kstrata.agents.optimize.graph import graph_ops
+        from kstrata.agents.optimize.graph import applicable_rewrites, graph_ops
         from kstrata.agents.optimize.profile import collect_evidence
 
         inc = self.incumbent
         ev = Evidence(spec=self.info.spec, policy=self.opts.policy, device=self.opts.device,
                       incumbent=inc.candidate.description, incumbent_us=inc.timing.median_us if inc.timing else None,
                       degeneracy=self.contract.degeneracy if self.contract else None,
-                      graph_ops=graph_ops(self.info.path, self.info.spec.sha256))
+                      graph_ops=graph_ops(self.info.path, self.info.spec.sha256),
+                      rewrites=applicable_rewrites(self.info.path, self.info.spec.sha256))
         if self.opts.ceilings is not None and inc.timing:
             from kstrata.agents.roofline import assess
 
@@ -529,9 +530,16 @@ class TaskSearch:
                 space, no_gain = nxt, 0
 
     def _next_space(self, current: str) -> str | None:
+        """The open space after `current` in the plan's order (cyclically)."""
+        assert self.plan is not None
         with self.lock:
-            spaces = [s for s in self.open_spaces() if s != current]
-        return spaces[0] if spaces else None
+            order = self.plan.spaces
+            open_ = set(self.open_spaces())
+        start = order.index(current) + 1 if current in order else 0
+        for s in order[start:] + order[:start]:
+            if s in open_ and s != current:
+                return s
+        return None
 
     def _propose(self, node: Node, space: str) -> TaskCandidate | None:
         state = self._state(node, space)
