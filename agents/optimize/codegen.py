@@ -87,7 +87,7 @@ def subclass_source(task_name: str, task_source: str, *, policy: str, space: str
             "# ---- end of the task ----", "", "",
             "class ModelNew(Model):"]
     body = [line for line in forward_code.strip("\n").splitlines()]
-    out += _indent(body, 4) + [""]
+    out += [*_indent(body, 4), ""]
     return "\n".join(out)
 
 

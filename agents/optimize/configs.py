@@ -19,6 +19,7 @@ from typing import Any
 from kstrata.agents.optimize.candidate import TaskCandidate
 from kstrata.agents.optimize.codegen import wrapper_source
 from kstrata.agents.optimize.state import TaskInfo
+from kstrata.agents.tasks import TensorSpec
 
 _HELPERS = '''
 def _kstrata_map(value, fn):
@@ -137,11 +138,11 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
     else:
         fwd += body
     if params.get("autocast"):
-        dtype = next((o.dtype for o in task.spec.outputs if getattr(o, "kind", "") == "tensor"), "float32")
+        dtype = next((o.dtype for o in task.spec.outputs if isinstance(o, TensorSpec)), "float32")
         fwd.append(f"out = _kstrata_map(out, lambda t: t.to(torch.{dtype}) if t.is_floating_point() else t)")
     if params.get("channels_last"):
         fwd.append("out = _kstrata_map(out, lambda t: t.contiguous())  # the reference's layout")
-    if c is not None and (c.get("mode") in ("reduce-overhead",) or c.get("options", {}).get("triton.cudagraphs")):
+    if c is not None and (c.get("mode") in ("reduce-overhead", "max-autotune") or c.get("options", {}).get("triton.cudagraphs")):
         fwd.append("out = _kstrata_map(out, lambda t: t.clone())  # cudagraph trees reuse output buffers")
     fwd.append("return out")
     desc = description or describe(params)

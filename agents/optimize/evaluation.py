@@ -108,7 +108,7 @@ class Evaluator:
             shutil.rmtree(d, ignore_errors=True)
             return JobResult(False, {}, f"{job['cmd']} died (exit code {proc.returncode})" +
                              (f": {tail[0][:300]}" if tail else ""), seconds)
-        data["_log"] = log.read_text(errors="replace")[-20000:]
+        data["_log"] = log.read_text(errors="replace")[-400000:]  # ncu writes its CSV there
         shutil.rmtree(d, ignore_errors=True)
         return JobResult(bool(data.get("ok")), data, str(data.get("error", "")), seconds)
 

@@ -12,6 +12,7 @@ finding of kind `analyzer-error`, never fatal.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -88,7 +89,7 @@ def _op_share(ev: Evidence, needles: Iterable[str]) -> float:
 
 def _kernel_share(ev: Evidence, needles: Iterable[str]) -> float:
     rows = (ev.profile or {}).get("kernels", [])
-    return sum(r["share"] for r in rows if any(n in r["name"].lower() for n in needles))
+    return float(sum(r["share"] for r in rows if any(n in r["name"].lower() for n in needles)))
 
 
 class RooflineAnalyzer:
@@ -155,7 +156,7 @@ class OperatorMixAnalyzer:
                                "choice)", attn, {"share": attn}))
         mm = _op_share(ev, ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"))
         ops = ev.graph_ops
-        if mm > 0.3 and not ev.rewrites and any(a == "gelu" and b == "linear" for b, a in zip(ops, ops[1:])):
+        if mm > 0.3 and not ev.rewrites and any(a == "gelu" and b == "linear" for b, a in itertools.pairwise(ops)):
             out.append(Finding(self.name, "gemm-epilogue", "a Linear followed by GELU: an epilogue-fusing GEMM "
                                "(compiler or template) can take it", 0.3, {"matmul_share": mm}))
         red = dict(ev.spec.flops_by_kind).get("reduction", 0) / max(1, ev.spec.flops)

@@ -264,7 +264,7 @@ def forward_code(gm: Any) -> str:
     extra = set(pc.globals) - ALLOWED_GLOBALS
     if extra:
         raise GraphUnavailable(f"the rewritten forward needs globals {sorted(extra)}")
-    return pc.src.strip("\n") + "\n"
+    return str(pc.src).strip("\n") + "\n"
 
 
 class FxRewrites:

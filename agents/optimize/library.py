@@ -13,6 +13,7 @@ from typing import Any
 from kstrata.agents.optimize.candidate import TaskCandidate
 from kstrata.agents.optimize.configs import describe, render
 from kstrata.agents.optimize.state import SearchState
+from kstrata.agents.tasks import TensorSpec
 
 CONFIG_SPACES = ("baseline", "library", "compiler", "graph")
 
@@ -77,7 +78,7 @@ class ChannelsLast(_Switch):
     name = "channels-last"
 
     def applies(self, state: SearchState) -> str:
-        four_d = any(getattr(a, "kind", "") == "tensor" and len(a.shape) == 4 for a in state.task.spec.inputs)
+        four_d = any(isinstance(a, TensorSpec) and len(a.shape) == 4 for a in state.task.spec.inputs)
         if not _has_op(state, "convolution"):
             return "no convolution in the task"
         return "" if four_d else "no 4-D input to lay out channels-last"

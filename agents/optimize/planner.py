@@ -81,9 +81,9 @@ def plan(findings: Iterable[Finding], sol_fraction: float | None, spaces_with_pr
             skipped.append(SpacePlan(space, 0.0, "not asked for (--spaces)"))
             continue
         if space not in installed:
-            why = {"triton": "no proposer installed for space triton (the templates, kstrata.agents.templates, or an "
+            missing = {"triton": "no proposer installed for space triton (the templates, kstrata.agents.templates, or an "
                              "LLM proposer)", "asm": "no proposer installed for space asm (compiled-kernels issue)"}
-            skipped.append(SpacePlan(space, 0.0, why.get(space, f"no proposer installed for space {space}")))
+            skipped.append(SpacePlan(space, 0.0, missing.get(space, f"no proposer installed for space {space}")))
             continue
         score = PRIORS[space]
         because = []

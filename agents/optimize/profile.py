@@ -41,7 +41,7 @@ def sass_summary(cache_dir: Path) -> tuple[list[dict[str, Any]], str]:
         bundles, errors = load_any(cache_dir)
     except Exception as exc:
         return [], f"no Triton kernels to disassemble ({type(exc).__name__}: {exc})"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for b in bundles:
         cubin = b.levels.get("cubin")
         if not isinstance(cubin, bytes):
@@ -52,12 +52,13 @@ def sass_summary(cache_dir: Path) -> tuple[list[dict[str, Any]], str]:
         except Exception as exc:
             rows.append({"name": b.name, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        widths = mix.widths.get("load.global", {})
-        rows.append({"name": b.name, "registers": res.registers, "local_bytes": res.local_bytes,
+        widths: dict[int, int] = dict(mix.widths.get("load.global", {}))
+        row: dict[str, Any] = {"name": b.name, "registers": res.registers, "local_bytes": res.local_bytes,
                      "shared_bytes": res.shared_bytes, "instructions": mix.total,
                      "mma": mix.by_category.get("mma", 0) + mix.by_category.get("wgmma", 0),
                      "wide_global_loads": sum(n for w, n in widths.items() if w >= 128),
-                     "narrow_global_loads": sum(n for w, n in widths.items() if w < 128)})
+                     "narrow_global_loads": sum(n for w, n in widths.items() if w < 128)}
+        rows.append(row)
     note = "" if rows else ("the incumbent compiled no Triton kernels (eager or library code): no SASS statistics"
                             if not errors else f"Triton cache unreadable: {errors[:1]}")
     return rows, note

@@ -478,7 +478,8 @@ class TaskSearch:
 
         def widen_ok(n: Node) -> bool:
             kids = [c for c in n.children if self.nodes[c].space == space]
-            return len(kids) < math.ceil(WIDEN_C * (n.visits + 1) ** WIDEN_ALPHA)
+            limit: int = math.ceil(WIDEN_C * float(n.visits + 1) ** WIDEN_ALPHA)
+            return len(kids) < limit
 
         def uct(n: Node) -> float:
             return n.reward + UCT_C * math.sqrt(math.log(total + 1) / (n.visits + 1))
@@ -740,4 +741,4 @@ def optimize(target: Path, out: Path, opts: Options, *, parallel_tasks: int = 1)
     return results
 
 
-__all__ = ["BASELINES", "Options", "OptimizeError", "Proposer", "TaskResult", "TaskSearch", "optimize"]
+__all__ = ["BASELINES", "OptimizeError", "Options", "Proposer", "TaskResult", "TaskSearch", "optimize"]

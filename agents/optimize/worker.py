@@ -182,7 +182,10 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             rotated = order[r % len(order):] + order[: r % len(order)] if order else []
             for key in rotated:
                 model = live[key]
-                t = time_cuda(lambda model=model: model(*inputs), runs, warmup=3)
+                def call(model: Any = model) -> Any:
+                    return model(*inputs)
+
+                t = time_cuda(call, runs, warmup=3)
                 results[key]["rounds_us"].append(t["median_us"])
     for key in order:
         rs = results[key]["rounds_us"]
@@ -194,7 +197,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
 def profile(job: dict[str, Any]) -> dict[str, Any]:
     import torch
-    from torch.autograd import DeviceType
+    from torch.autograd import DeviceType  # type: ignore[attr-defined]
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -212,10 +215,10 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
             model(*inputs)
         _sync(device)
         if job.get("ncu_range"):
-            torch.cuda.nvtx.range_push(job["ncu_range"])
+            torch.cuda.nvtx.range_push(job["ncu_range"])  # type: ignore[no-untyped-call]
             model(*inputs)
             _sync(device)
-            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_pop()  # type: ignore[no-untyped-call]
             return {"ok": True, "ncu_run": True}
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -234,9 +237,9 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
         k["time_us"] += float(e.time_range.elapsed_us())
         k["launches"] += 1
     total = sum(k["time_us"] for k in kernels.values())
-    rows = sorted(({"name": n, "time_us_per_call": k["time_us"] / calls, "launches_per_call": k["launches"] / calls,
+    rows: list[dict[str, Any]] = sorted(({"name": n, "time_us_per_call": k["time_us"] / calls, "launches_per_call": k["launches"] / calls,
                     "share": k["time_us"] / total if total else 0.0} for n, k in kernels.items()),
-                  key=lambda r: -r["time_us_per_call"])
+                  key=lambda r: -float(r["time_us_per_call"]))
     return {"ok": True, "wall_us_per_call": wall_us, "kernel_us_per_call": total / calls,
             "launches_per_call": sum(k["launches"] for k in kernels.values()) / calls, "kernels": rows[:50]}
 
