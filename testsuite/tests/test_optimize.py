@@ -439,3 +439,33 @@ def test_cli_resume_after_kill_9(tmp_path: Path) -> None:
     assert len(keys) == len(set(keys)) and set(before) <= set(keys)
     payload = json.loads(p.stdout)
     assert payload["tasks"][0]["final_ok"] and (out / "02_linear_sum_small" / "model_new.py").exists()
+
+
+@pytest.mark.slow
+def test_measure_worker_interleaves_and_checks_the_contract_on_cpu(tmp_path: Path) -> None:
+    """The GPU measurement's code path, run on the CPU with a wall clock (tests only)."""
+    from kstrata.agents.optimize.configs import baseline_params, render
+    from kstrata.agents.optimize.contract import output_layouts
+    from kstrata.agents.optimize.evaluation import Evaluator
+
+    info = _task_info(TINY / "01_relu_small.py")
+    eager = render(info, baseline_params("eager"), space="baseline", proposer="baseline:eager")
+    body = info.source
+    noisy = TaskCandidate("# t\n" + body + "\nclass ModelNew(Model):\n    def forward(self, x):\n"
+                          "        return torch.relu(x) + torch.rand(()) * 1e-3\n", "graph", "t", "nondeterministic")
+    strided = TaskCandidate("# t\n" + body + "\nclass ModelNew(Model):\n    def forward(self, x):\n"
+                            "        return torch.relu(x.t().contiguous()).t()\n", "graph", "t", "transposed layout")
+    paths = {}
+    for c in (eager, noisy, strided):
+        paths[c.key] = tmp_path / f"{c.key}.py"
+        paths[c.key].write_text(c.source)
+    ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=120)
+    r = ev.run_job({"cmd": "measure", "task": str(info.path), "layouts": output_layouts(info.spec), "rounds": 3,
+                    "runs": 5, "cpu_wall_clock": True, "candidates": {k: str(p) for k, p in paths.items()}})
+    assert r.ok, r.error
+    got = r.data["candidates"]
+    assert got[eager.key]["ok"] and len(got[eager.key]["rounds_us"]) == 3 and got[eager.key]["median_us"] > 0
+    assert not got[noisy.key]["ok"] and "not deterministic" in got[noisy.key]["error"]
+    assert not got[strided.key]["ok"] and "not contiguous" in got[strided.key]["error"]
+    assert ev.contract(info.path, {eager.key: paths[eager.key], strided.key: paths[strided.key]},
+                       output_layouts(info.spec)) == {eager.key: "", strided.key: got[strided.key]["error"]}
