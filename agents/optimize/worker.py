@@ -176,6 +176,11 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 live[key] = model
         except Exception as exc:
             results[key] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if job.get("ready_file"):  # built and compiled: wait for the parent to hold the timing queue
+        Path(job["ready_file"]).write_text("ready")
+        go = Path(job["go_file"])
+        while not go.exists():
+            time.sleep(0.005)
     runs, rounds = int(job.get("runs", 30)), int(job.get("rounds", 5))
     order = [k for k in keys if k in live]
     with torch.no_grad():

@@ -424,7 +424,7 @@ def test_cli_resume_after_kill_9(tmp_path: Path) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         text = traj.read_text() if traj.exists() else ""
-        if text.count('"space": "graph"') >= 1:
+        if any('"type": "candidate"' in ln and '"space": "graph"' in ln for ln in text.splitlines()):
             break
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -461,7 +461,8 @@ def test_measure_worker_interleaves_and_checks_the_contract_on_cpu(tmp_path: Pat
         paths[c.key].write_text(c.source)
     ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=120)
     r = ev.run_job({"cmd": "measure", "task": str(info.path), "layouts": output_layouts(info.spec), "rounds": 3,
-                    "runs": 5, "cpu_wall_clock": True, "candidates": {k: str(p) for k, p in paths.items()}})
+                    "runs": 5, "cpu_wall_clock": True, "candidates": {k: str(p) for k, p in paths.items()}},
+                   gated=True)
     assert r.ok, r.error
     got = r.data["candidates"]
     assert got[eager.key]["ok"] and len(got[eager.key]["rounds_us"]) == 3 and got[eager.key]["median_us"] > 0
