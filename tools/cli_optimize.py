@@ -20,6 +20,26 @@ optimize_app = typer.Typer(help="Make a KernelBench task faster: baselines, prof
                            context_settings={"allow_interspersed_args": True})
 
 
+def _load_proposer(spec: str) -> list[Any]:
+    """`MODULE:ATTR` -> proposers; a bad one is a user error naming it."""
+    import importlib
+
+    from kstrata.agents.optimize.proposers import _as_proposers, _invalid
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise KstrataError(f"--proposer {spec!r}: write MODULE:ATTR")
+    try:
+        objs = _as_proposers(getattr(importlib.import_module(module), attr))
+    except Exception as exc:
+        raise KstrataError(f"--proposer {spec}: {type(exc).__name__}: {exc}") from None
+    for obj in objs:
+        why = _invalid(obj)
+        if why:
+            raise KstrataError(f"--proposer {spec}: {why}")
+    return objs
+
+
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
     target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them.")],
@@ -39,6 +59,9 @@ def optimize_cmd(
     no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
+    trials: Annotated[int, typer.Option("--trials", help="Correctness trials of each hardened evaluation (>= 5).")] = 6,
+    proposer: Annotated[list[str] | None, typer.Option("--proposer", help="Another proposer, MODULE:ATTR (a class, "
+                                                       "factory or instance; repeatable), without packaging it.")] = None,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
@@ -51,8 +74,8 @@ def optimize_cmd(
     bad = [b for b in names if b not in BASELINES]
     if bad:
         raise KstrataError(f"--baselines: unknown {', '.join(bad)}; choose from {', '.join(BASELINES)}")
-    if budget < 0 or workers < 1 or minutes <= 0:
-        raise KstrataError("--budget must be >= 0, --workers >= 1 and --minutes > 0")
+    if budget < 0 or workers < 1 or minutes <= 0 or trials < 5:
+        raise KstrataError("--budget must be >= 0, --workers >= 1, --minutes > 0 and --trials >= 5")
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -74,9 +97,11 @@ def optimize_cmd(
         else:  # plain lines when not a terminal
             print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
+    extra = [_load_proposer(spec) for spec in proposer or []]
     opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
-                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress)
+                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
+                   trials=trials, extra_proposers=tuple(p for group in extra for p in group))
     results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
                                "tasks": [r.to_json() for r in results]}
