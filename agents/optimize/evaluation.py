@@ -197,8 +197,7 @@ class Evaluator:
         if not self.timed:
             return JobResult(False, {}, "no GPU: nothing profiled", 0.0)
         env = {"TRITON_CACHE_DIR": str(triton_cache)} if triton_cache else None
-        with self.timing_queue():
-            return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, env_extra=env)
+        return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, env_extra=env, gated=True)
 
     def ncu(self, task: Path, candidate: Path, ncu_path: str, launch_count: int = 8,
             timeout_s: float = 240.0) -> JobResult:

@@ -81,6 +81,15 @@ def _load(job: dict[str, Any]) -> tuple[Any, str, int]:
     return import_task_module(job["task"]), job.get("device", "cpu"), int(job.get("seed", 42))
 
 
+def _wait_for_go(job: dict[str, Any]) -> None:
+    """Built and compiled: say so, and wait until the parent holds the timing queue (gated jobs only)."""
+    if job.get("ready_file"):
+        Path(job["ready_file"]).write_text("ready")
+        go = Path(job["go_file"])
+        while not go.exists():
+            time.sleep(0.005)
+
+
 def probe(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -176,11 +185,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 live[key] = model
         except Exception as exc:
             results[key] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    if job.get("ready_file"):  # built and compiled: wait for the parent to hold the timing queue
-        Path(job["ready_file"]).write_text("ready")
-        go = Path(job["go_file"])
-        while not go.exists():
-            time.sleep(0.005)
+    _wait_for_go(job)
     runs, rounds = int(job.get("runs", 30)), int(job.get("rounds", 5))
     order = [k for k in keys if k in live]
     with torch.no_grad():
@@ -234,6 +239,7 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
         for _ in range(3):
             model(*inputs)
         _sync(device)
+        _wait_for_go(job)
         if job.get("ncu_range"):
             torch.cuda.nvtx.range_push(job["ncu_range"])  # type: ignore[no-untyped-call]
             model(*inputs)
