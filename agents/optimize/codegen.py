@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 HEADER_FIRST = "# kstrata optimize: "
+#: Module-level names a torch.fx-generated forward may use (graph.py refuses code that needs others).
+GRAPH_PRELUDE = ["from math import inf, nan", "from torch import device", "import torch.fx._pytree as fx_pytree",
+                 "import torch.utils._pytree as pytree", "NoneType = type(None)"]
 MEASURED_MARK = "# measured: "
 _PRELUDE = ("import torch", "import torch.nn as nn")
 

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from kstrata.agents.optimize.candidate import TaskCandidate
-from kstrata.agents.optimize.codegen import wrapper_source
+from kstrata.agents.optimize.codegen import GRAPH_PRELUDE, wrapper_source
 from kstrata.agents.optimize.state import TaskInfo
 from kstrata.agents.tasks import TensorSpec
 
@@ -80,8 +80,6 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
     init: list[str] = []
     helpers: list[str] = list(_HELPERS)
     if params.get("graph_forward"):
-        from kstrata.agents.optimize.graph import GRAPH_PRELUDE
-
         helpers = [*GRAPH_PRELUDE, "", *helpers]
         helpers += ["", "", "class _Rewritten(Model):", *["    " + ln if ln else "" for ln in
                                                           params["graph_forward"].strip("\n").splitlines()]]

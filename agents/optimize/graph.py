@@ -26,10 +26,8 @@ from kstrata.agents.optimize.configs import describe, render
 from kstrata.agents.optimize.library import base_params
 from kstrata.agents.optimize.state import SearchState
 
-#: Names the generated forward may use at module level (configs.py defines them).
+#: Names the generated forward may use at module level (`codegen.GRAPH_PRELUDE` defines them).
 ALLOWED_GLOBALS = frozenset({"inf", "nan", "NoneType", "torch", "device", "fx_pytree", "pytree"})
-GRAPH_PRELUDE = ["from math import inf, nan", "from torch import device", "import torch.fx._pytree as fx_pytree",
-                 "import torch.utils._pytree as pytree", "NoneType = type(None)"]
 
 
 class GraphUnavailable(Exception):
