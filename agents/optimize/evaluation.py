@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 from kstrata.agents.optimize.contract import eval_policy_for
 from kstrata.agents.optimize.state import CheckResult, Measurement
+from kstrata.backends.child import kill_tree, spawn
 
 #: Nsight Compute metrics read for the top kernels (names as in ncu's raw page).
 NCU_METRICS = (
@@ -94,8 +94,7 @@ class Evaluator:
         start = time.monotonic()
         log = d / "log.txt"
         with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+            proc = spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)  # the one child mechanism
             limit = timeout_s or self.timeout_s
             deadline = start + limit
             queue: contextlib.AbstractContextManager[None] | None = None
@@ -107,9 +106,7 @@ class Evaluator:
                         deadline = time.monotonic() + limit
                         go.write_text("go")
                     if time.monotonic() > deadline:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
+                        kill_tree(proc)
                         shutil.rmtree(d, ignore_errors=True)
                         return JobResult(False, {}, f"{job['cmd']} timed out after {limit:g} s", time.monotonic() - start)
                     time.sleep(0.02)
