@@ -14,9 +14,11 @@ under `$OUT` when set).
 
 The default task list (`DEFAULT_TASKS`) holds the suite's tasks where the 2026-11-30 H200 bench
 (`testsuite/results/bench-2026-11-30-run2`) left headroom that this issue's spaces (library, compiler,
-graph) can reach — convolutions (cuDNN benchmark mode, channels-last), attention (SDPA backend), a GEMM +
-bias + ReLU (cuBLASLt epilogue), small-kernel chains (CUDA graphs) — plus two near-SOL controls; the whole
-suite does not fit 10 minutes of one GPU with three baselines per task.
+graph) can reach — convolutions (cuDNN benchmark mode, channels-last), a GEMM + bias + ReLU (cuBLASLt
+epilogue), small-kernel chains (CUDA graphs), a norm (Inductor options) — plus a control at 98% of SOL that
+the planner should skip; the whole suite does not fit 10 minutes of one GPU with three baselines per task.
+(The causal SDPA task is left out: its FLOP count covers the full score matrix, so eager already measures
+above 100% of "SOL" and every faster candidate would be flagged.)
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ DEFAULT_TASKS = (
     "level1/07_conv2d_7x7_stride2_fp16",  # 7.6% SOL: cuDNN algorithm / layout
     "level1/08_depthwise_conv2d_fp32",  # 20% SOL
     "level1/22_groupnorm_fp16",  # 17.5% SOL, small kernels
-    "level1/31_sdpa_causal_fp16",  # SDPA backend choice
     "level2/01_gemm_bias_relu_fp16",  # addmm + ReLU epilogue
     "level2/04_conv_gelu_maxpool_fp16",  # 12% SOL: conv layout + fusion
     "level2/10_conv3d_groupnorm_mean_fp32",  # 22% SOL, launch-bound
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", type=Path, default=REPO / "testsuite" / "tasks")
     ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task names under --suite ('all': every task)")
     ap.add_argument("--total-minutes", type=float, default=9.0, help="wall-clock budget of the whole benchmark")
-    ap.add_argument("--parallel-tasks", type=int, default=8)
+    ap.add_argument("--parallel-tasks", type=int, default=7)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget", type=int, default=6, help="candidates per task beyond the baselines")
     ap.add_argument("--baselines", default="eager,compile,compile-max-autotune")

@@ -87,7 +87,7 @@ def collect_evidence(ev: Evidence, search: Any, candidate: Path) -> None:
     if ncu is None:
         ev.ncu_note = "Nsight Compute (ncu) not found: no hardware metrics; the loop runs without them"
         return
-    n = evaluator.ncu(search.info.path, candidate, ncu, launch_count=NCU_TOP_KERNELS * 2, timeout_s=150.0)
+    n = evaluator.ncu(search.info.path, candidate, ncu, launch_count=NCU_TOP_KERNELS, timeout_s=90.0)
     if not n.ok:
         ev.ncu_note = f"Nsight Compute did not run ({n.error}); the loop runs without its metrics"
         return
