@@ -9,6 +9,7 @@ plots say that nothing was timed. Degenerate tasks are listed apart and left out
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +190,12 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_PLOT_LOCK = threading.Lock()  # pyplot is not thread-safe; tasks of a directory may finish together
+
+
 def write_task_report(search: Any, result: Any) -> None:
-    plots = _plots(search, search.out)
+    with _PLOT_LOCK:
+        plots = _plots(search, search.out)
     write_atomic(search.out / "report.md", render_task_report(search, result, plots))
 
 
