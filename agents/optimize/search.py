@@ -63,6 +63,9 @@ UCT_C = 0.7
 PRUNE_AFTER = 3
 MIN_NOISE = 0.01
 FAILURE_REWARD = -1.0
+#: Loading and tracing a task touch torch's global state (RNG, default dtype and device), and proposers may
+#: load and trace too: one at a time across the tasks a directory run optimizes in parallel.
+TASK_LOCK = threading.RLock()
 
 
 class OptimizeError(KstrataError):
@@ -135,7 +138,8 @@ class TaskSearch:
 
         self.opts = opts
         self.ev = evaluator
-        task = load_task(task_path)  # a TaskError names the file; the CLI turns it into one line, exit 2
+        with TASK_LOCK:
+            task = load_task(task_path)  # a TaskError names the file; the CLI turns it into one line, exit 2
         self.info = TaskInfo(task_path, task.name, task_path.read_text(), task.spec)
         self.out = out_dir
         self.cand_dir = out_dir / "candidates"
@@ -402,11 +406,12 @@ class TaskSearch:
         from kstrata.agents.optimize.profile import collect_evidence
 
         inc = self.incumbent
+        with TASK_LOCK:
+            ops = graph_ops(self.info.path, self.info.spec.sha256)
+            rewrites = applicable_rewrites(self.info.path, self.info.spec.sha256)
         ev = Evidence(spec=self.info.spec, policy=self.opts.policy, device=self.opts.device,
                       incumbent=inc.candidate.description, incumbent_us=inc.timing.median_us if inc.timing else None,
-                      degeneracy=self.contract.degeneracy if self.contract else None,
-                      graph_ops=graph_ops(self.info.path, self.info.spec.sha256),
-                      rewrites=applicable_rewrites(self.info.path, self.info.spec.sha256))
+                      degeneracy=self.contract.degeneracy if self.contract else None, graph_ops=ops, rewrites=rewrites)
         if self.opts.ceilings is not None and inc.timing:
             from kstrata.agents.roofline import assess
 
@@ -559,7 +564,8 @@ class TaskSearch:
         state = self._state(node, space)
         for p in [p for p in self.proposers if p.space == space]:
             try:
-                proposals = p.propose(state)
+                with TASK_LOCK:
+                    proposals = p.propose(state)
             except Exception as exc:  # a proposer's bug costs its proposals, not the run
                 self.notes[p.name] = f"propose() raised {type(exc).__name__}: {exc}"
                 continue
@@ -724,18 +730,15 @@ def prepare_out(out: Path, task_dirs: Iterable[Path], resume: bool) -> None:
 def optimize(target: Path, out: Path, opts: Options, *, parallel_tasks: int = 1) -> list[TaskResult]:
     """Optimize one task file or every task of a directory; writes OUT/<task>/ and, for a directory, summary.md."""
     from kstrata.agents.optimize.report import write_summary
-    from kstrata.agents.tasks import TaskError, find_tasks, load_task
+    from kstrata.agents.tasks import find_tasks, load_task
 
     if not target.exists():
         raise OptimizeError(f"{target}: no such task file or directory")
     paths = find_tasks(target)
     if not paths:
         raise OptimizeError(f"{target}: no task files")
-    for p in paths:  # a bad task file is named before anything runs
-        try:
-            load_task(p)
-        except TaskError:
-            raise
+    for p in paths:  # a bad task file is named (TaskError: one line, exit 2) before anything runs
+        load_task(p)
     root = target if target.is_dir() else target.parent
     names = {p: (str(p.relative_to(root).with_suffix("")).replace("/", "__") if target.is_dir() else p.stem) for p in paths}
     dirs = {p: out / names[p] for p in paths}
