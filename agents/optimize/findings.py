@@ -121,8 +121,8 @@ class LaunchAnalyzer:
 
     def analyze(self, ev: Evidence) -> list[Finding]:
         p = ev.profile
-        if not p or not p.get("wall_us_per_call"):
-            return []
+        if not p or not p.get("wall_us_per_call") or not p.get("launches_per_call"):
+            return []  # no device kernels seen (a CPU run): nothing to say about launches
         busy = p["kernel_us_per_call"] / p["wall_us_per_call"]
         launches = p["launches_per_call"]
         mean = p["kernel_us_per_call"] / launches if launches else 0.0
