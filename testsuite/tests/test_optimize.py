@@ -463,3 +463,41 @@ def test_measure_worker_interleaves_and_checks_the_contract_on_cpu(tmp_path: Pat
     assert not got[strided.key]["ok"] and "not contiguous" in got[strided.key]["error"]
     assert ev.contract(info.path, {eager.key: paths[eager.key], strided.key: paths[strided.key]},
                        output_layouts(info.spec)) == {eager.key: "", strided.key: got[strided.key]["error"]}
+
+
+@pytest.mark.slow
+def test_timed_code_path_runs_with_a_cpu_wall_clock(tmp_path: Path) -> None:
+    """The GPU path of the search (baselines measured, candidates timed interleaved through the real worker,
+    the guard's re-measurement, profile) on the CPU with a wall clock; CPU times decide nothing here."""
+    from kstrata.agents.optimize.evaluation import Evaluator
+
+    class WallClockEvaluator(Evaluator):
+        @property
+        def timed(self) -> bool:
+            return True
+
+        def measure(self, task: Path, candidates: dict[str, Path], layouts: Any, *, rounds: int = 5,
+                    runs: int = 30) -> dict[str, Measurement | str]:
+            r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
+                              "cpu_wall_clock": True, "candidates": {k: str(p) for k, p in candidates.items()}},
+                             gated=True)
+            assert r.ok, r.error
+            got = r.data["candidates"]
+            return {k: Measurement(got[k]["median_us"], tuple(got[k]["rounds_us"]), runs, got[k]["spread"])
+                    if got[k]["ok"] else got[k]["error"] for k in candidates}
+
+        def profile(self, task: Path, candidate: Path, triton_cache: Path | None = None) -> JobResult:
+            return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, gated=True)
+
+    ev = WallClockEvaluator("cpu", "strict", tmp_path / "work", timeout_s=300, trials=5)
+    opts = Options(budget=2, device="cpu", spaces=("graph",), baselines=("eager",), ncu=False, plugins=False, trials=5,
+                   runs=50, rounds=3, progress=lambda m: None)
+    s = TaskSearch(TINY / "02_linear_sum_small.py", tmp_path / "out", opts, ev)
+    r = s.run()
+    assert s.baselines["eager"].timing is not None and r.timed and r.final_ok
+    judged = [n for n in s.nodes.values() if n.space == "graph"]
+    assert len(judged) == 2 and all(n.status in ("measured", "incumbent") and n.timing and n.speedup for n in judged)
+    events = list(s.traj.replay())
+    assert any(e["type"] == "evidence" and e["evidence"]["profile"] for e in events)
+    faster = [n for n in judged if (n.speedup or 0) > 1.01]
+    assert len([e for e in events if e["type"] == "guard"]) == len(faster)
