@@ -443,6 +443,10 @@ class WorkerProcess:
         self.ready: list[str] = []
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if device == "cpu":
+            # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
+            # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
+            env["TRITON_INTERPRET"] = "1"
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
         self.timed_out = False

@@ -21,6 +21,7 @@ from kstrata import __version__
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
+from kstrata.tools.cli_optimize import optimize_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, fail, out
 
@@ -36,6 +37,7 @@ app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
+app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
