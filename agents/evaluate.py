@@ -388,7 +388,7 @@ def _scratch_root() -> str | None:
 
 def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-               policy: str = "strict") -> WorkerRun:
+               policy: str = "strict", env: dict[str, str] | None = None) -> WorkerRun:
     """Spawn `python -m kstrata.agents.eval_worker` for one role and wait for it (or kill it at the timeout)."""
     import time
 
@@ -403,7 +403,8 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
     if cuda_graph:
         cmd.append("--cuda-graph")
     log_path = workdir / "log.txt"
-    env = dict(os.environ)
+    # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
+    env = dict(os.environ) if env is None else dict(env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.monotonic()
     with log_path.open("wb") as log:
@@ -446,7 +447,7 @@ def default_device() -> str:
 def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict", trials: int = DEFAULT_TRIALS,
              seed: int = DEFAULT_SEED, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              timing: bool | None = None, runs: int = 100, cuda_graph: bool = False,
-             ceilings: Any = None) -> EvalVerdict:
+             ceilings: Any = None, env: dict[str, str] | None = None) -> EvalVerdict:
     """Judge `candidate` (a file defining `ModelNew`) against `task` (a KernelBench problem file).
 
     Returns a verdict; raises `EvalError` only when the harness cannot run at all (a missing file, a
@@ -467,7 +468,8 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root()))
     try:
         kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
-                              "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy}
+                              "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy,
+                              "env": env}
         ref = run_worker("reference", task, None, workdir=scratch / "reference", **kw)
         base = {"task": str(task), "candidate": str(candidate), "policy": policy}
         if ref.failure() or not (ref.report or {}).get("ok"):
