@@ -323,6 +323,8 @@ def compare_output(name: str, ref: Any, out: Any, ref64: Any, *, fp64_note: str 
     elif not strict_ok:
         detail = (f"error against float64 {cand_rel:.3g} relative (bound {bound_rel:.3g}), {cand_abs:.3g} max abs "
                   f"(bound {bound_abs:.3g}); PyTorch's own {dname} error is {ref_rel:.3g} relative, {ref_abs:.3g} max abs")
+        if not kb_ok:  # where: what a person (or a model refining the candidate) needs to find the bug
+            detail += "; " + _where_worst(r, o, tol)
     elif not kb_ok:
         detail = _where_worst(r, o, tol)
     return OutputComparison(name, dname, kb_ok, tol, strict_ok, "float64", max_abs_vs_ref, cand_abs, cand_rel,

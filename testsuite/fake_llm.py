@@ -45,6 +45,8 @@ class FakeLLMServer:
         self.script = list(script)
         self.model = model
         self.requests: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         server = self
 
@@ -69,6 +71,15 @@ class FakeLLMServer:
                 with server._lock:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                     reply = server.script.pop(0) if server.script else None
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._reply(reply, body)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def _reply(self, reply: Reply | None, body: Any) -> None:
                 if reply is None:
                     self._json(500, {"error": {"message": "script exhausted"}})
                     return
@@ -102,6 +113,8 @@ class FakeLLMServer:
                     self.wfile.write(data)
                 elif reply.kind in ("stream", "truncated-stream"):
                     self._stream(reply, reply.kind == "truncated-stream")
+                elif body.get("stream"):  # a plain completion, asked for as a stream
+                    self._stream(reply, False)
                 else:
                     usage = None if reply.usage is None else {"prompt_tokens": reply.usage[0],
                                                               "completion_tokens": reply.usage[1],

@@ -261,6 +261,8 @@ class LLMClient:
                 raise _StreamDropped(f"stream failed: {type(exc).__name__}") from None
             log.info("LLM stream ended early: %s", type(exc).__name__)
             finish = None
+        if not parts and finish is None:  # nothing at all came back (an empty or non-SSE body): retried
+            raise _StreamDropped("the stream carried no completion")
         return self._charged(messages, "".join(parts), finish, usage, attempt, start)
 
     def _charged(self, messages: list[Message], text: str, finish: str | None, usage: Any, attempt: int,

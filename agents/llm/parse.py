@@ -332,4 +332,5 @@ def parse_pipeline_spec(text: str, levels: tuple[str, ...]) -> PipelineEdit | Pa
     bad = [s.level for s in pipeline.stages if levels and s.level not in levels]
     if bad:
         return ParseFailure(f"this space rewrites {', '.join(levels)}, not {', '.join(bad)}", "mismatch")
-    return PipelineEdit(pipeline.spelling())
+    # The spec as written (validated above): re-spelling would drop options equal to their defaults.
+    return PipelineEdit(lines[0])
