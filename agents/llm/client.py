@@ -69,7 +69,7 @@ class ChatResult:
     @property
     def truncated(self) -> bool:
         """Cut off at the token limit, or a stream that ended before the model finished."""
-        return self.finish_reason != "stop"
+        return self.finish_reason in (None, "length")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"truncated": self.truncated}

@@ -405,7 +405,8 @@ class LLMProposer:
             return self.candidate_factory
         from kstrata.agents.optimize.candidate import TaskCandidate  # issue 13's type
 
-        return TaskCandidate
+        factory: Callable[..., Any] = TaskCandidate
+        return factory
 
     def propose(self, state: Any) -> list[Any]:
         make = self._factory()

@@ -111,7 +111,7 @@ class SandboxLimits:
     timeout_s: float = 120.0
     memory_mb: int | None = 8192
     cpu_s: int | None = 600
-    file_mb: int | None = 2048
+    file_mb: int | None = 16384  # the eval worker writes each trial's outputs to disk
     #: New user + network namespace: "auto" (on for CPU children), "on", "off".
     netns: str = "auto"
 

@@ -357,7 +357,7 @@ def test_refinement_rejects_every_bad_answer_with_its_reason_and_accepts_the_fix
         chat(python_block(IMPORT_ERROR)),  # 7: fails to import ("compile")
         chat(python_block(CORRECT)),  # 8: correct
     ]
-    with FakeLLMServer(script) as s:
+    with FakeLLMServer(script, lifetime_s=600) as s:  # four evaluations: minutes on a loaded machine
         client = LLMClient(cfg(s, stream=True, timeout_s=2.5, max_turns=8))
         ctx = PromptContext("graph", "relu_task", contract="relu of a float32[32, 64]", incumbent=TASK)
         checker = EvalChecker(task, tmp_path / "cands", device="cpu", trials=5, timeout_s=90)
@@ -370,7 +370,7 @@ def test_refinement_rejects_every_bad_answer_with_its_reason_and_accepts_the_fix
     reasons = {a.turn: a.reason for a in result.attempts}
     assert "values differ" in reasons[1] and "worst at [" in reasons[1] and "expected" in reasons[1]  # where
     assert "cut off" in reasons[2]
-    assert "unreadable response" in reasons[3] and "HTTP 500" in reasons[4]
+    assert "carried no completion" in reasons[3] and "HTTP 500" in reasons[4]
     assert "no code block" in reasons[5]
     assert "trial 1" in reasons[6]  # stale cached output from the second trial on
     assert "no_such_constexpr" in reasons[7]
@@ -487,3 +487,69 @@ def test_llm_proposer_stops_at_the_budget_and_says_so() -> None:
         assert len(p.propose(state)) == 1
         assert p.propose(state) == [] and "token budget" in state.notes["llm-graph"]
         assert p.propose(state) == [] and len(s.requests) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# On an NVIDIA GPU (the lead's batch): the sandboxed evaluation of LLM candidates (no openai needed)
+# ---------------------------------------------------------------------------------------------------
+def _has_cuda() -> bool:
+    from .conftest import has_cuda
+
+    return has_cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="needs an NVIDIA GPU")
+def test_sandboxed_checker_on_gpu_rejects_side_stream_and_times_a_correct_triton_kernel(tmp_path: Path) -> None:
+    task = tmp_path / "relu_task.py"
+    task.write_text(TASK.replace("torch.randn(32, 64)", "torch.randn(4096, 4096)"))
+    checker = EvalChecker(task, tmp_path / "cands", device="cuda", trials=5, timeout_s=300, timing=True)
+    cheat = checker(ModelNewEdit((ADVERSARIAL / "side_stream.py").read_text()), 1)
+    print(f"SIDE-STREAM: accepted={cheat.accepted} stage={cheat.feedback.stage} reason={cheat.feedback.text[:300]}")
+    assert not cheat.accepted and cheat.feedback.stage in ("integrity", "correctness"), cheat.feedback.text
+    good = checker(ModelNewEdit((ADVERSARIAL / "correct_triton_relu.py").read_text()), 2)
+    print(f"TRITON-RELU: accepted={good.accepted} speedup={good.speedup} reason={good.feedback.text[:300]}")
+    assert good.accepted and good.speedup is not None, good.feedback.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="needs an NVIDIA GPU")
+def test_cuda_inside_a_network_namespace(tmp_path: Path) -> None:
+    """Whether the sandbox's user + network namespace may be on for CUDA children (off by default)."""
+    from kstrata.agents.llm.sandbox import SandboxLimits
+
+    script = ("import json, os, torch\nx = torch.ones(1 << 20, device='cuda')\n"
+              "json.dump({'sum': float(x.sum()), 'sandbox': os.environ.get('KSTRATA_SANDBOX')}, "
+              "open(os.environ['KSTRATA_SANDBOX_RESULT'], 'w'))\n")
+    run = run_python(script, tmp_path / "ns", limits=SandboxLimits(timeout_s=120, memory_mb=None, netns="on"),
+                     device="cuda")
+    print(f"NETNS+CUDA: failure={run.failure()} result={run.result} stderr={run.stderr[-500:]}")
+    assert run.result is not None and run.result["sum"] == float(1 << 20), run.stderr[-2000:]
+    assert run.result["sandbox"] == "netns=on"
+
+
+@pytest.mark.slow  # one hardened evaluation on the CPU
+def test_llm_refine_cli_writes_the_accepted_model_and_attempts_without_the_key(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    task = tmp_path / "relu_task.py"
+    task.write_text(TASK)
+    with FakeLLMServer([chat("Let me think about it."), chat(python_block(CORRECT))], lifetime_s=600) as s:
+        env = {**os.environ, "KSTRATA_LLM_BASE_URL": s.base_url, "KSTRATA_LLM_MODEL": "fake-model",
+               "OPENAI_API_KEY": SECRET, "KSTRATA_SKILLS_DIR": str(tmp_path / "skills")}
+        proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "llm", "refine", str(task), "--out",
+                               str(tmp_path / "out"), "--space", "graph", "--device", "cpu", "--turns", "3"],
+                              capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "turn 1: unparsable (parse): no code block" in proc.stdout and "turn 2: accepted" in proc.stdout
+    attempts = (tmp_path / "out" / "attempts.json").read_text()
+    assert "clamp_min" in (tmp_path / "out" / "model_new.py").read_text()
+    data = json.loads(attempts)
+    assert data["stopped"] == "accepted" and data["config"]["api_key"] == "set"
+    assert SECRET not in attempts and SECRET not in proc.stdout + proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "llm", "refine", str(task), "--out",
+                          str(tmp_path / "o2"), "--space", "asm"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "KSTRATA_LLM_BASE_URL": "http://127.0.0.1:9/v1"}, check=False)
+    assert bad.returncode == 2 and "--space 'asm'" in bad.stderr and "Traceback" not in bad.stderr
