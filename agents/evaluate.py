@@ -408,6 +408,10 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
     # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
     env = dict(os.environ) if env is None else dict(env)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if device == "cpu":
+        # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
+        # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
+        env["TRITON_INTERPRET"] = "1"
     start = time.monotonic()
     with log_path.open("wb") as log:
         # A new session: the timeout kills the worker and everything it started (a candidate's helpers too).

@@ -20,6 +20,7 @@ from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
 from kstrata.tools.cli_llm import llm_app
+from kstrata.tools.cli_optimize import optimize_app
 from kstrata.tools.cli_skills import skills_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, fail, out
@@ -36,6 +37,7 @@ app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
+app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
 app.add_typer(skills_app, name="skills")
 app.add_typer(llm_app, name="llm")

@@ -1,0 +1,96 @@
+"""`kstrata optimize`: the optimizer loop (kstrata.agents.optimize) on a task file or a directory of tasks.
+
+Exit codes: 0 every task done with an accepted output; 1 a task failed (its report says why); 2 a user
+error (a bad task file, an --out holding a previous run without --resume, bad options), one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kstrata.ir.errors import KstrataError
+from kstrata.tools.console import JsonFlag, emit_json, err, out
+
+optimize_app = typer.Typer(help="Make a KernelBench task faster: baselines, profile, findings, planner, search, "
+                                "a verified model_new.py.", add_completion=False, pretty_exceptions_enable=False,
+                           context_settings={"allow_interspersed_args": True})
+
+
+@optimize_app.callback(invoke_without_command=True)
+def optimize_cmd(
+    target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
+    budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
+    minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
+    precision: Annotated[str, typer.Option("--precision", help="strict (default), tf32, bf16 or fp16.")] = "strict",
+    workers: Annotated[int, typer.Option("--workers", help="Strategy workers per task (parallel checks).")] = 1,
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = "",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed or finished run in --out.")] = False,
+    as_json: JsonFlag = False,
+    baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")]
+    = "eager,compile,compile-max-autotune",
+    spaces: Annotated[str, typer.Option("--spaces", help="Only these spaces (comma-separated; default: all).")] = "",
+    parallel_tasks: Annotated[int, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at once "
+                                                                          "(one timing queue).")] = 1,
+    no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
+    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
+    ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
+) -> None:
+    """Optimize TARGET; see the README's optimizer section."""
+    from kstrata.agents.optimize.candidate import POLICIES
+    from kstrata.agents.optimize.search import BASELINES, Options, optimize
+
+    if precision not in POLICIES:
+        raise KstrataError(f"--precision {precision!r}: choose one of {', '.join(POLICIES)}")
+    names = tuple(b.strip() for b in baselines.split(",") if b.strip())
+    bad = [b for b in names if b not in BASELINES]
+    if bad:
+        raise KstrataError(f"--baselines: unknown {', '.join(bad)}; choose from {', '.join(BASELINES)}")
+    if budget < 0 or workers < 1 or minutes <= 0:
+        raise KstrataError("--budget must be >= 0, --workers >= 1 and --minutes > 0")
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev not in ("cuda", "cpu"):
+        raise KstrataError(f"--device {dev!r}: choose cuda or cpu")
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise KstrataError("--device cuda: no CUDA GPU here (use --device cpu for a correctness-only run)")
+    ceilings = None
+    if dev == "cuda":
+        from kstrata.agents.roofline import load_or_measure
+
+        ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
+    stream = err if as_json else out
+    tty = stream.is_terminal
+
+    def progress(msg: str) -> None:
+        if tty:
+            stream.print(msg, highlight=False, markup=False, soft_wrap=True)
+        else:  # plain lines when not a terminal
+            print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+                   baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
+                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress)
+    results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
+    payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
+                               "tasks": [r.to_json() for r in results]}
+    if as_json:
+        emit_json(payload)
+    else:
+        for r in results:
+            if r.status != "done":
+                out.print(f"[red]FAILED[/] {r.task}: {r.error}", highlight=False)
+                continue
+            sp = f"{r.speedup:.3f}x over the best baseline ({r.incumbent_baseline})" if r.speedup else "not timed"
+            out.print(f"{r.task}: {sp}; space {r.chosen_space}; final {'ok' if r.final_ok else 'REJECTED'} -> "
+                      f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
+        if not opts.device == "cuda":
+            out.print("nothing was timed (no GPU): correctness only", highlight=False)
+    if any(r.status != "done" or not r.final_ok for r in results):
+        raise typer.Exit(1)
