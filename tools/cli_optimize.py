@@ -40,6 +40,14 @@ def optimize_cmd(
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
+    llm: Annotated[bool, typer.Option("--llm", help="Add LLM proposers (an OpenAI-compatible endpoint: "
+                                                    "KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY).")] = False,
+    llm_spaces: Annotated[str, typer.Option("--llm-spaces", help="Spaces the LLM proposes in (comma-separated).")]
+    = "triton,graph",
+    llm_config: Annotated[Path | None, typer.Option("--llm-config", help="LLM config file (JSON).")] = None,
+    llm_budget_tokens: Annotated[int | None, typer.Option("--llm-budget-tokens", help="Stop asking after this many "
+                                                                                     "tokens.")] = None,
+    llm_turns: Annotated[int | None, typer.Option("--llm-turns", help="Refinement turns per conversation.")] = None,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.optimize.candidate import POLICIES
@@ -74,12 +82,21 @@ def optimize_cmd(
         else:  # plain lines when not a terminal
             print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
-    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+    extra: tuple[Any, ...] = ()
+    if llm:
+        from kstrata.agents.llm.proposer import llm_proposers
+
+        extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
+                                    options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                                    config_file=llm_config))
+    opts = Options(extra_proposers=extra, budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
                    ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress)
     results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
                                "tasks": [r.to_json() for r in results]}
+    if extra:  # tokens and cost of the LLM proposers (they share one client); never the key
+        payload["llm"] = {"config": extra[0].client.config.to_json(), "usage": extra[0].client.ledger.to_json()}
     if as_json:
         emit_json(payload)
     else:
@@ -92,5 +109,9 @@ def optimize_cmd(
                       f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
         if not opts.device == "cuda":
             out.print("nothing was timed (no GPU): correctness only", highlight=False)
+        if extra:
+            u = payload["llm"]["usage"]
+            out.print(f"LLM: {u['requests']} requests, {u['retries']} retries, {u['tokens']} tokens"
+                      + (" (estimated)" if u["tokens_estimated"] else "") + f", ${u['cost_usd']:.4f}", highlight=False)
     if any(r.status != "done" or not r.final_ok for r in results):
         raise typer.Exit(1)

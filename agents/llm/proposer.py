@@ -372,13 +372,20 @@ class LLMProposer:
                           *[getattr(f, "text", str(f)) for f in getattr(state, "findings", []) or []]])
         return [s.render() for s in self.library.search(query, k=self.skills_k, space=self.space)]
 
-    def observe(self, candidate: Any, check: Any) -> None:
-        """The loop's verdict on one of this proposer's candidates: a failure is fed back next time."""
+    def observe(self, candidate: Any, check: Any, *, speedup: float | None = None, note: str = "") -> None:
+        """The loop's verdict on one of this proposer's candidates: a failure (or, when timed, a correct
+        candidate that is not faster, or one the loop rejected after the check) is fed back next time."""
         entry = self._pending.get(getattr(candidate, "key", ""))
         if entry is None:
             return
         if getattr(check, "ok", False):
-            del self._pending[candidate.key]
+            if note:
+                entry.feedback = Feedback("engine", f"correct, but rejected by the loop: {note}")
+            elif speedup is not None and speedup <= 1.0:
+                entry.feedback = Feedback("timing", f"correct, but not faster: {speedup:.3f}x against the best "
+                                                    "baseline; make it faster")
+            else:
+                del self._pending[candidate.key]
             return
         stage = _STAGE_BY_FAILURE.get(getattr(check, "failure", None) or "", "engine")
         entry.feedback = Feedback(stage, str(getattr(check, "reason", check)))
@@ -463,14 +470,19 @@ TASK_SPACES = ("graph", "triton", "library", "compiler")
 
 
 def llm_proposers(spaces: Sequence[str] = ("triton", "graph"), *, config: Any = None,
-                  options: dict[str, Any] | None = None, library: Any = None) -> list[LLMProposer]:
+                  options: dict[str, Any] | None = None, config_file: str | Path | None = None,
+                  library: Any = None) -> list[LLMProposer]:
     """What `kstrata optimize --llm` adds to the loop: one proposer per space, sharing one client (one
     concurrency limit, one budget). Raises `LLMConfigError` when no endpoint is configured."""
     from kstrata.agents.skills import SkillLibrary
 
     from .config import LLMConfigError, load_config
 
-    cfg = config or load_config(options)
+    bad = [s for s in spaces if s not in TASK_SPACES]
+    if bad:
+        raise LLMConfigError(f"LLM spaces {', '.join(bad)}: one of {', '.join(TASK_SPACES)} (ir and asm answers need "
+                             "the candidate engine of issue 12)")
+    cfg = config or load_config(options, config_file=config_file)
     if cfg is None:
         raise LLMConfigError("--llm needs an endpoint: set KSTRATA_LLM_BASE_URL and KSTRATA_LLM_MODEL (and "
                              "OPENAI_API_KEY), or --llm-config FILE")

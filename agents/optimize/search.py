@@ -123,6 +123,11 @@ class TaskResult:
         return dict(self.__dict__)
 
 
+def _sandboxed(c: TaskCandidate) -> bool:
+    """Generated candidates (the LLM's) run in the restricted environment of kstrata.agents.llm.sandbox."""
+    return bool(c.params.get("sandbox"))
+
+
 def _log_reward(speedup: float | None) -> float:
     return math.log(speedup) if speedup and speedup > 0 else 0.0
 
@@ -309,7 +314,8 @@ class TaskSearch:
             return
         paths = {n.key: self.write_candidate(n.candidate) for n in todo}
         with ThreadPoolExecutor(max_workers=max(1, self.opts.workers)) as pool:
-            results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key]), todo))
+            results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key],
+                                                             sandbox=_sandboxed(n.candidate)), todo))
         for n, r in zip(todo, results, strict=True):
             n.check = r
             n.elapsed_s = self.elapsed()
@@ -317,7 +323,8 @@ class TaskSearch:
                 n.status, n.reward, n.note = "rejected", FAILURE_REWARD, r.reason
         ok = [n for n in todo if n.check and n.check.ok]
         if ok and not self.ev.timed:  # on a GPU the measurement checks the contract in its own process
-            problems = self.ev.contract(self.info.path, {n.key: paths[n.key] for n in ok}, output_layouts(self.info.spec))
+            problems = self.ev.contract(self.info.path, {n.key: paths[n.key] for n in ok}, output_layouts(self.info.spec),
+                                        sandbox=any(_sandboxed(n.candidate) for n in ok))
             for n in ok:
                 if problems.get(n.key):
                     n.status, n.reward, n.note = "rejected", FAILURE_REWARD, f"contract: {problems[n.key]}"
@@ -326,7 +333,8 @@ class TaskSearch:
 
     def _measure(self, nodes: list[Node], rounds: int) -> dict[str, Measurement | str]:
         keys = {n.key: self.write_candidate(n.candidate) for n in nodes}
-        return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs)
+        return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs,
+                               sandbox=any(_sandboxed(n.candidate) for n in nodes))
 
     def _sol(self, us: float, speedup: float | None = None) -> tuple[float | None, list[str]]:
         if self.opts.ceilings is None:
@@ -571,6 +579,16 @@ class TaskSearch:
                 return c
         return None
 
+    def _tell_proposer(self, c: TaskCandidate, n: Node) -> None:
+        """A proposer with `observe(candidate, check)` (the LLM's) hears the verdict on its own candidates."""
+        for p in self.proposers:
+            observe = getattr(p, "observe", None)
+            if p.name == c.proposer and callable(observe):
+                try:
+                    observe(c, n.check, speedup=n.speedup, note=n.note if n.status == "rejected" else "")
+                except Exception as exc:  # a proposer's bug costs its refinements, not the run
+                    self.notes[p.name] = f"observe() raised {type(exc).__name__}: {exc}"
+
     def judge(self, c: TaskCandidate, parent: Node) -> Node:
         n = self.nodes[c.key]
         self.say(f"candidate {self.candidates_judged() + 1}/{self.opts.budget} [{c.space}/{c.proposer}] {c.description}")
@@ -591,6 +609,7 @@ class TaskSearch:
             else:
                 n.status, n.note, n.reward = "rejected", str(m if not isinstance(m, Measurement) else mb), FAILURE_REWARD
         n.elapsed_s = self.elapsed()
+        self._tell_proposer(c, n)
         with self.lock:
             self._backprop(n)
         self.emit(self.node_event(n))
@@ -653,7 +672,8 @@ class TaskSearch:
         src = set_measured(inc.candidate.source, lines)
         path = self.out / "model_new.py"
         write_atomic(path, src)
-        verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
+        verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings,
+                                sandbox=_sandboxed(inc.candidate))
         ev: dict[str, Any] = {"type": "final", "key": inc.key, "accepted": verdict.accepted, "reason": verdict.reason,
                               "seed": self.opts.final_seed, "speedup_vs_eager": verdict.speedup,
                               "roofline": verdict.roofline, "device": verdict.device}

@@ -553,3 +553,37 @@ def test_llm_refine_cli_writes_the_accepted_model_and_attempts_without_the_key(t
                           str(tmp_path / "o2"), "--space", "asm"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "KSTRATA_LLM_BASE_URL": "http://127.0.0.1:9/v1"}, check=False)
     assert bad.returncode == 2 and "--space 'asm'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow  # the whole loop on the CPU: baseline, probe, two sandboxed checks, the final re-evaluation
+def test_optimize_llm_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """`kstrata optimize --llm`: a numerically wrong Triton kernel is rejected with its reason, which goes
+    back to the model; the corrected Triton kernel (run by Triton's interpreter, in the sandbox) is accepted."""
+    import os
+    import subprocess
+    import sys
+
+    correct = (ADVERSARIAL / "correct_triton_relu.py").read_text()
+    wrong = correct.replace("tl.maximum(x, 0.0)", "tl.minimum(x, 0.0)")
+    task = Path(__file__).resolve().parents[1] / "optimize_tasks" / "01_relu_small.py"
+    out = tmp_path / "out"
+    with FakeLLMServer([chat(python_block(wrong)), chat(python_block(correct))], lifetime_s=1200) as s:
+        env = {**os.environ, "KSTRATA_LLM_BASE_URL": s.base_url, "KSTRATA_LLM_MODEL": "fake-model",
+               "OPENAI_API_KEY": SECRET, "KSTRATA_SKILLS_DIR": str(tmp_path / "skills")}
+        p = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", str(task), "--out", str(out),
+                            "--device", "cpu", "--llm", "--llm-spaces", "triton", "--spaces", "triton", "--budget", "2",
+                            "--baselines", "eager", "--no-plugins", "--no-ncu", "--json"],
+                           capture_output=True, text=True, env=env, timeout=1200, check=False)
+        asked = [r["body"]["messages"] for r in s.requests]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    payload = json.loads(p.stdout)
+    assert payload["tasks"][0]["final_ok"] and payload["llm"]["usage"]["requests"] == 2
+    traj = [json.loads(ln) for ln in (out / "01_relu_small" / "trajectory.jsonl").read_text().splitlines()]
+    llm = [e for e in traj if e["type"] == "candidate" and e["proposer"] == "llm-triton"]
+    assert [e["status"] for e in llm] == ["rejected", "correct"], llm
+    assert "values differ" in llm[0]["verdict"]["reason"]
+    assert "values differ" in asked[1][-1]["content"]  # the loop's verdict went back to the model
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert SECRET not in f.read_text(errors="replace"), f
+    assert SECRET not in p.stdout + p.stderr
