@@ -48,6 +48,8 @@ def optimize_cmd(
     llm_budget_tokens: Annotated[int | None, typer.Option("--llm-budget-tokens", help="Stop asking after this many "
                                                                                      "tokens.")] = None,
     llm_turns: Annotated[int | None, typer.Option("--llm-turns", help="Refinement turns per conversation.")] = None,
+    learn_skills: Annotated[Path | None, typer.Option("--learn-skills", help="Skill library to add timed wins to "
+                                                      "(only after they reproduce on other seeds).")] = None,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.optimize.candidate import POLICIES
@@ -89,7 +91,7 @@ def optimize_cmd(
         extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
                                     options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
                                     config_file=llm_config))
-    opts = Options(extra_proposers=extra, budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+    opts = Options(extra_proposers=extra, skills_dir=learn_skills, budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
                    ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress)
     results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)

@@ -93,6 +93,9 @@ class Options:
     ceilings: Any = None  # roofline.Ceilings (GPU), measured by the caller
     lock_path: Path | None = None
     progress: Callable[[str], None] = print
+    #: When set, a timed win is summarized into a skill there, admitted only if it reproduces (fresh
+    #: processes, other seeds): kstrata.agents.skills.learn_from_win.
+    skills_dir: Path | None = None
 
 
 @dataclass
@@ -126,6 +129,11 @@ class TaskResult:
 def _sandboxed(c: TaskCandidate) -> bool:
     """Generated candidates (the LLM's) run in the restricted environment of kstrata.agents.llm.sandbox."""
     return bool(c.params.get("sandbox"))
+
+
+def _box(sandbox: bool) -> dict[str, bool]:
+    """`sandbox=True` for the evaluator only when needed (evaluators without the keyword keep working)."""
+    return {"sandbox": True} if sandbox else {}
 
 
 def _log_reward(speedup: float | None) -> float:
@@ -315,7 +323,7 @@ class TaskSearch:
         paths = {n.key: self.write_candidate(n.candidate) for n in todo}
         with ThreadPoolExecutor(max_workers=max(1, self.opts.workers)) as pool:
             results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key],
-                                                             sandbox=_sandboxed(n.candidate)), todo))
+                                                             **_box(_sandboxed(n.candidate))), todo))
         for n, r in zip(todo, results, strict=True):
             n.check = r
             n.elapsed_s = self.elapsed()
@@ -324,7 +332,7 @@ class TaskSearch:
         ok = [n for n in todo if n.check and n.check.ok]
         if ok and not self.ev.timed:  # on a GPU the measurement checks the contract in its own process
             problems = self.ev.contract(self.info.path, {n.key: paths[n.key] for n in ok}, output_layouts(self.info.spec),
-                                        sandbox=any(_sandboxed(n.candidate) for n in ok))
+                                        **_box(any(_sandboxed(n.candidate) for n in ok)))
             for n in ok:
                 if problems.get(n.key):
                     n.status, n.reward, n.note = "rejected", FAILURE_REWARD, f"contract: {problems[n.key]}"
@@ -334,7 +342,7 @@ class TaskSearch:
     def _measure(self, nodes: list[Node], rounds: int) -> dict[str, Measurement | str]:
         keys = {n.key: self.write_candidate(n.candidate) for n in nodes}
         return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs,
-                               sandbox=any(_sandboxed(n.candidate) for n in nodes))
+                               **_box(any(_sandboxed(n.candidate) for n in nodes)))
 
     def _sol(self, us: float, speedup: float | None = None) -> tuple[float | None, list[str]]:
         if self.opts.ceilings is None:
@@ -657,6 +665,27 @@ class TaskSearch:
         return accepted
 
     # -- the output ------------------------------------------------------------------------------
+    def _learn_skill(self, inc: Node, verdict: Any, path: Path) -> dict[str, Any]:
+        """The skill gate: re-evaluate the winner on other seeds in fresh processes before it is stored."""
+        from kstrata.agents.skills import Reproduction, SkillLibrary, Win, learn_from_win
+
+        c, spec = inc.candidate, self.info.spec
+        win = Win(task=self.info.name, space=c.space, proposer=c.proposer, description=c.description, params=c.params,
+                  speedup=float(verdict.speedup), baseline="eager (the task's Model)", device=verdict.device,
+                  versions=dict(verdict.versions), operators=tuple(op for op, _ in spec.flops_by_op[:6]),
+                  dtypes=tuple(spec.dtypes), findings=tuple(f.text for f in self.findings), source=c.source)
+
+        def remeasure(seed: int) -> Reproduction:
+            v = self.ev.final(self.info.path, path, seed=seed, ceilings=self.opts.ceilings, **_box(_sandboxed(c)))
+            return Reproduction(seed, bool(v.accepted), v.speedup, True, "" if v.accepted else v.reason)
+
+        client = next((p.client for p in self.proposers if hasattr(p, "client")), None)
+        gate, how = learn_from_win(SkillLibrary(self.opts.skills_dir), win, remeasure, client=client,
+                                   original_seed=self.opts.final_seed)
+        self.say(f"skill: {'ADMITTED' if gate.admitted else 'not admitted'} — {gate.reason} ({how})")
+        return {"admitted": gate.admitted, "reason": gate.reason, "summary": how,
+                "path": str(gate.path) if gate.path else None}
+
     def step_final(self) -> None:
         inc = self.incumbent
         base = self.nodes[self.base_key]
@@ -673,7 +702,7 @@ class TaskSearch:
         path = self.out / "model_new.py"
         write_atomic(path, src)
         verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings,
-                                sandbox=_sandboxed(inc.candidate))
+                                **_box(_sandboxed(inc.candidate)))
         ev: dict[str, Any] = {"type": "final", "key": inc.key, "accepted": verdict.accepted, "reason": verdict.reason,
                               "seed": self.opts.final_seed, "speedup_vs_eager": verdict.speedup,
                               "roofline": verdict.roofline, "device": verdict.device}
@@ -689,6 +718,9 @@ class TaskSearch:
             verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
             ev.update({"key": base.key, "accepted": verdict.accepted, "reason": verdict.reason,
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
+        if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent_key != self.base_key
+                and self.ev.timed and verdict.speedup):
+            ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
         self.final = ev
         self.emit(dict(ev))
         self.say(f"final (fresh process, seed {self.opts.final_seed}): " + ("ACCEPTED" if verdict.accepted else "REJECTED") +

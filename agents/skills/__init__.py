@@ -414,3 +414,16 @@ def summarize_with_model(client: Any, win: Win) -> tuple[Skill, str]:
     applies = Applicability(ops or base.applies.operators, base.applies.roofline, base.applies.dtypes,
                             base.applies.architectures, base.applies.spaces)
     return Skill(slug(title), title[:200], applies, how[:4000], base.example, (), "model"), "summarized by the model"
+
+
+def learn_from_win(library: SkillLibrary, win: Win, remeasure: Remeasure, *, client: Any = None,
+                   seeds: Iterable[int] = (1001, 2002, 3003), original_seed: int | None = None,
+                   min_speedup: float = MIN_SPEEDUP) -> tuple[GateResult, str]:
+    """Summarize a win into a skill (by the model when `client` is given, else built in) and admit it
+    through the gate; returns the gate's result and how the summary was written."""
+    if client is not None:
+        skill, how = summarize_with_model(client, win)
+    else:
+        skill, how = summarize_win(win), "built-in summary"
+    return admit(skill, claimed_evidence(win), remeasure, library, seeds=seeds, original_seed=original_seed,
+                 min_speedup=min_speedup), how

@@ -180,3 +180,15 @@ def test_skills_cli(tmp_path: Path) -> None:
     assert code == 0 and not list(lib.glob("*.json"))
     code, text = run("show", sid)
     assert code != 0 and f"no skill {sid!r}" in text
+
+
+def test_learn_from_win_summarizes_then_gates(tmp_path: Path) -> None:
+    from kstrata.agents.skills import learn_from_win
+
+    lib = SkillLibrary(tmp_path, seeds=False)
+    gate, how = learn_from_win(lib, win(), lambda seed: Reproduction(seed, True, 1.0, True), original_seed=1001)
+    assert not gate.admitted and [r.seed for r in gate.reproductions] == [2002, 3003] and how == "built-in summary"
+    assert lib.skills() == []
+    gate, how = learn_from_win(lib, win(), lambda seed: Reproduction(seed, True, 1.3, True))
+    assert gate.admitted and lib.skills()[0].source == "builtin-summarizer"
+    assert lib.skills()[0].evidence[0].reproductions[0].speedup == 1.3
