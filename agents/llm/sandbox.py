@@ -37,6 +37,8 @@ ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "PYTH
              "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "TRITON_INTERPRET", "TRITON_PTXAS_PATH", "TORCH_CUDA_ARCH_LIST")
+#: ... and every variable with one of these prefixes (GPU runtimes, Triton, torch), secrets excepted.
+ENV_ALLOW_PREFIXES = ("CUDA_", "NVIDIA_", "TRITON_", "TORCH_", "TORCHINDUCTOR_", "HIP_", "ROCM_", "HSA_", "ROCR_")
 #: Patterns never copied even if allowlisted above (defence in depth).
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PROXY")
 
@@ -142,9 +144,10 @@ def sandbox_env(workdir: Path, limits: SandboxLimits | None = None, *, device: s
     for d in (site, home, tmp):
         d.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(GUARD_SOURCE)
-    env = {k: v for k, v in src.items() if k in ENV_ALLOW and not _is_secret(k)}
+    env = {k: v for k, v in src.items() if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not _is_secret(k)}
     env["PYTHONPATH"] = os.pathsep.join([str(site)] + [p for p in src.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update({"HOME": str(home), "TMPDIR": str(tmp), "TRITON_CACHE_DIR": str(workdir / "triton-cache"),
+                "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
                 "XDG_CACHE_HOME": str(workdir / "cache"), "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1", "KSTRATA_SANDBOX": "pending"})
     if limits.memory_mb:
