@@ -20,6 +20,26 @@ optimize_app = typer.Typer(help="Make a KernelBench task faster: baselines, prof
                            context_settings={"allow_interspersed_args": True})
 
 
+def _load_proposer(spec: str) -> list[Any]:
+    """`MODULE:ATTR` -> proposers; a bad one is a user error naming it."""
+    import importlib
+
+    from kstrata.agents.optimize.proposers import _as_proposers, _invalid
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise KstrataError(f"--proposer {spec!r}: write MODULE:ATTR")
+    try:
+        objs = _as_proposers(getattr(importlib.import_module(module), attr))
+    except Exception as exc:
+        raise KstrataError(f"--proposer {spec}: {type(exc).__name__}: {exc}") from None
+    for obj in objs:
+        why = _invalid(obj)
+        if why:
+            raise KstrataError(f"--proposer {spec}: {why}")
+    return objs
+
+
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
     target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them.")],
@@ -39,6 +59,9 @@ def optimize_cmd(
     no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
+    trials: Annotated[int, typer.Option("--trials", help="Correctness trials of each hardened evaluation (>= 5).")] = 6,
+    proposer: Annotated[list[str] | None, typer.Option("--proposer", help="Another proposer, MODULE:ATTR (a class, "
+                                                       "factory or instance; repeatable), without packaging it.")] = None,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
     llm: Annotated[bool, typer.Option("--llm", help="Add LLM proposers (an OpenAI-compatible endpoint: "
                                                     "KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY).")] = False,
@@ -61,8 +84,8 @@ def optimize_cmd(
     bad = [b for b in names if b not in BASELINES]
     if bad:
         raise KstrataError(f"--baselines: unknown {', '.join(bad)}; choose from {', '.join(BASELINES)}")
-    if budget < 0 or workers < 1 or minutes <= 0:
-        raise KstrataError("--budget must be >= 0, --workers >= 1 and --minutes > 0")
+    if budget < 0 or workers < 1 or minutes <= 0 or trials < 5:
+        raise KstrataError("--budget must be >= 0, --workers >= 1, --minutes > 0 and --trials >= 5")
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -84,21 +107,24 @@ def optimize_cmd(
         else:  # plain lines when not a terminal
             print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
-    extra: tuple[Any, ...] = ()
+    extra = [_load_proposer(spec) for spec in proposer or []]
+    llm_extra: tuple[Any, ...] = ()
     if llm:
         from kstrata.agents.llm.proposer import llm_proposers
 
-        extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
-                                    options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
-                                    config_file=llm_config))
-    opts = Options(extra_proposers=extra, skills_dir=learn_skills, budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+        llm_extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
+                                        options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                                        config_file=llm_config))
+    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
-                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress)
+                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
+                   trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
+                   skills_dir=learn_skills)
     results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
                                "tasks": [r.to_json() for r in results]}
-    if extra:  # tokens and cost of the LLM proposers (they share one client); never the key
-        payload["llm"] = {"config": extra[0].client.config.to_json(), "usage": extra[0].client.ledger.to_json()}
+    if llm_extra:  # tokens and cost of the LLM proposers (they share one client); never the key
+        payload["llm"] = {"config": llm_extra[0].client.config.to_json(), "usage": llm_extra[0].client.ledger.to_json()}
     if as_json:
         emit_json(payload)
     else:
@@ -111,7 +137,7 @@ def optimize_cmd(
                       f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
         if not opts.device == "cuda":
             out.print("nothing was timed (no GPU): correctness only", highlight=False)
-        if extra:
+        if llm_extra:
             u = payload["llm"]["usage"]
             out.print(f"LLM: {u['requests']} requests, {u['retries']} retries, {u['tokens']} tokens"
                       + (" (estimated)" if u["tokens_estimated"] else "") + f", ${u['cost_usd']:.4f}", highlight=False)

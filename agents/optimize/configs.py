@@ -90,6 +90,9 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         init.append("torch.backends.cudnn.benchmark = True")
     if params.get("tf32"):
         init += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
+    else:
+        # IEEE fp32, as the strict policy's reference runs: PyTorch's default makes fp32 convolutions TF32.
+        init += ["torch.backends.cuda.matmul.allow_tf32 = False", "torch.backends.cudnn.allow_tf32 = False"]
     if params.get("channels_last"):
         init.append("self.model = self.model.to(memory_format=torch.channels_last)")
     fwd: list[str] = []

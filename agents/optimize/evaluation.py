@@ -6,9 +6,10 @@ Everything the loop asks of a candidate goes through `Evaluator`, so the move to
 
 - `check`: `kstrata.agents.evaluate.evaluate` without timing (the hardened evaluator: integrity checks,
   six trials, the policy), each in its own processes; checks run in parallel (`workers`).
-- `measure`: one child (`worker.py measure`) times the incumbent and challengers interleaved; all
-  measurements of a run go through one lock (one timing queue per GPU; with `lock_path`, a file lock
-  shared by processes).
+- `measure`: one child (`worker.py measure`) times the incumbent and challengers interleaved; it builds
+  and compiles them first, outside the queue, and times only once it holds the one timing queue of the run
+  (a lock; with `lock_path`, a file lock shared by processes). Other tasks' correctness checks may use the
+  GPU meanwhile: the rounds are interleaved and the guard's threshold is the measured spread.
 - `final`: the chosen ModelNew re-evaluated in fresh processes with fresh seeds (and timed on a GPU).
 """
 
@@ -81,11 +82,17 @@ class Evaluator:
         return sandbox_env(workdir, device=self.device)
 
     def run_job(self, job: dict[str, Any], timeout_s: float | None = None, *, argv_prefix: list[str] | None = None,
-                env_extra: dict[str, str] | None = None, sandbox: bool = False) -> JobResult:
+                env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False) -> JobResult:
+        """Run one worker job. `gated`: the worker prepares (imports, builds, compiles) outside the timing
+        queue, says `ready`, and times only after this process, holding the queue, says `go`. `sandbox`: in
+        the restricted environment of generated candidates."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         d = Path(tempfile.mkdtemp(prefix=f"{job['cmd']}-", dir=self.workdir))
         job = {**job, "result": str(d / "result.json"), "device": job.get("device", self.device),
                "seed": job.get("seed", self.seed), "policy": self.policy}
+        ready, go = d / "ready", d / "go"
+        if gated:
+            job.update(ready_file=str(ready), go_file=str(go))
         (d / "job.json").write_text(json.dumps(job))
         base = self._sandbox_env(d / "sandbox") if sandbox else os.environ
         env = dict(base, PYTHONUNBUFFERED="1", **(env_extra or {}))
@@ -97,15 +104,26 @@ class Evaluator:
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
+            limit = timeout_s or self.timeout_s
+            deadline = start + limit
+            queue: contextlib.AbstractContextManager[None] | None = None
             try:
-                proc.wait(timeout=timeout_s or self.timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                shutil.rmtree(d, ignore_errors=True)
-                return JobResult(False, {}, f"{job['cmd']} timed out after {timeout_s or self.timeout_s:g} s",
-                                 time.monotonic() - start)
+                while proc.poll() is None:
+                    if gated and queue is None and ready.exists():
+                        queue = self.timing_queue()
+                        queue.__enter__()  # waits for the GPU; the worker waits for `go`
+                        deadline = time.monotonic() + limit
+                        go.write_text("go")
+                    if time.monotonic() > deadline:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        shutil.rmtree(d, ignore_errors=True)
+                        return JobResult(False, {}, f"{job['cmd']} timed out after {limit:g} s", time.monotonic() - start)
+                    time.sleep(0.02)
+            finally:
+                if queue is not None:
+                    queue.__exit__(None, None, None)
         seconds = time.monotonic() - start
         out = d / "result.json"
         try:
@@ -173,9 +191,8 @@ class Evaluator:
         """Interleaved timing of `candidates` in one process (key -> Measurement, or why not)."""
         if not self.timed:
             return dict.fromkeys(candidates, "not timed (no GPU)")
-        with self.timing_queue():
-            r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
-                              "candidates": {k: str(p) for k, p in candidates.items()}}, sandbox=sandbox)
+        r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
+                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True, sandbox=sandbox)
         self.measure_seconds += r.seconds
         if not r.ok:
             return dict.fromkeys(candidates, f"measurement failed: {r.error}")
@@ -203,9 +220,9 @@ class Evaluator:
         """Nsight Compute over one call of the candidate (inside an NVTX range), raw metrics as CSV."""
         prefix = [ncu_path, "--target-processes", "all", "--nvtx", "--nvtx-include", f"{NCU_RANGE}/",
                   "--metrics", ",".join(NCU_METRICS), "--csv", "--page", "raw", "--launch-count", str(launch_count)]
-        with self.timing_queue():
-            r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
-                             timeout_s, argv_prefix=prefix)
+        # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics.
+        r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
+                         timeout_s, argv_prefix=prefix)
         if not r.ok and not r.data:
             return r
         log = r.data.get("_log", "")
@@ -216,16 +233,18 @@ class Evaluator:
         return JobResult(True, {"kernels": rows}, "", r.seconds)
 
     def final(self, task: Path, candidate: Path, *, seed: int, ceilings: Any = None, sandbox: bool = False) -> Any:
-        """A fresh evaluation with fresh seeds (timed on a GPU): the verdict of the output."""
+        """A fresh evaluation with fresh seeds (timed on a GPU): the verdict of the output.
+
+        Outside the timing queue (it is two whole processes): its speedup over eager is a second opinion;
+        the speedups the search decides on are the interleaved ones."""
         from kstrata.agents.evaluate import evaluate
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=self.workdir)) if sandbox else None
         try:
-            with self.timing_queue() if self.timed else contextlib.nullcontext():
-                return evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=seed,
-                                device=self.device, timeout_s=self.timeout_s, timing=self.timed, ceilings=ceilings,
-                                env=self._sandbox_env(box) if box else None)
+            return evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=seed, device=self.device,
+                            timeout_s=self.timeout_s, timing=self.timed, ceilings=ceilings,
+                            env=self._sandbox_env(box) if box else None)
         finally:
             if box:
                 shutil.rmtree(box, ignore_errors=True)

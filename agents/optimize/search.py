@@ -236,6 +236,7 @@ class TaskSearch:
             elif kind == "baselines":
                 self.baselines = {b: self.nodes[k] for b, k in ev["keys"].items() if k in self.nodes}
                 self.base_key = self.incumbent_key = ev["incumbent"]
+                self.nodes[self.base_key].status = "incumbent"
             elif kind == "evidence":
                 self.evidence_json = ev["evidence"]
             elif kind == "findings":
@@ -243,7 +244,10 @@ class TaskSearch:
             elif kind == "plan":
                 self.plan = Plan.from_json(ev["plan"])
             elif kind == "incumbent":
+                if self.incumbent_key in self.nodes:
+                    self.nodes[self.incumbent_key].status = "measured"
                 self.incumbent_key = ev["key"]
+                self.nodes[self.incumbent_key].status = "incumbent"
             elif kind == "prune":
                 self.pruned[ev["space"]] = ev["reason"]
             elif kind == "conclusion":
@@ -437,7 +441,9 @@ class TaskSearch:
         return sum(1 for n in self.nodes.values() if n.space != "baseline" and n.status != "pending")
 
     def should_stop(self) -> str:
-        if self.candidates_judged() >= self.opts.budget:
+        with self.lock:  # candidates being judged by other workers count too: the budget is never overshot
+            started = sum(1 for n in self.nodes.values() if n.space != "baseline")
+        if started >= self.opts.budget:
             return f"budget of {self.opts.budget} candidates reached"
         if self.elapsed() >= self.opts.minutes * 60:
             return f"time limit of {self.opts.minutes:g} minutes reached"
@@ -706,19 +712,26 @@ class TaskSearch:
         ev: dict[str, Any] = {"type": "final", "key": inc.key, "accepted": verdict.accepted, "reason": verdict.reason,
                               "seed": self.opts.final_seed, "speedup_vs_eager": verdict.speedup,
                               "roofline": verdict.roofline, "device": verdict.device}
-        if not verdict.accepted and inc.key != base.key:
-            # The fresh re-evaluation is the last word: fall back to the best baseline, and say so.
-            self.say(f"final re-evaluation REJECTED the incumbent ({verdict.reason}); falling back to the best baseline")
-            ev["fallback_from"] = inc.key
+        # The fresh re-evaluation is the last word: fall back to the best baseline, then eager, and say so.
+        fallbacks = [n for n in (base, self.baselines.get("eager")) if n is not None and n.key != inc.key]
+        while not verdict.accepted and fallbacks:
+            nxt = fallbacks.pop(0)
+            if nxt.key == ev["key"]:
+                continue
+            self.say(f"final re-evaluation REJECTED {ev['key']} ({verdict.reason}); falling back to "
+                     f"{nxt.candidate.description}")
+            ev.setdefault("fallback_from", ev["key"])
             with self.lock:
-                inc.status, inc.note = "rejected", f"final re-evaluation: {verdict.reason}"
-                self.incumbent_key = base.key
-            write_atomic(path, set_measured(base.candidate.source, ["the optimized candidate failed its final "
-                                                                    "re-evaluation; this file is the best baseline"]))
+                self.nodes[ev["key"]].status = "rejected"
+                self.nodes[ev["key"]].note = f"final re-evaluation: {verdict.reason}"
+                self.incumbent_key = nxt.key
+                nxt.status = "incumbent"
+            write_atomic(path, set_measured(nxt.candidate.source, ["the optimized candidate failed its final "
+                                                                   f"re-evaluation; this file is {nxt.candidate.description}"]))
             verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
-            ev.update({"key": base.key, "accepted": verdict.accepted, "reason": verdict.reason,
+            ev.update({"key": nxt.key, "accepted": verdict.accepted, "reason": verdict.reason,
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
-        if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent_key != self.base_key
+        if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent.space != "baseline"
                 and self.ev.timed and verdict.speedup):
             ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
         self.final = ev
