@@ -528,6 +528,7 @@ def test_cuda_inside_a_network_namespace(tmp_path: Path) -> None:
     assert run.result["sandbox"] == "netns=on"
 
 
+@pytest.mark.slow  # two CLI processes (each imports torch): 5 s idle, a minute on a loaded machine
 def test_llm_refine_cli_writes_attempts_without_the_key_and_fails_when_nothing_is_accepted(tmp_path: Path) -> None:
     """The CLI's plumbing (acceptance through the evaluator is the refinement test's job: no evaluation here)."""
     import os
