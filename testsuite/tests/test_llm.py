@@ -331,6 +331,12 @@ def test_generated_pass_runs_in_the_sandbox() -> None:
     assert isinstance(edit2, PassSourceEdit)
     r2 = run_generated_pass(edit2, src, "ttir", kernel="k")
     assert not r2.ok and "does not parse" in r2.reason, r2.reason
+    edits = noop.replace("return PassResult(ctx.text)",
+                         "return PassResult(ctx.text.replace('arith.constant 1024 : i32', 'arith.constant 512 : i32'))")
+    edit1 = parse_response(f"```xdsl-pass\n{edits}```", "ir")
+    assert isinstance(edit1, PassSourceEdit)
+    r1 = run_generated_pass(edit1, src, "ttir", kernel="k")
+    assert r1.ok and r1.level == "ttir" and r1.text is not None and "arith.constant 512 : i32" in r1.text, r1.reason
     crash = noop.replace("return PassResult(ctx.text)", "raise RuntimeError('boom')")
     edit3 = parse_response(f"```xdsl-pass\n{crash}```", "ir")
     assert isinstance(edit3, PassSourceEdit)
