@@ -47,7 +47,7 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
+import random  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -58,6 +58,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from kstrata.agents.evaluate import DISTRIBUTIONS  # noqa: E402
 from kstrata.agents.tasks import import_task_module  # noqa: E402
+from kstrata.backends.timing import CudaClock, time_gpu  # noqa: E402
 
 #: Bytes of the poisoned block (at least; more when the inputs are larger).
 POISON_BYTES = 256 << 20
@@ -204,44 +205,50 @@ def _thread_origin(t: threading.Thread) -> str:
 # ---------------------------------------------------------------------------------------------------
 def time_cuda(fn: Callable[[], Any], runs: int, warmup: int = 10, cuda_graph: bool = False,
               flush_bytes: int = 256 << 20) -> dict[str, Any]:
-    """Median time of `fn` (through the references saved at import): per run an L2 flush, a start event,
-    the call, a device-wide synchronize, an end event."""
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    call = fn
-    if cuda_graph:
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(_current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        _current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        call = graph.replay
-    for _ in range(warmup):
-        call()
-    _synchronize()
-    times = []
-    for _ in range(runs):
-        flush.zero_()
-        start = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        call()
-        _synchronize()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    times.sort()
-    q = statistics.quantiles(times, n=10)
-    return {"median_us": statistics.median(times), "p10_us": q[0], "p90_us": q[-1], "min_us": times[0],
-            "runs": runs, "cuda_graph": cuda_graph}
+    """The project's GPU timer (`backends/timing.py`), reading the clock through the references saved at
+    import: per run an L2 flush, a start event, the call, a device-wide synchronize, an end event."""
+    clock = CudaClock(_Event, _synchronize, _current_stream,
+                      lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
+    return time_gpu(fn, runs=runs, warmup=warmup, flush_l2_bytes=flush_bytes, cuda_graph=cuda_graph,
+                    clock=clock).to_json()
 
 
 # ---------------------------------------------------------------------------------------------------
 # The two roles
 # ---------------------------------------------------------------------------------------------------
+def precision_settings() -> dict[str, Any]:
+    """PyTorch's precision switches as this process runs with them (reported for every role)."""
+    m = torch.backends.cuda.matmul
+    return {"matmul_allow_tf32": bool(m.allow_tf32), "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "matmul_fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
+            "matmul_bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction)}
+
+
+def memory_peaks(device: str) -> dict[str, int]:
+    """This process's peak host memory (resident) and peak GPU memory allocated by torch, in bytes."""
+    import resource
+
+    peaks = {"peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    if device == "cuda":
+        peaks["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
+    return peaks
+
+
+def _progress(role: str, done: int, total: int, started: float) -> None:
+    """A line the parent reads from the log while it waits: trials done and the seconds so far."""
+    print(f"PROGRESS {role} {done}/{total} {time.perf_counter() - started:.3f}", flush=True)
+
+
+def _step(args: argparse.Namespace, what: str) -> None:
+    """In lockstep mode, wait for the parent's go before `what` (a trial or the timing)."""
+    if getattr(args, "lockstep", False):
+        print(f"READY {what}", flush=True)
+        line = sys.stdin.readline()
+        if not line.startswith("go"):
+            raise RuntimeError(f"the evaluator stopped the run before {what}")
+
+
 def _versions() -> dict[str, str]:
     v = {"python": platform.python_version(), "torch": torch.__version__}
     try:
@@ -279,15 +286,16 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
     if args.policy == "strict":  # IEEE fp32: no TF32 in matmuls or cuDNN convolutions (see evaluate's docstring)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    report["precision"] = {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-                           "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    report["precision"] = precision_settings()
     module = import_task_module(args.task)
     model, _ = _build(module.Model, module, args.seed, args.device)
     m64: Any = None
     fp64_note = ""
     trials = []
+    started = time.perf_counter()
     with torch.no_grad():
         for i in range(args.trials):
+            _step(args, f"trial {i}")
             inputs = make_inputs(module, i, args.seed, args.device)
             out = _flat_outputs(model(*inputs))
             if args.device == "cuda":
@@ -307,11 +315,14 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
             _save(entry, Path(args.workdir) / f"trial{i}.pt")
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
                            "seed": trial_seed(args.seed, i), "checks": []})
-            del out, outputs64
+            del out, outputs64, entry
+            _progress("reference", i + 1, args.trials, started)
         report["trials"] = trials
         report["fp64_note"] = fp64_note
         if args.timing and args.device == "cuda":
+            _step(args, "timing")
             report["timing"] = time_cuda(lambda: model(*inputs), args.runs, cuda_graph=args.cuda_graph)
+    report["memory"] = memory_peaks(args.device)
 
 
 def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -336,8 +347,10 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
     buffers: list[Any] | None = None
     kept_outputs: list[torch.Tensor] = []  # alive, so a fresh honest output can never reuse their memory
     stream0 = _current_stream() if device == "cuda" else None
+    started = time.perf_counter()
     with torch.no_grad():
         for i in range(args.trials):
+            _step(args, f"trial {i}")
             fresh = make_inputs(task_module, i, args.seed, device)
             if buffers is None:
                 buffers = fresh
@@ -398,7 +411,9 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
                            "seed": trial_seed(args.seed, i), "checks": t_checks})
             del snapshot, out
+            _progress("candidate", i + 1, args.trials, started)
         report["trials"] = trials
+        report["precision"] = precision_settings()  # as the candidate left them
         leftover = [t.name for t in set(threading.enumerate()) - threads_before_import
                     if t.is_alive() and _thread_origin(t) == cand_file]
         if leftover:
@@ -406,12 +421,36 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
                            "detail": f"threads started by the candidate still running: {', '.join(leftover)}"})
         report["phase"] = "timing"
         if args.timing and device == "cuda" and buffers is not None:
+            _step(args, "timing")
             bufs = buffers
-            report["timing"] = time_cuda(lambda: model(*bufs), args.runs, cuda_graph=args.cuda_graph)
+            # Correctness after timing: a candidate right for its first calls and cheap and wrong later
+            # is caught by judging the outputs of the last timed call and of one drawn at random.
+            warmup = 10
+            pick = warmup + random.Random(args.seed).randrange(args.runs)
+            calls = [0]
+            kept: dict[str, Any] = {}
+
+            def timed() -> Any:
+                out = model(*bufs)
+                if calls[0] == pick:
+                    kept["random"] = [_clone(o) if isinstance(o, torch.Tensor) else o for o in _flat_outputs(out)]
+                calls[0] += 1
+                kept["last"] = out
+                return out
+
+            report["timing"] = time_cuda(timed, args.runs, warmup=warmup, cuda_graph=args.cuda_graph)
+            last = [_clone(o) if isinstance(o, torch.Tensor) else o for o in _flat_outputs(kept.get("last"))]
+            _synchronize()
+            timed_outputs = {"last": last, "random": kept.get("random"), "random_call": pick - warmup,
+                             "calls": calls[0]}
+            _save({k: ([x.cpu() if isinstance(x, torch.Tensor) else x for x in v] if isinstance(v, list) else v)
+                   for k, v in timed_outputs.items()}, Path(args.workdir) / "timed.pt")
+            del kept, last, timed_outputs
             tampered = timer_tampering()
             if tampered:
                 checks.append({"name": "timer-integrity-after-timing", "ok": False,
                                "detail": f"replaced by the candidate: {', '.join(tampered)}"})
+    report["memory"] = memory_peaks(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing", action="store_true")
     p.add_argument("--cuda-graph", action="store_true")
     p.add_argument("--policy", default="strict")
+    p.add_argument("--lockstep", action="store_true", help="wait for a go line on stdin before each trial "
+                   "and before timing (outputs too large to keep every trial)")
     args = p.parse_args(argv)
     report: dict[str, Any] = {"role": args.role, "ok": False, "versions": _versions(), "phase": "setup"}
     if args.device == "cuda":

@@ -90,6 +90,8 @@ from typing import Any
 
 import torch
 
+from kstrata.backends.child import kill_tree, spawn
+from kstrata.backends.timing import Timing
 from kstrata.ir.errors import KstrataError
 
 #: The version of `EvalVerdict.to_json()`'s layout.
@@ -182,25 +184,6 @@ class TrialResult:
 
 
 @dataclass(frozen=True)
-class Timing:
-    """Times in microseconds over `runs` timed runs (CUDA events, L2 flushed before each)."""
-
-    median_us: float
-    p10_us: float
-    p90_us: float
-    min_us: float
-    runs: int
-    cuda_graph: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(**data)
-
-
-@dataclass(frozen=True)
 class EvalVerdict:
     """Whether a candidate is accepted for a task, why (or why not), and what was measured."""
 
@@ -223,6 +206,12 @@ class EvalVerdict:
     device: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""
+    #: PyTorch's precision switches in the reference and the candidate process (TF32, reduced-precision reductions).
+    precision: dict[str, Any] = field(default_factory=dict)
+    #: Peak host and GPU memory of each process (bytes) and the plan made before anything ran.
+    memory: dict[str, Any] = field(default_factory=dict)
+    #: Why there is no timing, when there is none ("skipped: ...").
+    timing_note: str = ""
     schema: str = EVAL_VERDICT_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -236,6 +225,7 @@ class EvalVerdict:
             "candidate_timing": self.candidate_timing.to_json() if self.candidate_timing else None,
             "speedup": self.speedup, "roofline": self.roofline, "flags": list(self.flags),
             "device": self.device, "versions": self.versions, "log_tail": self.log_tail,
+            "precision": self.precision, "memory": self.memory, "timing_note": self.timing_note or None,
         }
 
 
@@ -296,25 +286,21 @@ def compare_output(name: str, ref: Any, out: Any, ref64: Any, *, fp64_note: str 
         diff = 0 if eq else int((ref != out).sum())
         return OutputComparison(name, str(dtype).removeprefix("torch."), eq, None, eq, "exact (integer output)",
                                 0.0 if eq else math.inf, detail="" if eq else f"{diff} of {ref.numel()} elements differ")
-    r = ref.to(torch.float64)
-    o = out.to(torch.float64)
     tol = kernelbench_tolerance(dtype)
     assert tol is not None
-    kb_ok = bool(torch.allclose(r, o, atol=tol, rtol=tol, equal_nan=True))
-    nonfinite = _nonfinite_mismatches(r, o)
-    finite = r.isfinite() & o.isfinite()
-    max_abs_vs_ref = _errors_against(o, r, finite)[0] if nonfinite == 0 else math.inf
     dname = str(dtype).removeprefix("torch.")
-    if ref64 is None or not isinstance(ref64, torch.Tensor) or ref64.shape != ref.shape:
+    t = ref64 if isinstance(ref64, torch.Tensor) and ref64.shape == ref.shape else None
+    st = _chunked_stats(ref, out, t, tol)
+    kb_ok, nonfinite = st["kb_ok"], st["nonfinite"]
+    max_abs_vs_ref = st["max_abs_vs_ref"] if nonfinite == 0 else math.inf
+    if t is None:
         why = fp64_note or "no float64 reference"
-        detail = "" if kb_ok else _where_worst(r, o, tol)
         return OutputComparison(name, dname, kb_ok, tol, kb_ok, f"kernelbench ({why})", max_abs_vs_ref,
-                                nonfinite_mismatches=nonfinite, detail=detail)
-    t = ref64.to(device=r.device, dtype=torch.float64)
-    mask = finite & t.isfinite()
-    ref_abs, ref_rel = _errors_against(r, t, mask)
-    cand_abs, cand_rel = _errors_against(o, t, mask)
-    scale = float(t[mask].abs().max()) if bool(mask.any()) else 0.0
+                                nonfinite_mismatches=nonfinite, detail=st["worst"])
+    ref_abs, cand_abs, scale = st["ref_abs"], st["cand_abs"], st["scale"]
+    norm = math.sqrt(st["t_sq"])
+    ref_rel = math.sqrt(st["ref_sq"]) / norm if norm > 0 else math.sqrt(st["ref_sq"])
+    cand_rel = math.sqrt(st["cand_sq"]) / norm if norm > 0 else math.sqrt(st["cand_sq"])
     bound_abs, bound_rel = strict_bounds(dtype, ref_abs, ref_rel, scale)
     strict_ok = nonfinite == 0 and cand_abs <= bound_abs and cand_rel <= bound_rel
     detail = ""
@@ -323,12 +309,55 @@ def compare_output(name: str, ref: Any, out: Any, ref64: Any, *, fp64_note: str 
     elif not strict_ok:
         detail = (f"error against float64 {cand_rel:.3g} relative (bound {bound_rel:.3g}), {cand_abs:.3g} max abs "
                   f"(bound {bound_abs:.3g}); PyTorch's own {dname} error is {ref_rel:.3g} relative, {ref_abs:.3g} max abs")
-        if not kb_ok:  # where: what a person (or a model refining the candidate) needs to find the bug
-            detail += "; " + _where_worst(r, o, tol)
+        if not kb_ok and st["worst"]:  # where: what a person (or a model refining the candidate) needs
+            detail += "; " + st["worst"]
     elif not kb_ok:
-        detail = _where_worst(r, o, tol)
+        detail = st["worst"]
     return OutputComparison(name, dname, kb_ok, tol, strict_ok, "float64", max_abs_vs_ref, cand_abs, cand_rel,
                             ref_abs, ref_rel, bound_abs, bound_rel, nonfinite, detail)
+
+
+#: Outputs are compared in chunks of this many elements (float64 copies of a 6.4 GB fp32 output would
+#: need 4 x 12.8 GB at once): the statistics are maxima and sums of squares, exact per chunk.
+COMPARE_CHUNK = 1 << 26
+
+
+def _chunked_stats(ref: torch.Tensor, out: torch.Tensor, ref64: torch.Tensor | None, tol: float) -> dict[str, Any]:
+    """allclose, non-finite mismatches, max |out - ref|, and (with `ref64`) the errors of `ref` and `out`
+    against it (max abs, sums of squares) and the largest |ref64|, over the finite elements, chunk by chunk."""
+    st: dict[str, Any] = {"kb_ok": True, "nonfinite": 0, "max_abs_vs_ref": 0.0, "ref_abs": 0.0, "cand_abs": 0.0,
+                          "ref_sq": 0.0, "cand_sq": 0.0, "t_sq": 0.0, "scale": 0.0, "worst": ""}
+    rf, of = ref.reshape(-1), out.reshape(-1)
+    tf = ref64.reshape(-1) if ref64 is not None else None
+    device = "cuda" if torch.cuda.is_available() else rf.device
+    for lo in range(0, max(rf.numel(), 1), COMPARE_CHUNK):
+        r = rf[lo:lo + COMPARE_CHUNK].to(device=device, dtype=torch.float64)
+        o = of[lo:lo + COMPARE_CHUNK].to(device=device, dtype=torch.float64)
+        close = bool(torch.allclose(r, o, atol=tol, rtol=tol, equal_nan=True))
+        if not close and st["kb_ok"] and rf.numel() <= COMPARE_CHUNK:
+            st["worst"] = _where_worst(ref.to(device=device, dtype=torch.float64), out.to(device=device,
+                                       dtype=torch.float64), tol)
+        elif not close and st["kb_ok"]:
+            st["worst"] = f"in elements {lo}..{lo + r.numel()} (flat): " + _where_worst(r, o, tol)
+        st["kb_ok"] &= close
+        st["nonfinite"] += _nonfinite_mismatches(r, o)
+        finite = r.isfinite() & o.isfinite()
+        if bool(finite.any()):
+            st["max_abs_vs_ref"] = max(st["max_abs_vs_ref"], float((o[finite] - r[finite]).abs().max()))
+        if tf is None:
+            continue
+        t = tf[lo:lo + COMPARE_CHUNK].to(device=device, dtype=torch.float64)
+        mask = finite & t.isfinite()
+        if not bool(mask.any()):
+            continue
+        tm = t[mask]
+        dr, do = (r[mask] - tm).abs(), (o[mask] - tm).abs()
+        st["ref_abs"], st["cand_abs"] = max(st["ref_abs"], float(dr.max())), max(st["cand_abs"], float(do.max()))
+        st["ref_sq"] += float((dr * dr).sum())
+        st["cand_sq"] += float((do * do).sum())
+        st["t_sq"] += float((tm * tm).sum())
+        st["scale"] = max(st["scale"], float(tm.abs().max()))
+    return st
 
 
 def _where_worst(r: torch.Tensor, o: torch.Tensor, tol: float) -> str:
@@ -378,65 +407,210 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _scratch_root() -> str | None:
-    """RAM-backed scratch space for the outputs when there is plenty of it, else the default temp dir."""
+def _scratch_root(need: int = 0) -> str | None:
+    """RAM-backed scratch space for the outputs when there is plenty of it (16 GiB, or `need` bytes and
+    half as much again), else the default temp dir."""
     shm = Path("/dev/shm")
     try:
-        roomy = shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > (16 << 30)
+        roomy = shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > max(16 << 30, need * 3 // 2)
     except OSError:
         roomy = False
     return str(shm) if roomy else None
 
 
+class WorkerProcess:
+    """One spawned `python -m kstrata.agents.eval_worker`: its progress lines are read from its log while
+    it runs (`on_progress(role, done, total, seconds)`), and in lockstep mode it waits for `go` before each
+    trial and before timing. The timeout covers its whole life; it kills the worker and all it started."""
+
+    def __init__(self, role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
+                 timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
+                 policy: str = "strict", lockstep: bool = False, on_progress: Any = None,
+                 env: dict[str, str] | None = None) -> None:
+        import time
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "kstrata.agents.eval_worker", "--role", role, "--task", str(task),
+               "--workdir", str(workdir), "--device", device, "--trials", str(trials), "--seed", str(seed),
+               "--runs", str(runs), "--policy", policy]
+        if candidate is not None:
+            cmd += ["--candidate", str(candidate)]
+        cmd += ["--timing"] if timing else []
+        cmd += ["--cuda-graph"] if cuda_graph else []
+        cmd += ["--lockstep"] if lockstep else []
+        self.role, self.workdir, self.on_progress = role, workdir, on_progress
+        self.log_path = workdir / "log.txt"
+        self._log = self.log_path.open("wb")
+        self._read = 0
+        self._pending = ""
+        self.ready: list[str] = []
+        # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
+        env = dict(os.environ) if env is None else dict(env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if device == "cpu":
+            # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
+            # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
+            env["TRITON_INTERPRET"] = "1"
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout_s
+        self.timed_out = False
+        # A new session (backends/child.py): the timeout kills the worker and everything it started (a
+        # candidate's helpers too).
+        self.proc = spawn(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.PIPE if lockstep else subprocess.DEVNULL, env=env)
+
+    def _poll_log(self) -> None:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._read)
+                chunk = f.read()
+        except OSError:
+            return
+        self._read += len(chunk)
+        text = self._pending + chunk.decode(errors="replace")
+        lines = text.split("\n")
+        self._pending = lines.pop()
+        for line in lines:
+            if line.startswith("PROGRESS ") and self.on_progress is not None:
+                parts = line.split()
+                if len(parts) == 4 and "/" in parts[2]:
+                    done, total = parts[2].split("/")
+                    self.on_progress(parts[1], int(done), int(total), float(parts[3]))
+            elif line.startswith("READY "):
+                self.ready.append(line[6:].strip())
+
+    def _kill(self) -> None:
+        kill_tree(self.proc)
+
+    def wait_ready(self, what: str) -> bool:
+        """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first."""
+        import time
+
+        while True:
+            self._poll_log()
+            if what in self.ready:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            if time.monotonic() > self.deadline:
+                self.timed_out = True
+                self._kill()
+                return False
+            time.sleep(0.05)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def finish(self) -> WorkerRun:
+        """Wait for the worker to exit (or kill it at the timeout) and read its report."""
+        import time
+
+        while self.proc.poll() is None:
+            self._poll_log()
+            if time.monotonic() > self.deadline:
+                self.timed_out = True
+                self._kill()
+                break
+            time.sleep(0.1)
+        self._poll_log()
+        self._log.close()
+        elapsed = time.monotonic() - self.start
+        tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+        report_path = self.workdir / "report.json"
+        report = None
+        if report_path.exists() and not self.timed_out:
+            try:
+                report = json.loads(report_path.read_text())
+            except (json.JSONDecodeError, OSError):
+                report = None
+        return WorkerRun(self.role, report, self.proc.returncode, self.timed_out, tail, self.workdir, elapsed)
+
+
 def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-               policy: str = "strict", env: dict[str, str] | None = None) -> WorkerRun:
+               policy: str = "strict", on_progress: Any = None, env: dict[str, str] | None = None) -> WorkerRun:
     """Spawn `python -m kstrata.agents.eval_worker` for one role and wait for it (or kill it at the timeout)."""
-    import time
+    return WorkerProcess(role, task, candidate, device=device, trials=trials, seed=seed, timeout_s=timeout_s,
+                         timing=timing, runs=runs, cuda_graph=cuda_graph, workdir=workdir, policy=policy,
+                         on_progress=on_progress, env=env).finish()
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "kstrata.agents.eval_worker", "--role", role, "--task", str(task),
-           "--workdir", str(workdir), "--device", device, "--trials", str(trials), "--seed", str(seed),
-           "--runs", str(runs), "--policy", policy]
-    if candidate is not None:
-        cmd += ["--candidate", str(candidate)]
-    if timing:
-        cmd.append("--timing")
-    if cuda_graph:
-        cmd.append("--cuda-graph")
-    log_path = workdir / "log.txt"
-    # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
-    env = dict(os.environ) if env is None else dict(env)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if device == "cpu":
-        # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
-        # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
-        env["TRITON_INTERPRET"] = "1"
-    start = time.monotonic()
-    with log_path.open("wb") as log:
-        # A new session: the timeout kills the worker and everything it started (a candidate's helpers too).
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    elapsed = time.monotonic() - start
-    tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
-    report_path = workdir / "report.json"
-    report = None
-    if report_path.exists() and not timed_out:
-        try:
-            report = json.loads(report_path.read_text())
-        except (json.JSONDecodeError, OSError):
-            report = None
-    return WorkerRun(role, report, proc.returncode, timed_out, tail, workdir, elapsed)
+
+# ---------------------------------------------------------------------------------------------------
+# Memory: a plan made before anything runs
+# ---------------------------------------------------------------------------------------------------
+def _host_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one evaluation needs, from the task's shapes alone, and how the trials are run.
+
+    `mode`: "all-trials" (the reference runs every trial, then the candidate: the reference's outputs
+    are held here while the candidate runs) or "lockstep" (trial by trial, reference then candidate:
+    one trial's outputs at a time, for outputs too large to keep every trial)."""
+
+    mode: str
+    input_bytes: int
+    output_bytes: int
+    float64_bytes: int  # float64 copies of the floating inputs, outputs and parameters
+    device_need_bytes: int  # in the reference process, per trial, on the device
+    host_need_bytes: int  # here, in the chosen mode
+    host_available_bytes: int
+    device_total_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
+    """Raises `EvalError` up front, with the numbers, when the task truly does not fit."""
+    def bytes64(args: Any) -> int:
+        return sum(a.numel * 8 for a in args if getattr(a, "dtype", "").startswith(("float", "bfloat")))
+
+    tensors_in = [a for a in spec.inputs if hasattr(a, "numel")]
+    tensors_out = [a for a in spec.outputs if hasattr(a, "numel")]
+    in_b, out_b = sum(a.bytes for a in tensors_in), sum(a.bytes for a in tensors_out)
+    out64 = bytes64(tensors_out)
+    f64 = bytes64(tensors_in) + out64 + 2 * spec.parameters.bytes
+    dev_need = in_b + out_b + f64 + spec.parameters.bytes
+    per_trial = out_b + out64
+    avail = _host_available()
+    total: int | None = None
+    if device == "cuda" and torch.cuda.is_available():
+        total = int(torch.cuda.get_device_properties(0).total_memory)
+        if dev_need > 0.9 * total:
+            raise EvalError(f"does not fit on {torch.cuda.get_device_name()}: the reference alone needs about "
+                            f"{_gib(dev_need)} of GPU memory (inputs {_gib(in_b)}, outputs {_gib(out_b)}, float64 "
+                            f"copies {_gib(f64)}), the GPU has {_gib(total)}")
+    elif device == "cpu" and avail and dev_need + 2 * per_trial > 0.8 * avail:
+        raise EvalError(f"too large for the CPU: the reference needs about {_gib(dev_need + 2 * per_trial)} of host "
+                        f"memory (inputs {_gib(in_b)}, outputs {_gib(out_b)}, float64 copies {_gib(f64)}), "
+                        f"{_gib(avail)} available; run it on a GPU (--device cuda)")
+    # All trials: the outputs of every trial (and their float64 copies) in scratch space, then here.
+    all_need = 2 * trials * per_trial
+    if not avail or all_need <= 0.5 * avail:
+        return MemoryPlan("all-trials", in_b, out_b, f64, dev_need, all_need, avail, total)
+    lock_need = 3 * per_trial + out_b
+    if lock_need <= 0.8 * avail:
+        return MemoryPlan("lockstep", in_b, out_b, f64, dev_need, lock_need, avail, total)
+    raise EvalError(f"does not fit in host memory: one trial's outputs and their float64 reference take "
+                    f"{_gib(per_trial)}, and judging one needs about {_gib(lock_need)}; {_gib(avail)} available")
 
 
 def _load_trial(workdir: Path, index: int) -> dict[str, Any]:
@@ -453,11 +627,15 @@ def default_device() -> str:
 def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict", trials: int = DEFAULT_TRIALS,
              seed: int = DEFAULT_SEED, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              timing: bool | None = None, runs: int = 100, cuda_graph: bool = False,
-             ceilings: Any = None, env: dict[str, str] | None = None) -> EvalVerdict:
+             ceilings: Any = None, on_progress: Any = None, on_plan: Any = None,
+             env: dict[str, str] | None = None) -> EvalVerdict:
     """Judge `candidate` (a file defining `ModelNew`) against `task` (a KernelBench problem file).
 
+    Before anything runs, the task's shapes give a memory plan (`memory_plan`): a task that does not fit
+    raises `EvalError` with the numbers; outputs too large to keep every trial are judged trial by trial
+    ("lockstep"). `on_plan(plan)` is called with it, `on_progress(role, done, total, seconds)` as trials end.
     Returns a verdict; raises `EvalError` only when the harness cannot run at all (a missing file, a
-    task that does not load, bad options).
+    task that does not load, bad options, a task too large for the machine).
     """
     from kstrata.agents.tasks import load_task
 
@@ -471,23 +649,88 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     spec = load_task(task).spec  # a bad task file is the user's error, reported before anything runs
     device = device or default_device()
     timing = (device == "cuda") if timing is None else timing
-    scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root()))
     try:
-        kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
-                              "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy,
-                              "env": env}
+        plan = memory_plan(spec, device, trials)
+    except EvalError as exc:
+        raise EvalError(exc.message, path=task) from None
+    if on_plan is not None:
+        on_plan(plan)
+    # lockstep: one trial of the reference's outputs (and float64 copies) and one of the candidate's at a time
+    need = 2 * (plan.output_bytes + plan.float64_bytes) if plan.mode == "lockstep" else 0
+    scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root(need)))
+    base = {"task": str(task), "candidate": str(candidate), "policy": policy}
+    kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
+                          "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy,
+                          "on_progress": on_progress, "env": env}
+    extra = {"memory": {"plan": plan.to_json()},
+             "timing_note": "" if timing else ("skipped: --device cpu (timing needs a GPU)" if device == "cpu"
+                                               else "skipped: timing was turned off")}
+    try:
+        if plan.mode == "lockstep":
+            return _lockstep(base, spec, task, candidate, trials, ceilings, scratch, kw, extra)
         ref = run_worker("reference", task, None, workdir=scratch / "reference", **kw)
-        base = {"task": str(task), "candidate": str(candidate), "policy": policy}
-        if ref.failure() or not (ref.report or {}).get("ok"):
-            why = ref.failure() or (ref.report or {}).get("error", "unknown error")
-            raise EvalError(f"the reference itself failed, so nothing can be judged: {why}", path=task)
-        assert ref.report is not None
+        _reference_ok(ref, task)
         ref_trials = [_load_trial(ref.workdir, i) for i in range(trials)]
         shutil.rmtree(ref.workdir, ignore_errors=True)  # gone before the candidate starts
         cand = run_worker("candidate", task, candidate, workdir=scratch / "candidate", **kw)
-        return _judge(base, spec, ref, ref_trials, cand, trials, ceilings)
+        return _judge(base, spec, ref, ref_trials, cand, trials, ceilings, extra=extra)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reference_ok(ref: WorkerRun, task: Path) -> None:
+    if ref.failure() or not (ref.report or {}).get("ok"):
+        why = ref.failure() or (ref.report or {}).get("error", "unknown error")
+        raise EvalError(f"the reference itself failed, so nothing can be judged: {why}", path=task)
+
+
+def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, trials: int, ceilings: Any,
+              scratch: Path, kw: dict[str, Any], extra: dict[str, Any]) -> EvalVerdict:
+    """Trial by trial: the reference runs trial i, its outputs are read here and deleted, then the
+    candidate runs trial i and is judged, before trial i+1. Both processes live through the run (the
+    candidate imported while the reference's trial files exist, for as long as reading them takes: the
+    price of outputs too large to keep every trial, said in the verdict's memory plan)."""
+    steps = [f"trial {i}" for i in range(trials)] + (["timing"] if kw["timing"] else [])
+    ref = WorkerProcess("reference", task, None, workdir=scratch / "reference", lockstep=True, **kw)
+    cand = WorkerProcess("candidate", task, candidate, workdir=scratch / "candidate", lockstep=True, **kw)
+
+    def step(worker: WorkerProcess, i: int) -> bool:
+        if not worker.wait_ready(steps[i]):
+            return False
+        worker.go()
+        return worker.wait_ready(steps[i + 1]) if i + 1 < len(steps) else True
+
+    compared: list[tuple[list[Check], list[OutputComparison]] | None] = []
+    last_ref: dict[str, Any] | None = None
+    cand_failed = False
+    try:
+        for i in range(trials):
+            if not step(ref, i) and not (ref.workdir / f"trial{i}.pt").exists():
+                cand._kill()
+                _reference_ok(ref.finish(), task)
+                raise EvalError(f"the reference stopped before trial {i}", path=task)
+            last_ref = _load_trial(ref.workdir, i)
+            if not step(cand, i) and not (cand.workdir / f"trial{i}.pt").exists():
+                cand_failed = True
+                break
+            try:
+                compared.append(_compare_trial(last_ref, _load_trial(cand.workdir, i)))
+            except Exception:  # unreadable: judged below, as in the all-trials path
+                compared.append(None)
+        if kw["timing"] and not cand_failed:
+            ref.go()
+        ref_run = ref.finish()
+        _reference_ok(ref_run, task)
+        if kw["timing"] and not cand_failed:
+            cand.wait_ready("timing")
+            cand.go()
+        cand_run = cand.finish()
+    finally:
+        for w in (ref, cand):
+            if w.proc.poll() is None:
+                w._kill()
+    return _judge(base, spec, ref_run, [last_ref] if last_ref is not None else [], cand_run, trials, ceilings,
+                  compared=compared, extra=extra)
 
 
 def _verdict(base: dict[str, Any], *, accepted: bool, reason: str, failure: str | None, **kw: Any) -> EvalVerdict:
@@ -497,16 +740,79 @@ def _verdict(base: dict[str, Any], *, accepted: bool, reason: str, failure: str 
     return EvalVerdict(accepted=accepted, reason=reason, failure=failure, **base, **defaults)
 
 
+def _compare_trial(rt: dict[str, Any], ct: dict[str, Any]) -> tuple[list[Check], list[OutputComparison]]:
+    """The checks and output comparisons of one trial: the reference's outputs against the candidate's."""
+    checks: list[Check] = []
+    if rt["input_digest"] != ct["input_digest"]:
+        checks.append(Check("same-inputs", False, "the candidate process saw different inputs than the reference "
+                            "(non-deterministic get_inputs?)"))
+    outputs: list[OutputComparison] = []
+    shape_problem = _structure_problem(rt["outputs"], ct["outputs"])
+    if shape_problem:
+        checks.append(Check("shape-dtype", False, shape_problem))
+    else:
+        checks.append(Check("shape-dtype", True))
+        ref64 = rt.get("outputs64")
+        for j, (r, o) in enumerate(zip(rt["outputs"], ct["outputs"], strict=True)):
+            r64 = ref64[j] if ref64 is not None else None
+            outputs.append(compare_output(f"output{j}", r, o, r64, fp64_note=rt.get("fp64_note", "")))
+    return checks, outputs
+
+
+def _after_timing(cand: WorkerRun, last_ref: dict[str, Any] | None) -> list[Check]:
+    """Correctness after timing: the last timed call's outputs and a random timed call's, against the
+    reference's outputs for the same (last trial's) inputs."""
+    path = cand.workdir / "timed.pt"
+    if last_ref is None or not path.exists():
+        return []
+    try:
+        timed: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        return [Check("correct-after-timing", False, f"the timed outputs could not be read back ({type(exc).__name__})")]
+    finally:
+        path.unlink(missing_ok=True)
+    checks = []
+    for key, label in (("last", "the last timed call"), ("random", f"timed call {timed.get('random_call')}")):
+        outs = timed.get(key)
+        if outs is None:
+            continue
+        problem = _structure_problem(last_ref["outputs"], outs)
+        if problem:
+            checks.append(Check(f"correct-after-timing ({key})", False, f"{label}: {problem}"))
+            continue
+        ref64 = last_ref.get("outputs64")
+        bad = []
+        for j, (r, o) in enumerate(zip(last_ref["outputs"], outs, strict=True)):
+            c = compare_output(f"output{j}", r, o, ref64[j] if ref64 is not None else None)
+            if not (c.strict_ok or c.kernelbench_ok):
+                bad.append(f"output{j}: {c.detail or 'differs from the reference'}")
+        checks.append(Check(f"correct-after-timing ({key})", not bad,
+                            f"{label} of {timed.get('calls')}: " + "; ".join(bad) if bad else ""))
+    return checks
+
+
 def _judge(base: dict[str, Any], spec: Any, ref: WorkerRun, ref_trials: list[dict[str, Any]], cand: WorkerRun,
-           n_trials: int, ceilings: Any) -> EvalVerdict:
+           n_trials: int, ceilings: Any, *, compared: list[Any] | None = None,
+           extra: dict[str, Any] | None = None) -> EvalVerdict:
+    import resource
+
     assert ref.report is not None
-    env = {"device": ref.report.get("device_name", ""), "versions": ref.report.get("versions", {})}
+    memory = dict((extra or {}).get("memory", {}))
+    memory["reference"] = ref.report.get("memory")
+    env = {"device": ref.report.get("device_name", ""), "versions": ref.report.get("versions", {}),
+           "precision": {"reference": ref.report.get("precision")}, "memory": memory,
+           "timing_note": (extra or {}).get("timing_note", "")}
     failure = cand.failure()
     if failure:
         kind = "timeout" if cand.timed_out else "crash"
         return _verdict(base, accepted=False, reason=failure, failure=kind, log_tail=cand.log_tail[-2000:], **env)
     report = cand.report
     assert report is not None
+    env["precision"]["candidate"] = report.get("precision")
+    memory["candidate"] = report.get("memory")
+    memory["evaluator"] = {"peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        memory["evaluator"]["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
     run_checks = tuple(Check(**c) for c in report.get("checks", []))
     if not report.get("ok"):
         phase = report.get("phase", "run")
@@ -515,29 +821,21 @@ def _judge(base: dict[str, Any], spec: Any, ref: WorkerRun, ref_trials: list[dic
                         log_tail=cand.log_tail[-2000:], **env)
     results: list[TrialResult] = []
     for i in range(n_trials):
-        rt = ref_trials[i]
         try:
-            ct = _load_trial(cand.workdir, i)
+            if compared is not None:
+                if i >= len(compared) or compared[i] is None:
+                    raise ValueError("not saved")
+                extra_checks, outputs = compared[i]
+            else:
+                extra_checks, outputs = _compare_trial(ref_trials[i], _load_trial(cand.workdir, i))
             info = report["trials"][i]
         except Exception as exc:  # deleted, forged or unreadable (weights_only refuses arbitrary objects)
             return _verdict(base, accepted=False, failure="integrity", checks=run_checks, **env,
                             reason=f"trial {i}: the candidate's outputs could not be read back "
                                    f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); return tensors (or plain numbers)")
-        checks = [Check(**c) for c in info["checks"]]
-        if rt["input_digest"] != ct["input_digest"]:
-            checks.append(Check("same-inputs", False, "the candidate process saw different inputs than the reference "
-                                "(non-deterministic get_inputs?)"))
-        outputs: list[OutputComparison] = []
-        shape_problem = _structure_problem(rt["outputs"], ct["outputs"])
-        if shape_problem:
-            checks.append(Check("shape-dtype", False, shape_problem))
-        else:
-            checks.append(Check("shape-dtype", True))
-            ref64 = rt.get("outputs64")
-            for j, (r, o) in enumerate(zip(rt["outputs"], ct["outputs"], strict=True)):
-                r64 = ref64[j] if ref64 is not None else None
-                outputs.append(compare_output(f"output{j}", _dev(r), _dev(o), _dev(r64), fp64_note=rt.get("fp64_note", "")))
+        checks = [Check(**c) for c in info["checks"]] + extra_checks
         results.append(TrialResult(i, info["distribution"], info["seed"], tuple(checks), tuple(outputs)))
+    run_checks += tuple(_after_timing(cand, ref_trials[-1] if ref_trials else None))
     strict_ok = all(t.passes("strict") for t in results) and all(c.ok for c in run_checks)
     kb_ok = all(t.passes("kernelbench") for t in results) and all(c.ok for c in run_checks)
     kb_task = all(t.passes("kernelbench") for t in results if t.distribution == "task") and all(c.ok for c in run_checks)

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import json
 import pickle
-import queue
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +26,7 @@ from typing import Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, TensorArg
 
+from .child import ChildStream, ChildTimeout
 from .replay import InputSet
 
 
@@ -58,12 +56,12 @@ def interpret_launch(bundle: KernelBundle, level: str, record: LaunchRecord, arg
 def _run_job(job: dict[str, Any], stage: Any) -> dict[str, Any]:
     import torch
 
-    from .replay import clone_args, compare_outputs, differential, replay_args
+    from .replay import clone_args, compare_outputs, differential, redzone_violations, replay_args
 
     original, candidate, record = job["original"], job["candidate"], job["record"]
     iset, tolerance, base_dir = job["input_set"], job["tolerance"], job["base_dir"]
     if job["kind"] == "interp":
-        inputs = replay_args(record, "cpu", iset.seed, mode=iset.mode, base_dir=base_dir)
+        inputs = replay_args(record, "cpu", iset.seed, mode=iset.mode, base_dir=base_dir, redzone=True)
         outs = []
         for which, bundle in (("original", original), ("candidate", candidate)):
             stage(which)
@@ -73,20 +71,27 @@ def _run_job(job: dict[str, Any], stage: Any) -> dict[str, Any]:
             except Exception as exc:  # the interpreter's verdict on this kernel, judged by the parent
                 return {"status": f"{which}-error", "unsupported": "not supported by the interpreter" in str(exc),
                         "error": f"{type(exc).__name__}: {exc}"}
+            stray = redzone_violations(args, record, f"{which} ({job['level']}, interpreter), {iset.label}")
+            if stray:
+                return {"status": f"{which}-out-of-bounds", "violations": stray}
             outs.append(args)
         names = [a.name for a in record.args if isinstance(a, TensorArg)]
-        diff = compare_outputs(outs[0], outs[1], names, tolerance)
-        exact = diff is None and (tolerance is None or compare_outputs(outs[0], outs[1], names) is None)
+        diff = compare_outputs(outs[0], outs[1], names, tolerance, redzone=True)
+        exact = diff is None and (tolerance is None or compare_outputs(outs[0], outs[1], names, redzone=True) is None)
         return {"status": "equal" if diff is None else "different", "difference": diff, "exact": exact}
     if job["kind"] == "gpu":
         d = differential(original, candidate, record, iset.seed, runs=job["runs"], mode=iset.mode, base_dir=base_dir,
                          tolerance=tolerance, on_stage=stage)
+        if d.out_of_bounds:
+            return {"status": f"{d.out_of_bounds_by}-out-of-bounds", "violations": d.out_of_bounds}
         return {"status": "equal" if d.equal else "different", "difference": d.first_difference,
                 "exact": d.exact, "timing": [d.timing_a, d.timing_b]}
     if job["kind"] == "sanitize":
         from .launch import LoadedKernel
 
         stage("candidate")
+        # No redzones here: each buffer is exactly its size, in its own cudaMalloc (the parent turns the
+        # caching allocator off), so the sanitizer sees one element past the end as out of bounds.
         args = replay_args(record, "cuda", iset.seed, mode=iset.mode, base_dir=base_dir)
         LoadedKernel(candidate).call_by_name(record.grid, args)
         torch.cuda.synchronize()
@@ -106,17 +111,13 @@ def child_main(jobs_path: str) -> None:
         print("RESULT " + json.dumps(_run_job(job, stage), default=str), flush=True)
 
 
-def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
 def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | None = None,
-             on_outcome: Any = None) -> list[Outcome]:
+             on_outcome: Any = None, env: dict[str, str] | None = None) -> list[Outcome]:
     """Run `jobs` in as few children as faults allow; each job gets `timeout` seconds (the first job of
-    a child also gets the child's start-up). `wrapper` prefixes the child's command (compute-sanitizer).
-    `on_outcome(index, outcome)` is called as each job ends."""
+    a child also gets the child's start-up). `wrapper` prefixes the child's command (compute-sanitizer);
+    `env` is added to the child's environment. `on_outcome(index, outcome)` is called as each job ends."""
+    import os
+
     outcomes: list[Outcome] = []
 
     def done(outcome: Outcome) -> None:
@@ -128,34 +129,28 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
         with tempfile.TemporaryDirectory(prefix="kstrata-verify-") as tmp:
             jobs_file = Path(tmp) / "jobs.pkl"
             jobs_file.write_bytes(pickle.dumps(jobs[len(outcomes):]))
-            err_file = Path(tmp) / "stderr"
             argv = [*(wrapper or []), sys.executable, "-c",
                     "import sys; from kstrata.backends.dynamic import child_main; child_main(sys.argv[1])",
                     str(jobs_file)]
-            with open(err_file, "w") as err:
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
-                assert proc.stdout is not None
-                lines: queue.Queue[str | None] = queue.Queue()
-                pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-                pump.start()
+            # the one child protocol (child.py): a new session, stdout line by line with a deadline per line
+            with ChildStream(argv, env={**os.environ, **env} if env else None) as child:
                 stage: str | None = None
                 seen: list[str] = []
                 deadline = time.monotonic() + timeout + 120.0  # start-up: torch, Triton, xDSL imports
                 while True:
                     try:
-                        line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
-                    except queue.Empty:
-                        proc.kill()
-                        proc.wait()
+                        line = child.next_line(deadline - time.monotonic())
+                    except ChildTimeout:
+                        child.kill()
                         done(Outcome("timeout", stage, {}, "".join(seen)))
                         break
                     if line is None:  # the child exited: the job in progress (if any) died with it
-                        code = proc.wait()
+                        code = child.wait()
                         if len(outcomes) < len(jobs):
-                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + err_file.read_text()))
+                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + child.stderr_tail()))
                         elif code != 0:  # every job ended, but the child did not (compute-sanitizer's verdict)
                             outcomes[-1].payload["returncode"] = code
-                            outcomes[-1].output = "".join(seen) + err_file.read_text()
+                            outcomes[-1].output = "".join(seen) + child.stderr_tail()
                         break
                     seen.append(line)
                     if line.startswith("JOB "):
@@ -166,8 +161,6 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
                     elif line.startswith("RESULT "):
                         payload = json.loads(line.split(" ", 1)[1])
                         done(Outcome(payload["status"], stage, payload))
-                pump.join(timeout=10)  # the child is gone, so its stdout is at end of file
-                proc.stdout.close()
     return outcomes
 
 
@@ -184,11 +177,20 @@ def verdict(name: str, level: str, iset: InputSet, outcome: Outcome, timeout: fl
         return "pass", same + _timing(outcome.payload)
     if status == "different":
         return "fail", f"first difference: {outcome.payload['difference']} (launch {launch_name}, inputs: {iset.label})"
+    if status == "candidate-out-of-bounds":
+        from .replay import describe_violation
+
+        return "fail", "; ".join(describe_violation(v) for v in outcome.payload["violations"][:3]) + \
+            f" (launch {launch_name})"
+    if status == "original-out-of-bounds":
+        from .replay import describe_violation
+
+        return "skipped", "cannot check: the original itself " + describe_violation(outcome.payload["violations"][0])
     if status == "original-error" or (status in ("crashed", "timeout") and stage in (None, "original")):
         why = outcome.payload.get("error") or (f"the original ran past {timeout:g} s" if status == "timeout" else
                                                f"the original's run died: {_tail(outcome.output)}")
         if iset.may_not_apply:
-            return "skipped", f"does not apply: the original fails on these inputs ({why})"
+            return "n/a", f"does not apply: the original fails on these inputs ({why})"
         return "skipped", f"cannot check: {why}"
     if status == "candidate-error":
         if outcome.payload.get("unsupported"):

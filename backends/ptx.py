@@ -303,20 +303,54 @@ def _launch_dims(rest: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", rest))
 
 
+def _parameter_list(lines: list[PtxLine], start: int, name: str, where: str) -> tuple[list[PtxParam], int]:
+    """The parameters between the entry's `(` and `)`, read as text whatever the layout (one per line,
+    several on a line, a leading or trailing comma), and the index of the line after the `)`."""
+    text = re.sub(r"//.*", "", render(lines[start]))
+    opened = "(" in text
+    chunks = [text[text.index("(") + 1:]] if opened else []
+    i = start + 1
+    while i < len(lines):
+        t = re.sub(r"//.*", "", render(lines[i]))
+        if not opened:
+            if not t.strip():
+                i += 1
+                continue
+            if not t.lstrip().startswith("("):
+                return [], i  # an entry without a parameter list
+            opened, t = True, t.lstrip()[1:]
+        if ")" in t:
+            chunks.append(t[:t.index(")")])
+            if t[t.index(")") + 1:].strip():
+                raise PtxError(f"{where}{lines[i].lineno}: unexpected text after the parameter list of {name}")
+            break
+        chunks.append(t)
+        i += 1
+    else:
+        raise PtxError(f"{where}{lines[start].lineno}: the parameter list of entry {name} is not closed")
+    body = re.sub(r"/\*.*?\*/", " ", " ".join(chunks), flags=re.S).strip()
+    params: list[PtxParam] = []
+    if not body:
+        return params, i + 1
+    for piece in body.split(","):
+        m = _PARAM.match(" ".join(piece.split()))
+        if not m:
+            what = f"`{' '.join(piece.split())}`" if piece.strip() else "an empty parameter (a stray comma)"
+            raise PtxError(f"{where}{lines[start].lineno}: cannot read {what} in the parameter list of {name}")
+        params.append(PtxParam(m["type"], tuple(m["attrs"].split()), m["name"]))
+    return params, i + 1
+
+
 def _parse_entry(module: PtxModule, start: int, name: str, visible: bool, origin: str | None) -> int:
     lines = module.lines
     where = f"{origin}:" if origin else "line "
-    params: list[PtxParam] = []
     reqntid = maxntid = None
     maxnreg = None
-    i = start + 1
+    params, i = _parameter_list(lines, start, name, where)
     while i < len(lines):
         ln = lines[i]
         if isinstance(ln, Directive) and ln.name == ".param":
-            m = _PARAM.match(render(ln).strip().split("//")[0].strip())
-            if not m:
-                raise PtxError(f"{where}{ln.lineno}: cannot read the parameter `{render(ln).strip()}` of {name}")
-            params.append(PtxParam(m["type"], tuple(m["attrs"].split()), m["name"]))
+            raise PtxError(f"{where}{ln.lineno}: parameter `{render(ln).strip()}` of {name} after its parameter list")
         elif isinstance(ln, Directive) and ln.name == ".reqntid":
             reqntid = _launch_dims(ln.rest)
         elif isinstance(ln, Directive) and ln.name == ".maxntid":

@@ -9,6 +9,12 @@ salted with NaN, ±Inf, ±0.0, denormals and the extreme finite values, and inte
 their type's extremes, 0 and -1. Integers are often addresses, so the original kernel may legitimately
 fault on the integer edge set; such a set "does not apply" rather than failing the candidate.
 
+Every tensor gets its own allocation with *redzones*: `REDZONE_BYTES` before and after the buffer, filled
+with `REDZONE_BYTE`, checked after every launch (`redzone_violations`): a write outside a buffer is
+caught even where a neighbour's program overwrites the stray element afterwards, or where nobody
+compares the memory past the end. (Reads outside are compute-sanitizer's job, on a launch whose
+buffers have no redzones and no shared pool.)
+
 `compare_outputs` is the one comparison every dynamic check uses: bytes for integers; for floating
 types bytes too, except that any NaN matches any NaN, unless a `Tolerance` is declared (ULPs or
 relative/absolute error; NaN positions and infinities must still agree).
@@ -24,8 +30,17 @@ from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
 from kstrata.ir.tolerance import Tolerance
 
+from .poison import poison_
+
 #: The fraction of elements of an edge set that get a special value (the rest stay random).
 EDGE_FRACTION = 0.25
+#: Guard bytes before and after every buffer of a replay (a multiple of 256, so the buffer keeps the
+#: alignment Triton's divisibility specialization assumes), and the byte they are filled with (as an
+#: fp32 word 0xA5A5A5A5 is -2.9e-16, a value no kernel is likely to write by accident).
+REDZONE_BYTES = 4096
+REDZONE_BYTE = 0xA5
+#: Buffers at least this large are filled on the device they are replayed on.
+DEVICE_FILL_NUMEL = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -84,65 +99,104 @@ def _int_specials(dtype: Any) -> Any:
     return torch.tensor([info.min, info.max, 0, -1 if info.min < 0 else 1, info.min + 1, info.max - 1], dtype=dtype)
 
 
-def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | None) -> Any:
+def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | None, redzone: bool = False) -> Any:
     import numpy as np
     import torch
 
     dtype = _dtype(arg.dtype)
-    numel = max(arg.storage_numel or 0, arg.needed_numel)
+    numel = buffer_numel(arg)
+    if device != "cpu" and numel >= DEVICE_FILL_NUMEL:
+        # Large launches (past 2^31 elements) are filled where they run: on the host they would cost
+        # tens of GB and seconds per input set. The device generator is seeded from the host one, so a
+        # seed still gives the same inputs every time.
+        gen = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    where_ = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
     if dtype.is_floating_point:
-        flat = torch.randn(numel, generator=gen).to(dtype)
+        flat = torch.randn(numel, generator=gen, **where_).to(dtype)
     elif dtype == torch.bool:
-        flat = torch.rand(numel, generator=gen) > 0.5
+        flat = torch.rand(numel, generator=gen, **where_) > 0.5
     else:
-        flat = torch.randint(0, 8, (numel,), generator=gen).to(dtype)
+        flat = torch.randint(0, 8, (numel,), generator=gen, dtype=dtype, **where_)
     salted = (mode == "edge-float" and dtype.is_floating_point) or \
              (mode == "edge-int" and not dtype.is_floating_point and dtype != torch.bool)
     if salted and numel:
         specials = _float_specials(dtype) if dtype.is_floating_point else _int_specials(dtype)
-        where = torch.rand(numel, generator=gen) < EDGE_FRACTION
-        pick = torch.randint(0, len(specials), (numel,), generator=gen)
-        flat = torch.where(where, specials[pick], flat)
+        where = torch.rand(numel, generator=gen, **where_) < EDGE_FRACTION
+        pick = torch.randint(0, len(specials), (numel,), generator=gen, dtype=torch.int32, **where_)
+        flat = torch.where(where, specials.to(flat.device)[pick], flat)
     view = flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
     if mode == "random" and arg.written:
-        _poison(view)
+        poison_(view)
     if mode == "snapshot" and arg.snapshot:
         data = torch.from_numpy(np.load((base_dir or Path()) / arg.snapshot))
         if data.dtype != dtype:  # dtypes numpy lacks are stored as raw bytes
             data = data.view(dtype)
         view.copy_(data.reshape(arg.shape))
-    flat = flat.to(device)
-    return flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
+    if not redzone:
+        flat = flat.to(device)
+        return flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
+    guard = REDZONE_BYTES // dtype.itemsize
+    guarded = torch.empty(guard + numel + guard, dtype=dtype, device=device)
+    guarded.view(torch.uint8).fill_(REDZONE_BYTE)
+    guarded[guard:guard + numel].copy_(flat.to(device))
+    return guarded.as_strided(arg.shape, arg.stride, arg.storage_offset + guard)
 
 
-def _poison(view: Any) -> None:
-    """Fill a tensor the launch writes with values a kernel never computes by accident: NaN (the byte
-    0x7F for 1-byte floats, some of which have no NaN), 0x5A in every byte of an integer, True."""
+def buffer_numel(arg: TensorArg) -> int:
+    """The elements of the buffer a record's tensor lives in (its storage, or what its view reaches)."""
+    return max(arg.storage_numel or 0, arg.needed_numel)
+
+
+def redzone_violations(args: dict[str, Any], record: LaunchRecord, launch: str) -> list[dict[str, Any]]:
+    """The guard regions of `args` (made with `redzone=True`) that a launch wrote into: per buffer, the
+    first and last byte offset written relative to the buffer's start (negative: before it), the number
+    of bytes changed and `launch` (which launch it was)."""
     import torch
 
-    if view.dtype.is_floating_point and view.dtype.itemsize > 1:
-        view.fill_(float("nan"))
-    elif view.dtype == torch.bool:
-        view.fill_(True)
-    else:
-        view.view(torch.uint8).fill_(0x7F if view.dtype.is_floating_point else 0x5A)
+    found: list[dict[str, Any]] = []
+    for arg in record.args:
+        if not isinstance(arg, TensorArg):
+            continue
+        t = args[arg.name]
+        raw = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).view(torch.uint8)
+        size = buffer_numel(arg) * t.element_size()
+        if raw.numel() != 2 * REDZONE_BYTES + size:
+            raise ValueError(f"argument {arg.name} has no redzones (made without redzone=True)")
+        before, after = raw[:REDZONE_BYTES], raw[REDZONE_BYTES + size:]
+        bad_before = (before != REDZONE_BYTE).nonzero().flatten().cpu()
+        bad_after = (after != REDZONE_BYTE).nonzero().flatten().cpu()
+        if not bad_before.numel() and not bad_after.numel():
+            continue
+        offsets = [int(i) - REDZONE_BYTES for i in bad_before.tolist()] + [size + int(i) for i in bad_after.tolist()]
+        found.append({"buffer": arg.name, "buffer_bytes": size, "first_offset": min(offsets),
+                      "last_offset": max(offsets), "bytes_changed": len(offsets), "launch": launch})
+    return found
+
+
+def describe_violation(v: dict[str, Any]) -> str:
+    """One line for a redzone violation: buffer, offset, launch."""
+    first, size = v["first_offset"], v["buffer_bytes"]
+    where = f"{-first} bytes before its start" if first < 0 else f"byte {first}, {first - size} bytes past its end"
+    return (f"wrote outside buffer {v['buffer']} ({size} bytes): {v['bytes_changed']} guard bytes changed, the "
+            f"first at {where} (launch: {v['launch']})")
 
 
 def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0, *, mode: str = "random",
-                base_dir: Path | None = None) -> dict[str, Any]:
+                base_dir: Path | None = None, redzone: bool = False) -> dict[str, Any]:
     """Arguments for one replay of `record`, by parameter name.
 
     In the random sets, the tensors the record marks as written are poisoned beforehand, so an element a
     kernel fails to write keeps a value no computation leaves (the record cannot tell an output from an
     in-out buffer, but both kernels of a comparison start from the same poison, so the comparison stays
     fair). The snapshot and edge sets keep their contents there: in-out buffers get meaningful data too.
+    With `redzone`, every tensor sits in its own allocation between two guard regions (`redzone_violations`).
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     args: dict[str, Any] = {}
     for arg in record.args:
-        args[arg.name] = arg.value if isinstance(arg, ScalarArg) else _fill(arg, gen, device, mode, base_dir)
+        args[arg.name] = arg.value if isinstance(arg, ScalarArg) else _fill(arg, gen, device, mode, base_dir, redzone)
     return args
 
 
@@ -176,13 +230,16 @@ def _ordered(bits: Any, width: int) -> Any:
 
 
 def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
-                    tolerance: Tolerance | None = None) -> dict[str, Any] | None:
+                    tolerance: Tolerance | None = None, redzone: bool = False) -> dict[str, Any] | None:
     """The first element where `a` and `b` differ among the tensors `names` (whole storages are
     compared, so a write outside a view counts), or None."""
     import torch
 
     for name in names:
         x, y = _storage(a[name]), _storage(b[name])
+        guard = REDZONE_BYTES // x.element_size()
+        if redzone:  # the guards are checked by `redzone_violations`; offsets count from the buffer's start
+            x, y = x[guard:x.numel() - guard], y[guard:y.numel() - guard]
         if x.dtype != y.dtype or x.numel() != y.numel():
             return {"argument": name, "reason": f"{x.dtype}[{x.numel()}] vs {y.dtype}[{y.numel()}]"}
         width = x.element_size() * 8
@@ -219,6 +276,9 @@ class Differential:
     timing_b: dict[str, Any] = field(default_factory=dict)
     #: Whether the outputs are bit-identical (they may be equal only within a tolerance).
     exact: bool = True
+    #: Writes outside a buffer (`redzone_violations`), and whose launch made them ("original"/"candidate").
+    out_of_bounds: list[dict[str, Any]] = field(default_factory=list)
+    out_of_bounds_by: str | None = None
 
     @property
     def speedup(self) -> float:
@@ -233,11 +293,12 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
     caller watching a child process knows which one crashed."""
     import torch
 
-    from .launch import LoadedKernel, time_gpu
+    from .launch import LoadedKernel
+    from .timing import time_gpu
 
     record.check_against(a.params)
     record.check_against(b.params)
-    inputs = replay_args(record, "cuda", seed, mode=mode, base_dir=base_dir)
+    inputs = replay_args(record, "cuda", seed, mode=mode, base_dir=base_dir, redzone=True)
     outputs = []
     timings = []
     for which, bundle in (("original", a), ("candidate", b)):
@@ -247,6 +308,9 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
         args = clone_args(inputs)
         loaded.call_by_name(record.grid, args)
         torch.cuda.synchronize()
+        stray = redzone_violations(args, record, f"{which}, {mode} seed {seed}")
+        if stray:
+            return Differential(a.name, False, None, out_of_bounds=stray, out_of_bounds_by=which)
         outputs.append(args)
         if runs > 0:
             scratch = clone_args(inputs)
@@ -255,8 +319,12 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
                 loaded.call_by_name(record.grid, scratch)
 
             timings.append(time_gpu(once, runs=runs).to_json())
+            stray = redzone_violations(scratch, record, f"{which}, one of the {runs} timed launches")
+            if stray:
+                return Differential(a.name, False, None, out_of_bounds=stray, out_of_bounds_by=which)
     names = [t.name for t in record.args if isinstance(t, TensorArg)]
-    first = compare_outputs(outputs[0], outputs[1], names, tolerance)
-    exact = first is None and (tolerance is None or compare_outputs(outputs[0], outputs[1], names) is None)
+    first = compare_outputs(outputs[0], outputs[1], names, tolerance, redzone=True)
+    exact = first is None and (tolerance is None or
+                               compare_outputs(outputs[0], outputs[1], names, redzone=True) is None)
     timing_a, timing_b = timings if timings else ({}, {})
     return Differential(a.name, first is None, first, timing_a, timing_b, exact)

@@ -19,11 +19,23 @@ AMD candidates get the static checks (llvm-mc + ld.lld accept the AMDGCN, kernar
 resources, `s_waitcnt` hazards) and the interpreter. Their differential run takes the same path through
 Triton's HIP launcher under a ROCm build of torch; it is written but has never run — the project has no
 AMD GPU — and without one the verdict says that the run needs an AMD GPU.
+
+The verdict is evidence, never the absence of a failure (`Verdict`): `equivalent` needs identical code
+or a complete dynamic check (every input set of the interpreter, or of the GPU differential run, ran
+and matched; a symbolic proof plugs in through `symbolic_evidence`), `different` names the first
+failed check, and `unproven` means only static checks ran (or a check could not run: that is never a
+pass). Before anything is compared, both sides are validated (a corrupt original is an error), and a
+candidate's truth is its highest changed level: every level below it is rebuilt from that level
+(`derive_lower_levels`), so a stale cubin left in an entry whose PTX was edited is never what runs.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,19 +46,46 @@ from kstrata.ir.errors import KstrataError
 from .amd_hazards import check_waitcnt_hazards
 from .checks import amd_metadata_changes, binary, llir_accepted, mlir_accepted, ptx_entry_changes
 from .dynamic import Outcome, run_jobs, verdict
-from .replay import InputSet, input_sets
+from .replay import REDZONE_BYTES, InputSet, input_sets
 
 if TYPE_CHECKING:
     from kstrata.ir.launch import LaunchRecord as LaunchRecordT
     from kstrata.ir.tolerance import Tolerance
 
 
+class Verdict(enum.Enum):
+    """What a verification shows: evidence of equivalence, a difference, or neither."""
+
+    EQUIVALENT = "equivalent"
+    DIFFERENT = "different"
+    UNPROVEN = "unproven"
+
+    @property
+    def exit_code(self) -> int:
+        """`kstrata verify`'s exit status (2 is a user error: a file that cannot be read)."""
+        return {"equivalent": 0, "different": 1, "unproven": 3}[self.value]
+
+
+#: Check verdicts: `n/a` is an input set that does not apply to the kernel (the original itself faults
+#: on it); `skipped` is a check that could not run, which leaves the verdict unproven.
+CHECK_VERDICTS = ("pass", "fail", "skipped", "n/a")
+
+#: The dynamic checks, by evidence group: a group is evidence when every check of it passed (or does not apply).
+_EVIDENCE_GROUPS = {"interpreter": ("interpreter",), "differential": ("differential", "determinism"),
+                    "symbolic": ("symbolic",)}
+_DYNAMIC_PREFIXES = ("interpreter", "differential", "determinism", "symbolic", "compute-sanitizer", "dynamic")
+
+
 @dataclass
 class Check:
     name: str
     level: str
-    verdict: str  # "pass", "fail", "skipped"
+    verdict: str  # one of CHECK_VERDICTS
     detail: str = ""
+
+    @property
+    def dynamic(self) -> bool:
+        return self.name.startswith(_DYNAMIC_PREFIXES)
 
 
 @dataclass
@@ -55,13 +94,66 @@ class VerifyReport:
     target: str
     differing_levels: list[str]
     checks: list[Check] = field(default_factory=list)
+    #: Levels rebuilt from the candidate's highest changed level before any check (the truth is that level).
+    rebuilt_levels: list[str] = field(default_factory=list)
+    #: Where the launch of the dynamic checks came from (a record, or one kstrata knows), or None.
+    launch_source: str | None = None
+    #: What was run or left out on purpose (the sanitizer off, static evidence accepted).
+    notes: list[str] = field(default_factory=list)
+    #: `--static-only`: static evidence is accepted explicitly (the verdict stays `unproven`).
+    static_only: bool = False
+
+    def evidence(self) -> list[str]:
+        """The dynamic check groups that are complete evidence (every check passed or does not apply)."""
+        groups = []
+        for group, prefixes in _EVIDENCE_GROUPS.items():
+            members = [c for c in self.checks if c.name.startswith(prefixes)]
+            if members and all(c.verdict in ("pass", "n/a") for c in members) and \
+                    any(c.verdict == "pass" for c in members):
+                groups.append(group)
+        return groups
+
+    def unproven_reasons(self) -> list[str]:
+        """Why the verdict is not `equivalent` although nothing failed (empty when it is)."""
+        if any(c.verdict == "fail" for c in self.checks) or not self.differing_levels:
+            return []
+        reasons = [f"{c.level} {c.name} could not run: {c.detail}" for c in self.checks
+                   if c.verdict == "skipped" and not c.dynamic]
+        if not self.evidence():
+            skipped = [f"{c.level} {c.name}: {c.detail}" for c in self.checks if c.dynamic and c.verdict == "skipped"]
+            reasons.append("no dynamic evidence" + (f" ({'; '.join(skipped)})" if skipped else
+                                                    " (no dynamic check ran)"))
+        return reasons
+
+    @property
+    def verdict(self) -> Verdict:
+        if any(c.verdict == "fail" for c in self.checks):
+            return Verdict.DIFFERENT
+        if not self.differing_levels:
+            return Verdict.EQUIVALENT  # identical code
+        return Verdict.UNPROVEN if self.unproven_reasons() else Verdict.EQUIVALENT
+
+    @property
+    def accepted(self) -> bool:
+        """Equivalent, or unproven with static evidence accepted explicitly (`--static-only`)."""
+        v = self.verdict
+        return v is Verdict.EQUIVALENT or (v is Verdict.UNPROVEN and self.static_only)
 
     @property
     def ok(self) -> bool:
-        return not any(c.verdict == "fail" for c in self.checks)
+        """Equivalent with evidence (an unproven candidate is not ok)."""
+        return self.verdict is Verdict.EQUIVALENT
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.accepted else self.verdict.exit_code
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "target": self.target, "ok": self.ok, "differing_levels": self.differing_levels,
+        return {"kernel": self.kernel, "target": self.target, "verdict": self.verdict.value, "ok": self.ok,
+                "accepted": self.accepted, "static_only": self.static_only,
+                "differing_levels": self.differing_levels, "rebuilt_levels": self.rebuilt_levels,
+                "evidence": self.evidence(), "unproven_reasons": self.unproven_reasons(),
+                "launch_source": self.launch_source, "notes": self.notes,
                 "checks": [c.__dict__ for c in self.checks]}
 
 
@@ -85,9 +177,17 @@ def _accepts_mlir(text: str, level: str, bundle: KernelBundle) -> str:
     return "typed dialects and Triton's parser accept it"
 
 
-def _accepts_llir(text: str) -> str:
+def _accepts_llir(text: str, kernel: str) -> str:
+    if not re.search(rf"^define\b[^\n]*@{re.escape(kernel)}\(", text, re.MULTILINE):
+        raise KstrataError(f"the LLVM IR defines no kernel @{kernel}" + (" (it is empty)" if not text.strip() else ""))
     llir_accepted(text)
     return "LLVM verifies it"
+
+
+def _nonempty(bundle: KernelBundle, level: str) -> None:
+    art = bundle.levels.get(level)
+    if art is None or (isinstance(art, str) and not art.strip()) or (isinstance(art, bytes) and not art):
+        raise KstrataError(f"the {level} is empty")
 
 
 def _ptx_abi(original: KernelBundle, candidate: KernelBundle) -> str:
@@ -122,6 +222,10 @@ def _resources(original: KernelBundle, candidate: KernelBundle) -> str:
 
     a, b = resource_usage(original).to_json(), resource_usage(candidate).to_json()
     changed = [f"{k} {a[k]} -> {b[k]}" for k in a if k != "source" and a[k] != b[k]]
+    if candidate.shared is None and original.shared is not None:
+        # The launcher reserves the shared memory the metadata names; an unknown size is not a pass.
+        raise KstrataError(f"the candidate's metadata does not give its shared memory size (the original's: "
+                           f"{original.shared} bytes): Triton would launch it without knowing it")
     if original.shared != candidate.shared:
         changed.append(f"Triton shared {original.shared} -> {candidate.shared}")
     return "; ".join(changed) or "unchanged"
@@ -136,10 +240,12 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
     report = VerifyReport(original.name, str(original.target), levels)
     _add(report, "signature", "abi", lambda: _same_signature(original, candidate))
     for lv in levels:
-        if lv in ("ttir", "ttgir"):
+        if isinstance(candidate.levels[lv], str) and not candidate.text(lv).strip():
+            report.checks.append(Check("accepted", lv, "fail", f"the candidate's {lv} is empty"))
+        elif lv in ("ttir", "ttgir"):
             _add(report, "accepted", lv, lambda lv=lv: _accepts_mlir(candidate.text(lv), lv, candidate))
         elif lv == "llir":
-            _add(report, "accepted", lv, lambda: _accepts_llir(candidate.text("llir")))
+            _add(report, "accepted", lv, lambda: _accepts_llir(candidate.text("llir"), candidate.name))
         elif lv == "ptx":
             _add(report, "accepted", lv, lambda: _ptxas_accepts(candidate))
         elif lv == "amdgcn":
@@ -156,6 +262,194 @@ def verify_static(original: KernelBundle, candidate: KernelBundle) -> VerifyRepo
     return report
 
 
+def validate_original(original: KernelBundle, levels: list[str]) -> None:
+    """Raise `KstrataError` when a level of the original that is compared is not valid: a corrupt
+    original is an error to report, never a baseline a candidate can match."""
+    from .ptx import PtxError, parse_ptx
+
+    for lv in levels:
+        try:
+            _nonempty(original, lv)
+            if lv in ("ttir", "ttgir"):
+                mlir_accepted(original.target, lv, original.text(lv))
+            elif lv == "llir":
+                _accepts_llir(original.text(lv), original.name)
+            elif lv == "ptx":
+                parse_ptx(original.text(lv)).entry(original.name)
+            elif lv in ("cubin", "hsaco") and not binary(original.level(lv)).startswith(b"\x7fELF"):
+                raise KstrataError(f"the {lv} is not an ELF file")
+        except PtxError as exc:
+            raise KstrataError(f"the original's ptx is not valid: {exc.message}", path=original.origin) from None
+        except KstrataError as exc:
+            raise KstrataError(f"the original's {lv} is not valid: {exc.message}", path=original.origin) from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launches kstrata knows
+# ---------------------------------------------------------------------------------------------------
+#: A launch source: given the original kernel, a launch record that fits it and where it came from, or None.
+LaunchSource = Callable[[KernelBundle], "tuple[LaunchRecordT, str] | None"]
+_LAUNCH_SOURCES: list[LaunchSource] = []
+
+
+def register_launch_source(source: LaunchSource) -> None:
+    """Add a way to find a kernel's launch when none is given (the test suite registers its kernels')."""
+    if source not in _LAUNCH_SOURCES:
+        _LAUNCH_SOURCES.append(source)
+
+
+def known_launch(bundle: KernelBundle) -> tuple[LaunchRecordT, str] | None:
+    """The first registered source's launch for `bundle` that fits its parameters, with its origin."""
+    from kstrata.ir.launch import LaunchRecordError
+
+    for source in _LAUNCH_SOURCES:
+        found = source(bundle)
+        if found is None:
+            continue
+        try:
+            found[0].check_against(bundle.params)
+        except LaunchRecordError:
+            continue
+        return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rebuilding the lower levels
+# ---------------------------------------------------------------------------------------------------
+_REBUILDS: dict[str, KernelBundle] = {}
+
+def rebuild_job(payload: dict[str, str]) -> str:
+    """In a child (`child.call_in_child`): the pickled (bundle, level, text) in `payload["job"]` rebuilt;
+    the new bundle pickled to `payload["out"]`. A failure raises (the caller's `error`)."""
+    import pickle
+
+    from .rebuild import rebuild_from
+
+    bundle, level, text = pickle.loads(Path(payload["job"]).read_bytes())
+    Path(payload["out"]).write_bytes(pickle.dumps(rebuild_from(bundle, level, text)))
+    return "ok"
+
+
+def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0) -> KernelBundle:
+    """`rebuild_from(bundle, level, text)`, remembered per process. LLVM IR is parsed by Triton's LLVM,
+    which aborts or crashes on bad IR, so a rebuild from LLVM IR runs in a child process: a crash there
+    is an error naming the signal, not the end of kstrata."""
+    import dataclasses
+    import pickle
+    import sys
+
+    from kstrata.ir.errors import CompileError
+
+    from .rebuild import rebuild_from
+
+    key = hashlib.sha256(json.dumps([str(bundle.target), bundle.name, level, text, bundle.metadata],
+                                    sort_keys=True, default=str).encode()).hexdigest()
+    if key in _REBUILDS:
+        return dataclasses.replace(_REBUILDS[key], origin=bundle.origin)
+    if level != "llir":
+        import contextlib
+
+        with contextlib.redirect_stdout(sys.stderr):  # Triton prints ptxas's log; stdout is the report's
+            new = rebuild_from(bundle, level, text)
+    else:
+        import tempfile
+
+        from .child import call_in_child
+
+        with tempfile.TemporaryDirectory(prefix="kstrata-rebuild-") as tmp:  # the one child protocol (child.py)
+            job, out = Path(tmp) / "job.pkl", Path(tmp) / "out.pkl"
+            job.write_bytes(pickle.dumps((bundle, level, text)))
+            run = call_in_child("kstrata.backends.verify:rebuild_job", {"job": str(job), "out": str(out)},
+                                timeout=timeout)
+            if run.status == "timeout":
+                raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR ran past {timeout:g} s",
+                                   path=bundle.origin)
+            if run.status == "error":
+                raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR failed: {run.error}",
+                                   path=bundle.origin)
+            if not run.ok:
+                raise CompileError(f"kernel {bundle.name}: LLVM died rebuilding from the LLVM IR ({run.reason()})",
+                                   path=bundle.origin)
+            new = pickle.loads(out.read_bytes())
+    _REBUILDS[key] = new
+    return new
+
+
+@dataclass
+class Derived:
+    """What `derive_lower_levels` did: the level the candidate's truth is, the levels rebuilt from it,
+    and those whose content in the entry was not what that level builds to (stale)."""
+
+    top: str | None
+    rebuilt: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    declared: bool = False
+
+    def describe(self) -> str:
+        if not self.rebuilt:
+            return f"the {self.top} is the lowest level: nothing below it to rebuild" if self.top else "no change"
+        why = "the lowest level its pipeline edits" if self.declared else "its highest changed level"
+        text = f"{', '.join(self.rebuilt)} rebuilt from the candidate's {self.top} ({why})"
+        if self.stale:
+            text += (f"; the entry's own {', '.join(self.stale)} differed from that rebuild (stale or hand-edited "
+                     "lower levels): the rebuild is what is checked")
+        return text
+
+
+def pipeline_levels(spec: str | None) -> list[str]:
+    """The levels a pipeline spelling edits (`llir(a),ptx(b{x=1})` -> llir, ptx)."""
+    levels, depth, word = [], 0, ""
+    for ch in spec or "":
+        if ch in "({":
+            if depth == 0 and ch == "(":
+                levels.append(word.strip().strip(","))
+            depth += 1
+            word = ""
+        elif ch in ")}":
+            depth -= 1
+        elif depth == 0:
+            word = "" if ch == "," else word + ch
+    return levels
+
+
+def edited_levels(candidate: str | Path) -> list[str] | None:
+    """The levels a candidate entry's `kstrata-candidate.json` says its pipeline edits, if it says."""
+    from kstrata.ir.candidate import CandidateInfo
+
+    p = Path(candidate)
+    info = CandidateInfo.read(p) if p.is_dir() else None
+    return pipeline_levels(info.pipeline) if info is not None and info.pipeline else None
+
+
+def derive_lower_levels(original: KernelBundle, candidate: KernelBundle,
+                        edited: list[str] | None = None) -> tuple[KernelBundle, Derived]:
+    """The candidate with every level below its truth rebuilt: below its highest changed level, or below
+    the lowest of the `edited` levels (a pipeline with passes at several levels edits each of them). The
+    entry's own lower levels count as derived when the rebuild gives the same binary (text levels may be
+    re-printed with other SSA names); otherwise they are stale and replaced by the rebuild. Raises
+    `CompileError` when that level does not build."""
+    import dataclasses
+
+    levels = original.target.levels
+    order = [lv for lv in levels[1:] if lv in original.levels and lv in candidate.levels]
+    changed = [lv for lv in order if original.levels[lv] != candidate.levels[lv]]
+    if not changed:
+        return candidate, Derived(None)
+    declared = [lv for lv in changed if lv in (edited or ())]
+    top = declared[-1] if declared else changed[0]
+    if top not in levels[1:-1]:
+        return candidate, Derived(top)
+    rebuilt = rebuild(candidate, top, candidate.text(top))
+    below = [lv for lv in levels[levels.index(top) + 1:] if lv in rebuilt.levels]
+    binary_level = original.target.binary_level
+    stale: list[str] = []
+    if binary_level in candidate.levels and candidate.levels[binary_level] != rebuilt.levels.get(binary_level):
+        stale = [lv for lv in below if lv in candidate.levels and candidate.levels[lv] != rebuilt.levels[lv]]
+    derived = dataclasses.replace(rebuilt, origin=candidate.origin)
+    return derived, Derived(top, below, stale, bool(declared))
+
+
 def load_original(path: str | Path, target: str | None = None) -> KernelBundle:
     """The original kernel: a cache or dump entry, or a `.ttir`/`.ttgir` file compiled for `target`
     (default: the module's own target, and the metadata beside the file)."""
@@ -163,11 +457,48 @@ def load_original(path: str | Path, target: str | None = None) -> KernelBundle:
 
     p = Path(path)
     if p.is_file() and p.suffix in (".ttir", ".ttgir"):
-        return compile_ir_file(p, target)
+        text = _read_ir_file(p)
+        bundle = compile_ir_file(p, target or target_beside(p))
+        # The file is the original's truth at its level (Triton's compile re-prints it, which would make
+        # the same file given as the candidate look changed).
+        bundle.levels[p.suffix[1:]] = text
+        return bundle
     bundles, errors = load_any(p)
     if errors:
         raise errors[0]
     return bundles[0]
+
+
+def target_beside(path: Path) -> str | None:
+    """The target Triton's metadata `<name>.json` beside a `.ttir`/`.ttgir` names (a cache entry's), if any."""
+    from kstrata.ir.errors import TargetError
+    from kstrata.ir.target import Target
+
+    meta = path.with_suffix(".json")
+    if not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise KstrataError(f"the metadata beside the IR file cannot be read: {exc}", path=meta) from None
+    if not isinstance(data, dict) or "target" not in data:
+        return None
+    try:
+        return str(Target.from_triton(data["target"]))
+    except (TargetError, AttributeError, TypeError) as exc:
+        raise KstrataError(f"the metadata's target is not a Triton target: {exc}", path=meta) from None
+
+
+def _read_ir_file(p: Path) -> str:
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise KstrataError("not a text file (it is not UTF-8)", path=p) from None
+    except OSError as exc:
+        raise KstrataError(f"cannot read the file: {exc.strerror}", path=p) from None
+    if not text.strip():
+        raise KstrataError("the file is empty", path=p)
+    return text
 
 
 def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
@@ -183,16 +514,26 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     level = p.suffix.lstrip(".")
     if p.is_file() and level in original.target.levels[1:-1]:
         # one IR file: the original with that level replaced and every level below rebuilt
-        from .rebuild import rebuild_from
-
-        candidate = rebuild_from(original, level, p.read_text())
+        candidate = rebuild(original, level, _read_ir_file(p))
         return dataclasses.replace(candidate, origin=str(p))
+    # A directory with Triton's metadata or group file is a cache or dump entry: it loads whole or not at
+    # all (read as an override directory, its corrupt metadata would silently become the original's).
+    entry_like = p.is_dir() and (any(p.glob("__grp__*.json")) or (p / f"{original.name}.json").exists())
     try:
         bundles, errors = load_any(p)
         if bundles and not errors:
+            if bundles[0].name != original.name:
+                raise KstrataError(f"the entry is kernel {bundles[0].name}, not {original.name}", path=p)
             return bundles[0]
-    except KstrataError:
-        pass
+        if entry_like and errors:
+            raise KstrataError(f"a corrupt kernel entry: {errors[0].message}", path=p)
+    except KstrataError as exc:
+        if entry_like:
+            raise KstrataError(f"refused: a kernel entry whose files cannot be read ({exc.message})", path=p) from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        if entry_like:
+            raise KstrataError(f"refused: a kernel entry whose files cannot be read ({type(exc).__name__}: {exc})",
+                               path=p) from None
     if not p.is_dir():
         raise KstrataError("not a kernel entry (cache, dump or override directory) or an IR file of one of the "
                            f"levels {', '.join(original.target.levels[1:-1])}", path=p)
@@ -200,7 +541,7 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
     for f in p.iterdir():
         stem, _, ext = f.name.rpartition(".")
         if stem == original.name and ext in original.target.levels:
-            levels[ext] = f.read_bytes() if ext in ("cubin", "hsaco") else f.read_text()
+            levels[ext] = f.read_bytes() if ext in ("cubin", "hsaco") else _read_ir_file(f)
     if not levels:
         raise KstrataError(f"no level of kernel {original.name} in this directory", path=p)
     info = CandidateInfo.read(p)
@@ -259,32 +600,124 @@ def _sanitizer_binary() -> str:
     return found
 
 
-def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecordT | None = None, *, seeds: int = 2,
-           device: str = "auto", tolerance: Tolerance | str | None = None, sanitizer: str | None = None,
-           timeout: float = 120.0, launch_dir: Path | None = None, on_check: Any = None) -> VerifyReport:
-    """Every check that applies: static ones always, dynamic ones with a launch record.
+#: A symbolic checker (`kstrata.ir.symbolic`, or a plugin): given the original, the candidate, a level
+#: that differs (ttir/ttgir), the launch (or None) and a time limit, a `Check` named `symbolic`
+#: (pass: proved; fail: a counterexample; skipped: undecided), or None when it does not apply.
+SymbolicChecker = Callable[[KernelBundle, KernelBundle, str, "LaunchRecordT | None", float], "Check | None"]
+_SYMBOLIC_CHECKERS: list[SymbolicChecker] = []
 
+
+def register_symbolic_checker(checker: SymbolicChecker) -> None:
+    """Plug a symbolic checker into the `unproven` path of `verify(..., symbolic=True)`."""
+    if checker not in _SYMBOLIC_CHECKERS:
+        _SYMBOLIC_CHECKERS.append(checker)
+
+
+def symbolic_check(result: Any, level: str) -> Check:
+    """A `Check` from a symbolic result with `status` proved|counterexample|undecided and `reason`
+    (and `counterexample`): what `kstrata.ir.symbolic.check` returns."""
+    status = str(getattr(result, "status", "undecided"))
+    reason = str(getattr(result, "reason", "") or "")
+    if status == "proved":
+        return Check("symbolic", level, "pass", reason or "proved equivalent for every input")
+    if status == "counterexample":
+        return Check("symbolic", level, "fail", f"counterexample: {getattr(result, 'counterexample', None)}"
+                     + (f" ({reason})" if reason else ""))
+    return Check("symbolic", level, "skipped", f"undecided: {reason}" if reason else "undecided")
+
+
+def symbolic_evidence(report: VerifyReport, original: KernelBundle, candidate: KernelBundle,
+                      launch: LaunchRecordT | None, timeout: float) -> None:
+    """The place a symbolic result decides an otherwise `unproven` verdict: each differing TTIR/TTGIR
+    level is given to the registered checkers (the first that answers counts)."""
+    for level in ("ttir", "ttgir"):
+        if level not in report.differing_levels:
+            continue
+        for checker in _SYMBOLIC_CHECKERS:
+            check = checker(original, candidate, level, launch, timeout)
+            if check is not None:
+                report.checks.append(check)
+                break
+
+
+def _highest_changed(original: KernelBundle, candidate: KernelBundle) -> str | None:
+    return next((lv for lv in original.target.levels[1:] if lv in original.levels and lv in candidate.levels
+                 and original.levels[lv] != candidate.levels[lv]), None)
+
+
+def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecordT | None = None, *, seeds: int = 2,
+           device: str = "auto", tolerance: Tolerance | str | None = None, sanitizer: str | None = "auto",
+           timeout: float = 120.0, launch_dir: Path | None = None, on_check: Any = None, static_only: bool = False,
+           find_launch: bool = True, symbolic: bool = False, edited: list[str] | None = None) -> VerifyReport:
+    """Every check that applies: static ones always, dynamic ones with a launch.
+
+    The candidate's levels below its highest changed level are rebuilt first (`derive_lower_levels`),
+    and the original's compared levels validated (`validate_original`: a corrupt original raises).
     `device`: "cpu" (static + interpreter), "cuda" (also the GPU differential run; an error without
     an NVIDIA GPU) or "auto" (the GPU when there is one). `tolerance` loosens floating comparisons
-    (a `Tolerance` or its spelling). `launch_dir` is where the record's snapshots are. `on_check(check)`
-    is called as each dynamic check finishes (progress for long runs).
+    (a `Tolerance` or its spelling). `sanitizer`: "auto" (memcheck on one launch of the candidate where
+    compute-sanitizer exists), a tool name, or "none"/None (off, and the report says so). Without
+    `launch`, a launch kstrata knows (`known_launch`, unless `find_launch=False`) is used. `launch_dir`
+    is where the record's snapshots are. `static_only` accepts static evidence explicitly (no dynamic
+    run). `symbolic` asks the registered symbolic checkers when the verdict would be unproven.
+    `edited` names the levels the candidate edits on purpose (its pipeline's; `edited_levels`).
+    `on_check(check)` is called as each dynamic check finishes (progress for long runs).
     """
     from kstrata.ir.tolerance import Tolerance
 
     if device not in ("auto", "cpu", "cuda"):
         raise KstrataError(f"unknown device {device!r} (auto, cpu or cuda)")
-    if sanitizer is not None and sanitizer not in SANITIZER_TOOLS:
-        raise KstrataError(f"unknown sanitizer tool {sanitizer!r} ({', '.join(SANITIZER_TOOLS)})")
+    tool = "none" if sanitizer is None else sanitizer
+    if tool not in ("auto", "none", *SANITIZER_TOOLS):
+        raise KstrataError(f"unknown sanitizer tool {sanitizer!r} (auto, none, {', '.join(SANITIZER_TOOLS)})")
+    if not timeout > 0:
+        raise KstrataError(f"--timeout {timeout:g}: a dynamic run needs a positive time limit (seconds)")
+    if original.target != candidate.target:
+        raise KstrataError(f"the bundles are for different targets: {original.target} and {candidate.target}")
+    if device == "cuda" and original.target.backend == "cuda" and not _gpu_available("cuda"):
+        raise KstrataError("--device cuda: no NVIDIA GPU visible to torch here")
     tol = Tolerance.parse(tolerance) if isinstance(tolerance, str) else tolerance
+    top = _highest_changed(original, candidate)
+    try:
+        candidate, derived = derive_lower_levels(original, candidate, edited)
+    except KstrataError as exc:  # the candidate's truth does not build: rejected, with the builder's reason
+        assert top is not None
+        validate_original(original, [top])
+        return VerifyReport(original.name, str(original.target), [top],
+                            [Check("accepted", top, "fail", f"its lower levels cannot be rebuilt: {exc.message}")])
     report = verify_static(original, candidate)
+    validate_original(original, report.differing_levels)
+    report.rebuilt_levels = derived.rebuilt
+    if derived.rebuilt:
+        report.checks.insert(0, Check("lower levels", derived.top or "", "pass", derived.describe()))
     if tol is not None and not tol.exact:
         report.checks.append(Check("tolerance", "floating", "pass", f"declared: {tol.spelling()}"
                                    + (f" ({tol.why})" if tol.why else "")))
-    if launch is None:
-        if report.differing_levels:
-            report.checks.append(Check("dynamic", "all", "skipped",
-                                       "no launch record: give one (kstrata record) for the interpreter and GPU runs"))
+    if not report.differing_levels:
         return report
+    if static_only:
+        report.static_only = True
+        report.notes.append("static evidence accepted explicitly (--static-only): no dynamic check was run")
+        return report
+    if launch is not None:
+        report.launch_source = "the given launch record"
+    elif find_launch and (found := known_launch(original)) is not None:
+        launch, report.launch_source = found
+    if launch is None:
+        report.checks.append(Check("dynamic", "all", "skipped",
+                                   "no launch record: give one (kstrata record) for the interpreter and GPU runs"))
+        if symbolic:
+            symbolic_evidence(report, original, candidate, None, timeout)
+        return report
+    _dynamic(report, original, candidate, launch, seeds, device, tol, tool, timeout, launch_dir, on_check)
+    if symbolic and report.verdict is Verdict.UNPROVEN:
+        symbolic_evidence(report, original, candidate, launch, timeout)
+    return report
+
+
+def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBundle, launch: LaunchRecordT,
+             seeds: int, device: str, tol: Tolerance | None, tool: str, timeout: float, launch_dir: Path | None,
+             on_check: Any) -> None:
     launch.check_against(original.params)
     launch.check_against(candidate.params)
     gpu = _gpu_available(original.target.backend)
@@ -333,22 +766,42 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
         add(Check(name, level, verdict_, detail))
 
     run_jobs([job for *_, job in planned], timeout, on_outcome=judged)
-    if gpu_runs and sanitizer is not None and original.target.backend != "cuda":
-        add(Check(f"compute-sanitizer {sanitizer}", binary_level, "skipped", "compute-sanitizer runs NVIDIA kernels only"))
-    elif gpu_runs and sanitizer is not None:
-        wrapper = [_sanitizer_binary(), "--tool", sanitizer, "--error-exitcode", "86", "--print-limit", "5"]
-        iset = next((s for s in sets if s.mode == "random"), sets[0])
-        outcome = run_jobs([{**job_base, "kind": "sanitize", "input_set": iset}], timeout * 5, wrapper)[0]
-        name = f"compute-sanitizer {sanitizer}"
-        if outcome.status == "ran" and not outcome.payload.get("returncode"):
-            add(Check(name, binary_level, "pass", "no errors reported"))
-        else:
-            errors = [ln.strip() for ln in outcome.output.splitlines() if ln.startswith("=========") and
-                      ("ERROR" in ln.upper() or "Invalid" in ln or "hazard" in ln.lower())][:6]
-            add(Check(name, binary_level, "fail", f"{outcome.status} (exit {outcome.payload.get('returncode')}): "
-                      + (" | ".join(errors) or outcome.output.strip()[-600:])))
-    return report
+    if gpu_runs:
+        report.notes.append(f"every buffer of the differential runs has {REDZONE_BYTES}-byte redzones before and "
+                            "after it, checked after each launch")
+        _sanitize(report, add, job_base, sets, tool, timeout, binary_level, original.target.backend)
 
+
+def _sanitize(report: VerifyReport, add: Any, job_base: dict[str, Any], sets: list[InputSet], tool: str,
+              timeout: float, binary_level: str, backend: str) -> None:
+    """One launch of the candidate under compute-sanitizer, each buffer its own allocation (torch's caching
+    allocator off: one element past a buffer inside its pool is valid memory to the sanitizer)."""
+    if tool == "none":
+        report.notes.append("compute-sanitizer: off (--sanitizer none)")
+        return
+    if backend != "cuda":
+        add(Check(f"compute-sanitizer {tool}", binary_level, "skipped", "compute-sanitizer runs NVIDIA kernels only"))
+        return
+    try:
+        binary_path = _sanitizer_binary()
+    except KstrataError as exc:
+        if tool != "auto":
+            raise
+        report.notes.append(f"compute-sanitizer memcheck not run: {exc.message}")
+        return
+    tool = "memcheck" if tool == "auto" else tool
+    wrapper = [binary_path, "--tool", tool, "--error-exitcode", "86", "--print-limit", "5"]
+    iset = next((s for s in sets if s.mode == "random"), sets[0])
+    outcome = run_jobs([{**job_base, "kind": "sanitize", "input_set": iset}], timeout * 5, wrapper,
+                       env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})[0]
+    name = f"compute-sanitizer {tool}"
+    if outcome.status == "ran" and not outcome.payload.get("returncode"):
+        add(Check(name, binary_level, "pass", "no errors reported (one launch, every buffer its own allocation)"))
+    else:
+        errors = [ln.strip() for ln in outcome.output.splitlines() if ln.startswith("=========") and
+                  ("ERROR" in ln.upper() or "Invalid" in ln or "hazard" in ln.lower() or "bytes" in ln)][:6]
+        add(Check(name, binary_level, "fail", f"{outcome.status} (exit {outcome.payload.get('returncode')}): "
+                  + (" | ".join(errors) or outcome.output.strip()[-600:])))
 
 
 def declared_tolerance(candidate: str | Path) -> str | None:

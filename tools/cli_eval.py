@@ -55,9 +55,26 @@ def eval_cmd(
             from kstrata.agents.roofline import load_or_measure
 
             ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
+    started: dict[str, float] = {}
+
+    def on_plan(plan: Any) -> None:
+        gib = 2**30
+        err.print(f"memory plan: {plan.mode}; inputs {plan.input_bytes / gib:.2f} GiB, outputs "
+                  f"{plan.output_bytes / gib:.2f} GiB, float64 copies {plan.float64_bytes / gib:.2f} GiB; about "
+                  f"{plan.host_need_bytes / gib:.1f} GiB of host memory here ({plan.host_available_bytes / gib:.0f} "
+                  "GiB available)", highlight=False)
+
+    def on_progress(role: str, done: int, total: int, seconds: float) -> None:
+        # per trial, with an estimate of what is left of this process's trials
+        left = seconds / done * (total - done) if done else 0.0
+        started.setdefault(role, seconds)
+        err.print(f"  {role}: trial {done}/{total} done, {seconds:.1f} s so far"
+                  + (f", about {left:.0f} s left" if done < total else ""), highlight=False)
+
     try:
         verdict = evaluate(task, candidate, policy=policy, trials=trials, seed=seed, device=dev, timeout_s=timeout,
-                           timing=False if no_timing else None, runs=runs, cuda_graph=cuda_graph, ceilings=ceilings)
+                           timing=False if no_timing else None, runs=runs, cuda_graph=cuda_graph, ceilings=ceilings,
+                           on_progress=None if as_json else on_progress, on_plan=None if as_json else on_plan)
     except EvalError as exc:
         raise KstrataError(str(exc)) from None
     if as_json:
@@ -83,6 +100,21 @@ def eval_cmd(
             c, r = verdict.candidate_timing, verdict.reference_timing
             out.print(f"time: candidate {c.median_us:.1f} us (p10 {c.p10_us:.1f}, p90 {c.p90_us:.1f}), reference "
                       f"{r.median_us:.1f} us; speedup {verdict.speedup:.2f}x", highlight=False)
+        elif verdict.timing_note:
+            out.print(f"time: {verdict.timing_note}", highlight=False)
+        mem = verdict.memory
+        peaks = [f"{role} host {m['peak_host_bytes'] / 2**30:.2f} GiB"
+                 + (f", GPU {m['peak_gpu_bytes'] / 2**30:.2f} GiB" if "peak_gpu_bytes" in m else "")
+                 for role in ("reference", "candidate", "evaluator") if isinstance(m := mem.get(role), dict)]
+        if peaks:
+            out.print("peak memory: " + "; ".join(peaks), highlight=False)
+        prec = verdict.precision
+        if prec.get("reference"):
+            out.print("precision: " + "; ".join(
+                f"{role} TF32 matmul={p.get('matmul_allow_tf32')} cuDNN={p.get('cudnn_allow_tf32')}, reduced-precision "
+                f"reductions fp16={p.get('matmul_fp16_reduced_precision_reduction')} "
+                f"bf16={p.get('matmul_bf16_reduced_precision_reduction')}"
+                for role, p in prec.items() if p), highlight=False)
         if verdict.roofline:
             out.print(f"roofline: {100 * verdict.roofline['fraction']:.1f}% of speed of light "
                       f"({verdict.roofline['bound']}-bound)", highlight=False)

@@ -8,6 +8,9 @@ suite is compiled. With `snapshot_dir`, the inputs `make_args` produced are writ
 files (raw bytes for dtypes NumPy lacks, as `kstrata record` does) and named by absolute path in
 `TensorArg.snapshot`, so a replay can use the suite's meaningful inputs (valid indices, sorted segment
 ids) instead of random ones.
+
+Importing this module registers the suite's launches with `kstrata verify` (`register_launch_source`),
+so that a suite kernel verifies without a launch record.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kstrata.backends.verify import register_launch_source
 from kstrata.ir.launch import Arg, LaunchRecord, ScalarArg, TensorArg
 
 from .build import specialization
@@ -68,3 +72,24 @@ def suite_launch_record(kernel: SuiteKernel, target: str, seed: int = 0,
     return LaunchRecord(kernel.fn_name, target, (grid3[0], grid3[1], grid3[2]), tuple(records),
                         num_warps=kernel.num_warps, num_stages=kernel.num_stages,
                         extra={"suite_kernel": kernel.name, "seed": seed})
+
+
+def _known_suite_launch(bundle: Any) -> tuple[LaunchRecord, str] | None:
+    """The launch of the suite kernel `bundle` is (same function name, parameters that fit), if any."""
+    from kstrata.ir.launch import LaunchRecordError
+
+    from . import all_kernels
+
+    for kernel in all_kernels():
+        if kernel.fn_name != bundle.name or bundle.target.backend in kernel.unsupported_backends:
+            continue
+        record = suite_launch_record(kernel, str(bundle.target))
+        try:
+            record.check_against(bundle.params)
+        except LaunchRecordError:
+            continue
+        return record, f"the suite kernel {kernel.name}'s own launch (kstrata.testsuite.kernels)"
+    return None
+
+
+register_launch_source(_known_suite_launch)

@@ -60,6 +60,11 @@ def build_candidate(case: PlantedCase, original: KernelBundle | None = None) -> 
     original = original or original_bundle(case)
     if case.pipeline:
         candidate = run_pipeline(original, parse_pipeline(case.pipeline)).bundle
+    elif case.stale:  # the level edited, every level below left as the original's
+        import dataclasses
+
+        candidate = dataclasses.replace(original, levels={**original.levels,
+                                                          case.level: case.apply_edits(original.text(case.level))})
     else:
         candidate = rebuild_from(original, case.level, case.apply_edits(original.text(case.level)))
     if candidate.levels.get(case.level) == original.levels.get(case.level):
@@ -74,7 +79,28 @@ def launch_for(case: PlantedCase, snapshot_dir: Path | None = None) -> LaunchRec
     from kstrata.testsuite.kernels import get_kernel
     from kstrata.testsuite.kernels.launch import suite_launch_record
 
-    return suite_launch_record(get_kernel(case.kernel), case.target, seed=0, snapshot_dir=snapshot_dir)
+    record = suite_launch_record(get_kernel(case.kernel), case.target, seed=0,
+                                 snapshot_dir=None if case.large_rows else snapshot_dir)
+    return record if case.large_rows is None else with_rows(record, case.large_rows)
+
+
+def with_rows(record: LaunchRecord, rows: int) -> LaunchRecord:
+    """A row-wise kernel's launch (one program per row, row-major tensors) with `rows` rows."""
+    import dataclasses
+
+    from kstrata.ir.launch import TensorArg
+
+    n_rows = record.grid[0]
+    args = []
+    for arg in record.args:
+        if isinstance(arg, TensorArg) and arg.shape and arg.shape[0] == n_rows:
+            shape = (rows, *arg.shape[1:])
+            numel = 1
+            for d in shape:
+                numel *= d
+            arg = dataclasses.replace(arg, shape=shape, storage_numel=numel, snapshot=None)
+        args.append(arg)
+    return dataclasses.replace(record, grid=(rows, record.grid[1], record.grid[2]), args=tuple(args))
 
 
 def verify_candidate(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord, device: str,
@@ -97,7 +123,9 @@ class CaseResult:
     expected: str  # "reject" or "accept"
     visible_on: str
     device: str
-    verdict: str = "error"  # "reject", "accept" or "error" (the case could not be built or verified)
+    #: "reject", "accept", "unproven" (only static evidence here) or "error" (not built or not verified)
+    verdict: str = "error"
+    rebuilt_levels: list[str] = field(default_factory=list)
     failed_checks: list[str] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
@@ -121,12 +149,14 @@ def run_case(case: PlantedCase, device: str = "cpu", seeds: int = 2, snapshots: 
         original = original_bundle(case)
         candidate = build_candidate(case, original)
         launch_dir = _cache_dir() / "launches" if snapshots else None
-        sanitizer = case.gpu_sanitizer if device == "cuda" else None
+        sanitizer = (case.gpu_sanitizer or "auto") if device == "cuda" else None
+        seeds = 1 if case.large_rows else seeds
         report = verify_candidate(original, candidate, launch_for(case, launch_dir), device, seeds, launch_dir,
                                   sanitizer)
         result.checks = [dict(c.__dict__) for c in report.checks]
         result.failed_checks = [f"{c.name}@{c.level}" for c in report.checks if c.verdict == "fail"]
-        result.verdict = "accept" if report.ok else "reject"
+        result.verdict = {"equivalent": "accept", "different": "reject", "unproven": "unproven"}[report.verdict.value]
+        result.rebuilt_levels = list(report.rebuilt_levels)
     except Exception as exc:  # a case that cannot be built is reported, the run goes on
         result.error = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, KstrataError):

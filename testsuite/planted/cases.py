@@ -169,6 +169,56 @@ _WRONG: list[PlantedCase] = [
         "ptx-block-size", "row_max", CUDA, "ptx", False, "static",
         "`.reqntid 128` becomes 256: the launch bounds no longer match Triton's launch",
         (TextEdit(".reqntid 128", ".reqntid 256"),), kind="ABI change"),
+    # ---- issue 20: the holes a differential run alone left open ------------------------------------------
+    PlantedCase(
+        "ptx-stale-cubin", "softmax_onepass", CUDA, "ptx", False, "gpu",
+        "`x - max` becomes `x + max` (`sub.f32` -> `add.f32`) in the PTX of an entry whose cubin is still "
+        "Triton's: the binaries are identical unless verify rebuilds the cubin from the PTX",
+        (TextEdit("\tsub.f32 \t%r47, %r1, %r46;", "\tadd.f32 \t%r47, %r1, %r46;"),), kind="stale lower level",
+        stale=True),
+    PlantedCase(
+        "llir-stale-lower-levels", "softmax_onepass", CUDA, "llir", False, "gpu",
+        "`x - max` becomes `max - x` in the LLVM IR of an entry whose PTX and cubin are still Triton's",
+        (TextEdit("%81 = fsub float %32, %80", "%81 = fsub float %80, %32"),), kind="stale lower level", stale=True),
+    PlantedCase(
+        "ptx-one-past-end-write", "row_scale", CUDA, "ptx", False, "gpu",
+        "the row mask `setp.lt.s32` becomes `setp.le.s32`: every program reads and writes one element past its "
+        "row; the next row's program overwrites the stray element with the right value, and the last row's "
+        "lands past the end of the buffer, where only a redzone sees it",
+        (TextEdit("\tsetp.lt.s32 \t%p1, %r4, %r2;", "\tsetp.le.s32 \t%p1, %r4, %r2;"),),
+        kind="one-past-the-end write"),
+    PlantedCase(
+        "ttir-one-past-end-write", "row_scale", CUDA, "ttir", False, "cpu",
+        "the row mask `cols < n_cols` becomes `cols <= n_cols`: the stray writes land on the next row's first "
+        "element (with its right value) and, for the last row, past the end: the interpreter's redzones see it",
+        (TextEdit("arith.cmpi slt, %cols, %mask :", "arith.cmpi sle, %cols, %mask :"),),
+        kind="one-past-the-end write"),
+    PlantedCase(
+        "ptx-read-past-end", "row_scale", CUDA, "ptx", False, "gpu",
+        "the load (only) gets a widened predicate `col <= n_cols`: the last row reads one element past the end "
+        "of x; the value is never stored, so the outputs are right and only memcheck (on buffers in their own "
+        "allocations) sees it",
+        (TextEdit("\t.reg .pred \t%p<2>;", "\t.reg .pred \t%p<3>;"),
+         TextEdit("\tsetp.lt.s32 \t%p1, %r4, %r2;", "\tsetp.lt.s32 \t%p1, %r4, %r2;\n\tsetp.le.s32 \t%p2, %r4, %r2;"),
+         TextEdit("@%p1 ld.global.b16", "@%p2 ld.global.b16")),
+        kind="read past the end"),
+    PlantedCase(
+        "ptx-i32-offset-overflow", "row_scale", CUDA, "ptx", False, "gpu",
+        "the row offset `row * n_cols` is computed in 32 bits and sign-extended: equal on every launch below "
+        "2^31 elements, wrapped to a negative offset on a launch of 21474850 rows of 100 (2^31 + 1352 elements)",
+        (TextEdit("\t.reg .b32 \t%r<7>;", "\t.reg .b32 \t%r<8>;"),
+         TextEdit("\tmul.lo.s64 \t%rd7, %rd6, %rd5;", "\tmul.lo.s32 \t%r7, %r2, %r1;\n\tcvt.s64.s32 \t%rd7, %r7;")),
+        kind="i32 address overflow", large_rows=21474850),
+    PlantedCase(
+        "amdgcn-one-past-end-write", "row_scale", HIP, "amdgcn", False, "amd-gpu",
+        "the row mask `n_cols > col` becomes `n_cols >= col`: one element past each row is read and written",
+        (TextEdit("\tv_cmp_gt_i32_e32 vcc, s6, v1\n", "\tv_cmp_ge_i32_e32 vcc, s6, v1\n"),),
+        kind="one-past-the-end write"),
+    PlantedCase(
+        "amdgcn-i32-offset-overflow", "row_scale", HIP, "amdgcn", False, "amd-gpu",
+        "the 64-bit row offset's high word becomes the sign of the 32-bit product (`row * n_cols` in 32 bits)",
+        (TextEdit("\ts_mul_hi_i32 s1, s6, s12\n\ts_mul_i32 s0, s6, s12\n",
+                  "\ts_mul_i32 s0, s6, s12\n\ts_ashr_i32 s1, s0, 31\n"),), kind="i32 address overflow"),
     # ---- AMDGCN: no AMD GPU; the waitcnt hazard check and the code-object checks are static ---------------
     PlantedCase(
         "amdgcn-removed-vmcnt", "row_max", HIP, "amdgcn", False, "static",
@@ -240,6 +290,9 @@ _CORRECT: list[PlantedCase] = [
     PlantedCase("ok-llir-commuted-fadd", "vector_add", CUDA, "llir", True, "gpu",
                 "the operands of one fp32 addition are swapped (IEEE addition is commutative)",
                 (TextEdit("%92 = fadd float %45, %69", "%92 = fadd float %69, %45"),), kind="commuted operands"),
+    PlantedCase("ok-ptx-row-scale-cache-hints", "row_scale", CUDA, "ptx", True, "gpu",
+                "the project's cache-hints pass on the row-wise kernel the overrun cases use",
+                pipeline="ptx(cache-hints)", kind="pass"),
     PlantedCase("ok-ptx-reorder", "row_max", CUDA, "ptx", True, "gpu",
                 "two independent `or.b32` instructions are swapped",
                 (TextEdit("\tor.b32 \t%r17, %r15, 128;\n\tor.b32 \t%r18, %r15, 256;\n",

@@ -67,6 +67,12 @@ class PlantedCase:
     #: A compute-sanitizer tool the GPU run adds (`racecheck` for a dropped barrier: a race need not
     #: change the outputs of a given run, the sanitizer sees it on every run).
     gpu_sanitizer: str | None = None
+    #: The candidate keeps the original's lower levels (a stale cubin under an edited PTX, as an entry
+    #: edited by hand has): verify must rebuild them from the edited level before it checks anything.
+    stale: bool = False
+    #: Replay a row-wise kernel's launch with this many rows instead of its suite launch's (a launch past
+    #: 2^31 elements, which only the GPU run can afford).
+    large_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
