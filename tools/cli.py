@@ -21,7 +21,9 @@ from kstrata import __version__
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
+from kstrata.tools.cli_llm import llm_app
 from kstrata.tools.cli_optimize import optimize_app
+from kstrata.tools.cli_skills import skills_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, fail, out
 
@@ -39,6 +41,8 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
 app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
+app.add_typer(skills_app, name="skills")
+app.add_typer(llm_app, name="llm")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 

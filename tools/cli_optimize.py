@@ -63,6 +63,16 @@ def optimize_cmd(
     proposer: Annotated[list[str] | None, typer.Option("--proposer", help="Another proposer, MODULE:ATTR (a class, "
                                                        "factory or instance; repeatable), without packaging it.")] = None,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
+    llm: Annotated[bool, typer.Option("--llm", help="Add LLM proposers (an OpenAI-compatible endpoint: "
+                                                    "KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY).")] = False,
+    llm_spaces: Annotated[str, typer.Option("--llm-spaces", help="Spaces the LLM proposes in (comma-separated).")]
+    = "triton,graph",
+    llm_config: Annotated[Path | None, typer.Option("--llm-config", help="LLM config file (JSON).")] = None,
+    llm_budget_tokens: Annotated[int | None, typer.Option("--llm-budget-tokens", help="Stop asking after this many "
+                                                                                     "tokens.")] = None,
+    llm_turns: Annotated[int | None, typer.Option("--llm-turns", help="Refinement turns per conversation.")] = None,
+    learn_skills: Annotated[Path | None, typer.Option("--learn-skills", help="Skill library to add timed wins to "
+                                                      "(only after they reproduce on other seeds).")] = None,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.optimize.candidate import POLICIES
@@ -98,13 +108,23 @@ def optimize_cmd(
             print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
     extra = [_load_proposer(spec) for spec in proposer or []]
+    llm_extra: tuple[Any, ...] = ()
+    if llm:
+        from kstrata.agents.llm.proposer import llm_proposers
+
+        llm_extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
+                                        options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                                        config_file=llm_config))
     opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
                    ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
-                   trials=trials, extra_proposers=tuple(p for group in extra for p in group))
+                   trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
+                   skills_dir=learn_skills)
     results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
                                "tasks": [r.to_json() for r in results]}
+    if llm_extra:  # tokens and cost of the LLM proposers (they share one client); never the key
+        payload["llm"] = {"config": llm_extra[0].client.config.to_json(), "usage": llm_extra[0].client.ledger.to_json()}
     if as_json:
         emit_json(payload)
     else:
@@ -117,5 +137,9 @@ def optimize_cmd(
                       f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
         if not opts.device == "cuda":
             out.print("nothing was timed (no GPU): correctness only", highlight=False)
+        if llm_extra:
+            u = payload["llm"]["usage"]
+            out.print(f"LLM: {u['requests']} requests, {u['retries']} retries, {u['tokens']} tokens"
+                      + (" (estimated)" if u["tokens_estimated"] else "") + f", ${u['cost_usd']:.4f}", highlight=False)
     if any(r.status != "done" or not r.final_ok for r in results):
         raise typer.Exit(1)

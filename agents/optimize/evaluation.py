@@ -75,10 +75,17 @@ class Evaluator:
         return self.device == "cuda"
 
     # -- the child protocol of this module ------------------------------------------------------
+    def _sandbox_env(self, workdir: Path) -> dict[str, str]:
+        """The restricted environment generated (LLM) candidates run in (kstrata.agents.llm.sandbox)."""
+        from kstrata.agents.llm.sandbox import sandbox_env
+
+        return sandbox_env(workdir, device=self.device)
+
     def run_job(self, job: dict[str, Any], timeout_s: float | None = None, *, argv_prefix: list[str] | None = None,
-                env_extra: dict[str, str] | None = None, gated: bool = False) -> JobResult:
+                env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False) -> JobResult:
         """Run one worker job. `gated`: the worker prepares (imports, builds, compiles) outside the timing
-        queue, says `ready`, and times only after this process, holding the queue, says `go`."""
+        queue, says `ready`, and times only after this process, holding the queue, says `go`. `sandbox`: in
+        the restricted environment of generated candidates."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         d = Path(tempfile.mkdtemp(prefix=f"{job['cmd']}-", dir=self.workdir))
         job = {**job, "result": str(d / "result.json"), "device": job.get("device", self.device),
@@ -87,7 +94,8 @@ class Evaluator:
         if gated:
             job.update(ready_file=str(ready), go_file=str(go))
         (d / "job.json").write_text(json.dumps(job))
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+        base = self._sandbox_env(d / "sandbox") if sandbox else os.environ
+        env = dict(base, PYTHONUNBUFFERED="1", **(env_extra or {}))
         if job["device"] == "cpu":
             env["TRITON_INTERPRET"] = "1"
         cmd = [*(argv_prefix or []), sys.executable, "-m", "kstrata.agents.optimize.worker", str(d / "job.json")]
@@ -142,24 +150,31 @@ class Evaluator:
                     fcntl.flock(fh, fcntl.LOCK_UN)
 
     # -- what the loop asks ---------------------------------------------------------------------
-    def check(self, task: Path, candidate: Path) -> CheckResult:
-        """The hardened evaluation, correctness and integrity only."""
+    def check(self, task: Path, candidate: Path, *, sandbox: bool = False) -> CheckResult:
+        """The hardened evaluation, correctness and integrity only (`sandbox`: in the restricted environment)."""
         from kstrata.agents.evaluate import EvalError, evaluate
 
         start = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=self.workdir)) if sandbox else None
         try:
             v = evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=self.seed,
-                         device=self.device, timeout_s=self.timeout_s, timing=False)
+                         device=self.device, timeout_s=self.timeout_s, timing=False,
+                         env=self._sandbox_env(box) if box else None)
         except EvalError as exc:
             return CheckResult(False, str(exc), "harness", self.eval_policy, time.monotonic() - start)
+        finally:
+            if box:
+                shutil.rmtree(box, ignore_errors=True)
         seconds = time.monotonic() - start
         self.check_seconds += seconds
         return CheckResult(v.accepted, v.reason, v.failure, self.eval_policy, seconds)
 
-    def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any]) -> dict[str, str]:
+    def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *,
+                 sandbox: bool = False) -> dict[str, str]:
         """Determinism and output layouts on the check device; key -> problem ('' when kept)."""
         r = self.run_job({"cmd": "contract", "task": str(task), "layouts": layouts,
-                          "candidates": {k: str(p) for k, p in candidates.items()}})
+                          "candidates": {k: str(p) for k, p in candidates.items()}}, sandbox=sandbox)
         if not r.ok:
             return dict.fromkeys(candidates, f"contract check failed: {r.error}")
         out = {}
@@ -169,12 +184,12 @@ class Evaluator:
         return out
 
     def measure(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *, rounds: int = 5,
-                runs: int = 30) -> dict[str, Measurement | str]:
+                runs: int = 30, sandbox: bool = False) -> dict[str, Measurement | str]:
         """Interleaved timing of `candidates` in one process (key -> Measurement, or why not)."""
         if not self.timed:
             return dict.fromkeys(candidates, "not timed (no GPU)")
         r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
-                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True)
+                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True, sandbox=sandbox)
         self.measure_seconds += r.seconds
         if not r.ok:
             return dict.fromkeys(candidates, f"measurement failed: {r.error}")
@@ -213,15 +228,22 @@ class Evaluator:
             return JobResult(False, {}, "ncu reported no kernels" + (f": {last[0][:200]}" if last else ""), r.seconds)
         return JobResult(True, {"kernels": rows}, "", r.seconds)
 
-    def final(self, task: Path, candidate: Path, *, seed: int, ceilings: Any = None) -> Any:
+    def final(self, task: Path, candidate: Path, *, seed: int, ceilings: Any = None, sandbox: bool = False) -> Any:
         """A fresh evaluation with fresh seeds (timed on a GPU): the verdict of the output.
 
         Outside the timing queue (it is two whole processes): its speedup over eager is a second opinion;
         the speedups the search decides on are the interleaved ones."""
         from kstrata.agents.evaluate import evaluate
 
-        return evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=seed, device=self.device,
-                        timeout_s=self.timeout_s, timing=self.timed, ceilings=ceilings)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=self.workdir)) if sandbox else None
+        try:
+            return evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=seed, device=self.device,
+                            timeout_s=self.timeout_s, timing=self.timed, ceilings=ceilings,
+                            env=self._sandbox_env(box) if box else None)
+        finally:
+            if box:
+                shutil.rmtree(box, ignore_errors=True)
 
 
 def parse_ncu_csv(text: str) -> list[dict[str, Any]]:

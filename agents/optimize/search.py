@@ -96,6 +96,9 @@ class Options:
     ceilings: Any = None  # roofline.Ceilings (GPU), measured by the caller
     lock_path: Path | None = None
     progress: Callable[[str], None] = print
+    #: When set, a timed win is summarized into a skill there, admitted only if it reproduces (fresh
+    #: processes, other seeds): kstrata.agents.skills.learn_from_win.
+    skills_dir: Path | None = None
 
 
 @dataclass
@@ -124,6 +127,16 @@ class TaskResult:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _sandboxed(c: TaskCandidate) -> bool:
+    """Generated candidates (the LLM's) run in the restricted environment of kstrata.agents.llm.sandbox."""
+    return bool(c.params.get("sandbox"))
+
+
+def _box(sandbox: bool) -> dict[str, bool]:
+    """`sandbox=True` for the evaluator only when needed (evaluators without the keyword keep working)."""
+    return {"sandbox": True} if sandbox else {}
 
 
 def _log_reward(speedup: float | None) -> float:
@@ -317,7 +330,8 @@ class TaskSearch:
             return
         paths = {n.key: self.write_candidate(n.candidate) for n in todo}
         with ThreadPoolExecutor(max_workers=max(1, self.opts.workers)) as pool:
-            results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key]), todo))
+            results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key],
+                                                             **_box(_sandboxed(n.candidate))), todo))
         for n, r in zip(todo, results, strict=True):
             n.check = r
             n.elapsed_s = self.elapsed()
@@ -329,7 +343,8 @@ class TaskSearch:
             ok.remove(eager)
             eager.status, eager.note = "correct", "the reference itself (not timed: no GPU)" if not self.ev.timed else ""
         if ok and not self.ev.timed:  # on a GPU the measurement checks the contract in its own process
-            problems = self.ev.contract(self.info.path, {n.key: paths[n.key] for n in ok}, output_layouts(self.info.spec))
+            problems = self.ev.contract(self.info.path, {n.key: paths[n.key] for n in ok}, output_layouts(self.info.spec),
+                                        **_box(any(_sandboxed(n.candidate) for n in ok)))
             for n in ok:
                 if problems.get(n.key):
                     n.status, n.reward, n.note = "rejected", FAILURE_REWARD, f"contract: {problems[n.key]}"
@@ -338,7 +353,8 @@ class TaskSearch:
 
     def _measure(self, nodes: list[Node], rounds: int) -> dict[str, Measurement | str]:
         keys = {n.key: self.write_candidate(n.candidate) for n in nodes}
-        return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs)
+        return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs,
+                               **_box(any(_sandboxed(n.candidate) for n in nodes)))
 
     def _sol(self, us: float, speedup: float | None = None) -> tuple[float | None, list[str]]:
         if self.opts.ceilings is None:
@@ -590,6 +606,16 @@ class TaskSearch:
                 return c
         return None
 
+    def _tell_proposer(self, c: TaskCandidate, n: Node) -> None:
+        """A proposer with `observe(candidate, check)` (the LLM's) hears the verdict on its own candidates."""
+        for p in self.proposers:
+            observe = getattr(p, "observe", None)
+            if p.name == c.proposer and callable(observe):
+                try:
+                    observe(c, n.check, speedup=n.speedup, note=n.note if n.status == "rejected" else "")
+                except Exception as exc:  # a proposer's bug costs its refinements, not the run
+                    self.notes[p.name] = f"observe() raised {type(exc).__name__}: {exc}"
+
     def judge(self, c: TaskCandidate, parent: Node) -> Node:
         n = self.nodes[c.key]
         self.say(f"candidate {self.candidates_judged() + 1}/{self.opts.budget} [{c.space}/{c.proposer}] {c.description}")
@@ -610,6 +636,7 @@ class TaskSearch:
             else:
                 n.status, n.note, n.reward = "rejected", str(m if not isinstance(m, Measurement) else mb), FAILURE_REWARD
         n.elapsed_s = self.elapsed()
+        self._tell_proposer(c, n)
         with self.lock:
             self._backprop(n)
         self.emit(self.node_event(n))
@@ -657,6 +684,27 @@ class TaskSearch:
         return accepted
 
     # -- the output ------------------------------------------------------------------------------
+    def _learn_skill(self, inc: Node, verdict: Any, path: Path) -> dict[str, Any]:
+        """The skill gate: re-evaluate the winner on other seeds in fresh processes before it is stored."""
+        from kstrata.agents.skills import Reproduction, SkillLibrary, Win, learn_from_win
+
+        c, spec = inc.candidate, self.info.spec
+        win = Win(task=self.info.name, space=c.space, proposer=c.proposer, description=c.description, params=c.params,
+                  speedup=float(verdict.speedup), baseline="eager (the task's Model)", device=verdict.device,
+                  versions=dict(verdict.versions), operators=tuple(op for op, _ in spec.flops_by_op[:6]),
+                  dtypes=tuple(spec.dtypes), findings=tuple(f.text for f in self.findings), source=c.source)
+
+        def remeasure(seed: int) -> Reproduction:
+            v = self.ev.final(self.info.path, path, seed=seed, ceilings=self.opts.ceilings, **_box(_sandboxed(c)))
+            return Reproduction(seed, bool(v.accepted), v.speedup, True, "" if v.accepted else v.reason)
+
+        client = next((p.client for p in self.proposers if hasattr(p, "client")), None)
+        gate, how = learn_from_win(SkillLibrary(self.opts.skills_dir), win, remeasure, client=client,
+                                   original_seed=self.opts.final_seed)
+        self.say(f"skill: {'ADMITTED' if gate.admitted else 'not admitted'} — {gate.reason} ({how})")
+        return {"admitted": gate.admitted, "reason": gate.reason, "summary": how,
+                "path": str(gate.path) if gate.path else None}
+
     def step_final(self) -> None:
         inc = self.incumbent
         base = self.nodes[self.base_key]
@@ -672,7 +720,8 @@ class TaskSearch:
         src = set_measured(inc.candidate.source, lines)
         path = self.out / "model_new.py"
         write_atomic(path, src)
-        verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
+        verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings,
+                                **_box(_sandboxed(inc.candidate)))
         ev: dict[str, Any] = {"type": "final", "key": inc.key, "accepted": verdict.accepted, "reason": verdict.reason,
                               "seed": self.opts.final_seed, "speedup_vs_eager": verdict.speedup,
                               "roofline": verdict.roofline, "device": verdict.device}
@@ -695,6 +744,9 @@ class TaskSearch:
             verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
             ev.update({"key": nxt.key, "accepted": verdict.accepted, "reason": verdict.reason,
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
+        if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent.space != "baseline"
+                and self.ev.timed and verdict.speedup):
+            ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
         self.final = ev
         self.emit(dict(ev))
         self.say(f"final (fresh process, seed {self.opts.final_seed}): " + ("ACCEPTED" if verdict.accepted else "REJECTED") +
