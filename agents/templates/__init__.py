@@ -34,7 +34,7 @@ from types import ModuleType
 
 from kstrata.agents.tasks import Task
 from kstrata.agents.templates import norm, pointwise, pool, reduce, softmax
-from kstrata.agents.templates.base import Params, Rejection, TemplateMatch
+from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 
@@ -94,6 +94,10 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
                 return bool(mod.valid(c, params)) if hasattr(mod, "valid") else True
 
             hints = tuple(tuple(h.items()) for h in mod.hints(c)) if hasattr(mod, "hints") else ()
+            start = nearest_valid(sp, dict(default), valid)  # a default the shapes rule out: the closest valid one
+            if start is None:
+                raise GraphError(f"no schedule of its space is valid for {c.core_shape}")
+            default = tuple(start.items())
             m = TemplateMatch(mod.NAME, path, mod.description(c), sp, default, policy, _shape_key(c, policy), c,
                               render, valid, hints)
             m.render()  # a match whose default schedule does not render is a rejection, with the reason

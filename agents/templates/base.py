@@ -88,6 +88,24 @@ class TemplateMatch:
         return self._render(self.check(params or {}), policy or self.policy)
 
 
+def nearest_valid(space: tuple[tuple[str, tuple[Any, ...]], ...], default: Params,
+                  valid: Callable[[Params], bool]) -> Params | None:
+    """`default` if it is valid, else the valid schedule of `space` closest to it (fewest parameters changed,
+    then the smallest steps along each parameter's values); None when no schedule of the space is valid."""
+    if valid(default):
+        return dict(default)
+    names = [n for n, _ in space]
+    best: tuple[tuple[int, int], Params] | None = None
+    for values in itertools.product(*(v for _, v in space)):
+        p = dict(zip(names, values, strict=True))
+        changed = [(n, vs) for n, vs in space if p[n] != default.get(n)]
+        cost = (len(changed), sum(abs(vs.index(p[n]) - (vs.index(default[n]) if default.get(n) in vs else 0))
+                                  for n, vs in changed))
+        if (best is None or cost < best[0]) and valid(p):
+            best = (cost, p)
+    return None if best is None else best[1]
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 

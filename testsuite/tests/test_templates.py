@@ -422,6 +422,90 @@ def test_kstrata_eval_on_cpu_accepts_a_rendered_model_new(monkeypatch: pytest.Mo
 # ---------------------------------------------------------------------------------------------------
 # GPU twins
 # ---------------------------------------------------------------------------------------------------
+def test_screen_judges_against_float64_within_eagers_own_error() -> None:
+    """The autotuner's screen is `kstrata eval`'s strict bound against float64: an output as far from the truth
+    as eager is (so 1.41e-5 from eager, above a fixed 1e-5) passes; one 100x further, a wrong shape, fail."""
+    import torch
+
+    from kstrata.agents.templates.tune import errors, screen
+
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(20000, generator=g, dtype=torch.float64)
+    ref = (truth + 1e-5 * torch.randn(20000, generator=g, dtype=torch.float64)).float()  # eager: 1e-5 off
+    ok = (truth + 1e-5 * torch.randn(20000, generator=g, dtype=torch.float64)).float()  # as good as eager
+    assert errors(ok, ref)[1] > 1.3e-5  # what the old fixed 1e-5 screen against eager refused
+    assert screen(ref, ok, truth) is None
+    assert screen(ref, truth.float(), truth) is None
+    bad = (truth + 1e-3 * torch.randn(20000, generator=g, dtype=torch.float64)).float()
+    why = screen(ref, bad, truth)
+    assert why is not None and "error against float64" in why
+    assert screen(ref, ok[:100], truth) == "output is (100,) torch.float32, expected (20000,) torch.float32"
+
+
+def test_screen_on_a_task_built_on_the_cpu(tmp_path: Path) -> None:
+    """TaskOnDevice's float64 truth and screen on a small real task: eager itself passes, a planted error fails."""
+    from kstrata.agents.templates.tune import TaskOnDevice
+
+    task_path = shrunk(tmp_path, "gaps/01_layernorm_three_dims_fp32.py", {"batch": 4, "features": 4, "dim1": 8, "dim2": 8})
+    env = TaskOnDevice(match(load_task(task_path))[0], device="cpu")
+    assert env.truth().dtype.is_floating_point and str(env.truth().dtype) == "torch.float64"
+    assert next(env.model.parameters()).dtype == env.ref.dtype  # the float64 copy left the model alone
+    assert env.screen(env.ref.clone()) is None
+    planted = env.ref.clone()
+    planted.view(-1)[7] += 1e-3
+    assert env.screen(planted) is not None
+
+
+def test_defaults_the_shapes_rule_out_are_replaced_by_the_nearest_valid_schedule(tmp_path: Path) -> None:
+    """A small layernorm row (64K elements) cannot take the default 256-way split of 2048-element chunks: the
+    match starts from the closest valid schedule instead of refusing its own default."""
+    from kstrata.agents.templates.base import nearest_valid
+
+    task_path = shrunk(tmp_path, "gaps/01_layernorm_three_dims_fp32.py", {"batch": 4, "features": 16, "dim1": 64, "dim2": 64})
+    m = match(load_task(task_path))[0]
+    d = m.default_params()
+    assert m._valid(d) and d["SPLIT"] == 32 and d["BLOCK"] == 2048
+    assert m.check(d) == d and "def " in m.render()
+    assert all(m._valid(p) for p in m.hint_params())
+    space = (("A", (1, 2, 4)), ("B", (1, 2)))
+    assert nearest_valid(space, {"A": 4, "B": 2}, lambda p: p["A"] * p["B"] <= 4) in ({"A": 2, "B": 2}, {"A": 4, "B": 1})
+    assert nearest_valid(space, {"A": 4, "B": 2}, lambda p: False) is None
+
+
+def test_autotune_times_only_valid_schedules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's search (default, hints, one parameter at a time) never renders a schedule the template
+    refuses: every trial is valid, none failed, and the best is one of them (a fake device and timer)."""
+    import torch
+
+    from kstrata.agents.templates import tune
+
+    task_path = shrunk(tmp_path, "gaps/01_layernorm_three_dims_fp32.py", {"batch": 4, "features": 16, "dim1": 64, "dim2": 64})
+    m = match(load_task(task_path))[0]
+
+    class FakeEnv:
+        inputs: tuple[Any, ...] = ()
+
+        def build(self, source: str, tag: str) -> Any:
+            assert "def " in source
+            return lambda: torch.zeros(1)
+
+        def screen(self, out: Any) -> str | None:
+            return None
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    seen: list[int] = []
+
+    def timer(fn: Any, runs: int) -> float:
+        seen.append(1)
+        return 100.0 - len(seen) * 0.01  # later is faster: the search keeps moving
+
+    r = tune.autotune(m, budget_s=30, runs=1, measure=timer, use_cache=False, prepared=FakeEnv())  # type: ignore[arg-type]
+    assert len(r.trials) > 5 and all(t.error is None and m._valid(t.params) for t in r.trials)
+    assert m._valid(r.params) and r.params in [t.params for t in r.trials]
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(("rel", "sizes", "template", "schedules"), CASES, ids=[Path(c[0]).stem for c in CASES])
