@@ -96,8 +96,7 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[0])
     wide = match(load_task(GAPS / "03_softmax_wide_rows_fp32.py"))[0]
     assert [(h["strategy"], h["GROUP_ROWS"], h["SPLIT"], h["RESIDENT"]) for h in wide.hint_params()] == [
-        ("split", 8, 32, 1), ("split", 16, 16, 1), ("team", 0, 8, 1), ("team", 0, 8, 2), ("team", 0, 16, 1),
-        ("team", 0, 16, 2)]
+        *[("team", 0, k, r) for k in (4, 8, 16, 32) for r in (2, 3, 4)], ("split", 8, 32, 1), ("split", 16, 16, 1)]
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
     assert soft.hint_params() == []
     assert soft.schedule_space()["strategy"] == ("fused", "split", "team")
@@ -557,8 +556,12 @@ def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
                        "template": {**point, "median_us": 50.0, "sol_fraction": 1.0, "speedup_vs_best_baseline": 2.0,
                                     "correct_strict": True, "params": {"SPLIT": 4}}},
                     "tf32": {"note": "no convolution or GEMM: TF32 changes nothing, same as strict"}},
-                   {"task": "02_y", "error": "no template: ..."}]}
+                   {"task": "02_y", "error": "no template: ..."},
+                   {"task": "03_z", "template": "pointwise", "strict": {"eager": point, "compile": point, "template": {
+                       **point, "median_us": 125.0, "speedup_vs_best_baseline": 0.8, "correct_strict": True, "params": {}}},
+                    "tf32": {}}]}
     md = markdown(results)
     assert "| 01_x | norm | 100 (50%) | 100 (50%) | 50 (100%) | 2.00x | True |" in md
-    assert "Geomean speedup over the best of eager/compile: 2.000x" in md
+    assert "Geomean speedup over the best of eager/compile: 1.265x" in md
+    assert "| 0.80x (slower than the baseline) | True |" in md
     assert "## tf32 (labelled" in md and "TF32 changes nothing" in md and "| 02_y | — |" in md
