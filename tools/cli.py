@@ -412,12 +412,45 @@ def passes_show(name: str = typer.Argument(...), as_json: bool = typer.Option(Fa
     if as_json:
         _emit_json(info)
         return
-    out.print(f"[bold]{info['name']}[/]  level={info['level']}  backends={','.join(info['backends'])}  "
+    also = f" (also {', '.join(info['also_at'])})" if info.get("also_at") else ""
+    out.print(f"[bold]{info['name']}[/]  level={info['level']}{also}  backends={','.join(info['backends'])}  "
               f"exact={'yes' if info['tolerance'] is None else info['tolerance']}", highlight=False)
     for opt, meta in info["options"].items():
         out.print(f"  option {opt}: {meta['type']} = {meta['default']!r}", highlight=False)
     out.print()
     out.print(info["doc"], highlight=False)
+
+
+@passes_app.command("space")
+def passes_space(
+    path: Path = typer.Argument(..., help="An IR file (.ttir .ttgir .llir .ptx .amdgcn) or a cache/dump entry."),
+    only: list[str] = typer.Option(None, "--only", help="Only this pass (repeatable)."),
+    target: str = typer.Option(None, "--target", "-t", help="Target of a bare IR file (default: read from it)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Each pass's schedule space on one kernel: the instances worth trying there, or why there are none."""
+    from kstrata.passes.registry import available_passes, get_pass
+    from kstrata.passes.standalone import bundle_for_file
+
+    bundle = bundle_for_file(path, target)
+    names = sorted(available_passes())
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        _fail(f"unknown pass {unknown[0]!r}; known passes: {', '.join(names)}", 2)
+    rows = []
+    for name in only or names:
+        cls = get_pass(name)
+        space = cls.schedule_space(bundle)
+        rows.append({"pass": name, "level": cls.level, "candidates": space.spellings(), "reason": space.reason})
+    if as_json:
+        _emit_json({"kernel": bundle.name, "target": str(bundle.target), "passes": rows})
+        return
+    table = Table(title=f"schedule spaces on {bundle.name} ({bundle.target})")
+    for col in ("pass", "level", "worth trying"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["pass"], r["level"], ", ".join(r["candidates"]) or f"none: {r['reason']}")
+    out.print(table)
 
 
 @passes_app.command("apply")
@@ -431,11 +464,16 @@ def passes_apply(
 
     This is the tool the golden (FileCheck) tests drive; `run-passes` is the one that rebuilds and writes
     overrides."""
-    from kstrata.passes.pipeline import apply_passes_only, parse_pipeline
+    from kstrata.passes.pipeline import apply_passes, parse_pipeline
     from kstrata.passes.standalone import bundle_for_file
 
     bundle = bundle_for_file(path, target)
-    text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
+    outcome = apply_passes(bundle, parse_pipeline(pipeline))
+    for line in outcome.messages():  # what each pass did or why it did nothing, never silent
+        err.print(f"kstrata: {line}", highlight=False, markup=False, soft_wrap=True)
+    text, updates, level = outcome.text, outcome.updates, outcome.level
+    if not text:
+        _fail(f"{path}: the pipeline ends at {level}, which this input does not have and no pass produced", 2)
     comment = ";" if level in ("llir", "amdgcn") else "//"
     header = "".join(f"{comment} kstrata: metadata {k}={v}\n" for k, v in sorted(updates.items()))
     text = header + text

@@ -168,6 +168,28 @@ def test_elf_errors_are_bundle_errors(gfx942: SuiteBuild) -> None:
         read_elf(binary).symbol("nope")
 
 
+def test_corrupt_elf_is_a_bundle_error_naming_the_file(gfx942: SuiteBuild) -> None:
+    """Bytes flipped anywhere in a code object: it still reads, or the error names the file (never a
+    pyelftools, struct or index error)."""
+    import random
+
+    binary = hsaco(bundle_of(gfx942, "vector_add"))
+    rng = random.Random(7)
+    errors = 0
+    for _ in range(150):
+        corrupt = bytearray(binary)
+        for _ in range(rng.randint(1, 8)):
+            corrupt[rng.randrange(0, 64 if rng.random() < 0.3 else len(corrupt))] = rng.randrange(256)
+        try:
+            elf = read_elf(bytes(corrupt), origin="corrupt.hsaco")
+            elf.symbols()
+            elf.notes()
+        except BundleError as exc:
+            assert str(exc).startswith("corrupt.hsaco: "), str(exc)
+            errors += 1
+    assert errors > 0  # the sample does hit broken structures
+
+
 # -- reassembly -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", SUITE_NAMES)
