@@ -483,6 +483,8 @@ class Engine:
         self.stats = EngineStats()
         self._bases: dict[str, BaseRef] = {}
         self._lock = threading.Lock()
+        #: Timings of this session by (original, binary, launches): a duplicate binary is timed once.
+        self._timings: dict[tuple[str, str, tuple[str, ...]], Measurement] = {}
 
     def close(self) -> None:
         if self._own_pool:
@@ -727,6 +729,15 @@ class Engine:
         budget = budget or Budget()
         if built.status != "changed":
             return Measurement("skipped", f"nothing to time: the build is {built.status}")
+        memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches))
+        if memo in self._timings:
+            return self._timings[memo]
+        result = self._measure(original, built, launches, budget)
+        if result.status == "timed":
+            self._timings[memo] = result
+        return result
+
+    def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget) -> Measurement:
         base = self.base(original)
         if base.kind == "task":
             return self._measure_task(base, self.built_entry(built), budget)
