@@ -55,6 +55,16 @@ def _private_cache() -> Iterator[str]:
         yield tmp
 
 
+#: A bundle's note saying that its levels below LEVEL were built from LEVEL's text of that digest.
+REBUILT_MARK = "kstrata: lower levels rebuilt from"
+
+
+def rebuilt_mark(level: str, text: str) -> str:
+    import hashlib
+
+    return f"{REBUILT_MARK} {level} sha256:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
 def rebuild_from(bundle: KernelBundle, level: str, text: str | None = None,
                  option_overrides: Mapping[str, Any] | None = None) -> KernelBundle:
     """A new bundle whose `level` is `text` (default: the bundle's own) and whose lower levels are rebuilt."""
@@ -69,6 +79,7 @@ def rebuild_from(bundle: KernelBundle, level: str, text: str | None = None,
     else:
         _rebuild_with_stages(bundle, new, level, src, option_overrides)
     new.levels[level] = src
+    new.notes.append(rebuilt_mark(level, src))
     # Levels above `level` are kept: each level holds its last state, which is what a Triton override
     # directory needs (Triton replaces each stage's output by the file of that level).
     return new

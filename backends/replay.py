@@ -176,7 +176,8 @@ def redzone_violations(args: dict[str, Any], record: LaunchRecord, launch: str) 
 def describe_violation(v: dict[str, Any]) -> str:
     """One line for a redzone violation: buffer, offset, launch."""
     first, size = v["first_offset"], v["buffer_bytes"]
-    where = f"{-first} bytes before its start" if first < 0 else f"byte {first}, {first - size} bytes past its end"
+    where = (f"{-first} bytes before its start" if first < 0 else "the first byte past its end" if first == size
+             else f"{first - size} bytes past its end")
     return (f"wrote outside buffer {v['buffer']} ({size} bytes): {v['bytes_changed']} guard bytes changed, the "
             f"first at {where} (launch: {v['launch']})")
 

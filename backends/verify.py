@@ -385,10 +385,14 @@ class Derived:
     rebuilt: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     declared: bool = False
+    #: The rebuild was done when the candidate was built (kstrata's own rebuild, of the same text).
+    by_kstrata: bool = False
 
     def describe(self) -> str:
         if not self.rebuilt:
             return f"the {self.top} is the lowest level: nothing below it to rebuild" if self.top else "no change"
+        if self.by_kstrata:
+            return f"{', '.join(self.rebuilt)} built from the candidate's {self.top} by kstrata's rebuild of that text"
         why = "the lowest level its pipeline edits" if self.declared else "its highest changed level"
         text = f"{', '.join(self.rebuilt)} rebuilt from the candidate's {self.top} ({why})"
         if self.stale:
@@ -440,6 +444,15 @@ def derive_lower_levels(original: KernelBundle, candidate: KernelBundle,
     top = declared[-1] if declared else changed[0]
     if top not in levels[1:-1]:
         return candidate, Derived(top)
+    from .rebuild import rebuilt_mark
+
+    text_changed = [lv for lv in changed if lv in levels[1:-1]]
+    lowest = text_changed[-1] if text_changed else None
+    if lowest is not None and rebuilt_mark(lowest, candidate.text(lowest)) in candidate.notes:
+        # Built in this process by kstrata's rebuild from exactly that text (a pass pipeline's output, each
+        # level's edit rebuilt below it): its lower levels are derived, nothing to redo.
+        below = [lv for lv in levels[levels.index(lowest) + 1:] if lv in candidate.levels]
+        return candidate, Derived(lowest, below, [], bool(declared), by_kstrata=True)
     rebuilt = rebuild(candidate, top, candidate.text(top))
     below = [lv for lv in levels[levels.index(top) + 1:] if lv in rebuilt.levels]
     binary_level = original.target.binary_level
@@ -629,9 +642,15 @@ def symbolic_check(result: Any, level: str) -> Check:
 def symbolic_evidence(report: VerifyReport, original: KernelBundle, candidate: KernelBundle,
                       launch: LaunchRecordT | None, timeout: float) -> None:
     """The place a symbolic result decides an otherwise `unproven` verdict: each differing TTIR/TTGIR
-    level is given to the registered checkers (the first that answers counts)."""
+    level is given to the registered checkers (the first that answers counts). Symbolic claims are
+    bit-exact: under a declared tolerance they do not apply."""
+    tolerant = any(c.name == "tolerance" for c in report.checks)
     for level in ("ttir", "ttgir"):
         if level not in report.differing_levels:
+            continue
+        if tolerant and _SYMBOLIC_CHECKERS:
+            report.checks.append(Check("symbolic", level, "skipped", "a tolerance is declared: the symbolic "
+                                       "claims are bit-exact"))
             continue
         for checker in _SYMBOLIC_CHECKERS:
             check = checker(original, candidate, level, launch, timeout)
