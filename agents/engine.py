@@ -269,6 +269,18 @@ class Candidate:
         return cls(str(data["base"]), str(data["level"]), edit_from_json(data["edit"]), data.get("tolerance"),
                    str(data.get("policy", "strict")), Provenance(**(data.get("provenance") or {})))
 
+    @classmethod
+    def task(cls, base: str, source: str = "", *, policy: str = "strict", tolerance: str | None = None,
+             provenance: Provenance | Mapping[str, Any] | None = None, level: str = "task",
+             edit: Any = None) -> Candidate:
+        """A task-level candidate: a complete `ModelNew` source for the task `base` (the optimizer's
+        `TaskCandidate.engine_fields()` fit: `Candidate.task(base, **candidate.engine_fields())`)."""
+        source = edit if isinstance(edit, str) else source
+        if not source or level != "task":
+            raise EngineError("a task candidate needs a ModelNew source, at level task")
+        prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
+        return cls(base, level, ModelNewEdit(source), tolerance, policy, prov)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Results

@@ -219,6 +219,11 @@ def test_unknown_base_and_unsupported_edits_are_clear(add_entry: Path, tmp_path:
         base = engine.add_task(task)
         built = engine.build(Candidate(base, "task", ModelNewEdit("class ModelNew: pass\n")))
         assert built.status == "changed" and Path(built.entry or "").read_text() == "class ModelNew: pass\n"
+        fields = {"level": "task", "edit": "class ModelNew: pass\n", "policy": "strict",
+                  "provenance": {"proposer": "p", "parent": None, "space": "triton"}}  # the optimizer's engine_fields()
+        same = Candidate.task(base, **fields)
+        assert same.key == Candidate(base, "task", ModelNewEdit("class ModelNew: pass\n")).key
+        assert engine.build(same).cached and same.provenance.space == "triton"
 
 
 # ---------------------------------------------------------------------------------------------------
