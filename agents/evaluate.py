@@ -495,16 +495,18 @@ class WorkerProcess:
             pass
         self.proc.wait()
 
-    def wait_ready(self, what: str) -> bool:
-        """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first."""
+    def wait_ready(self, what: str | None) -> bool:
+        """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first.
+        With `what` None, wait until it exits (True) or times out (False)."""
         import time
 
         while True:
             self._poll_log()
-            if what in self.ready:
+            if what is not None and what in self.ready:
                 return True
             if self.proc.poll() is not None:
-                return False
+                self._poll_log()
+                return what is None
             if time.monotonic() > self.deadline:
                 self.timed_out = True
                 self._kill()
@@ -710,7 +712,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
         if not worker.wait_ready(steps[i]):
             return False
         worker.go()
-        return worker.wait_ready(steps[i + 1]) if i + 1 < len(steps) else True
+        return worker.wait_ready(steps[i + 1] if i + 1 < len(steps) else None)
 
     compared: list[tuple[list[Check], list[OutputComparison]] | None] = []
     last_ref: dict[str, Any] | None = None
@@ -729,10 +731,19 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
                 compared.append(_compare_trial(last_ref, _load_trial(cand.workdir, i)))
             except Exception:  # unreadable: judged below, as in the all-trials path
                 compared.append(None)
-        if kw["timing"] and not cand_failed:
-            ref.go()
-        ref_run = ref.finish()
-        _reference_ok(ref_run, task)
+        if cand_failed:  # the candidate's failure is the verdict; the reference is told to stop
+            if ref.proc.stdin is not None:
+                ref.proc.stdin.close()
+            ref_run = ref.finish()
+            if ref_run.report is None:
+                import dataclasses
+
+                ref_run = dataclasses.replace(ref_run, report={})
+        else:
+            if kw["timing"]:
+                ref.go()
+            ref_run = ref.finish()
+            _reference_ok(ref_run, task)
         if kw["timing"] and not cand_failed:
             cand.wait_ready("timing")
             cand.go()

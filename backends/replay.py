@@ -227,9 +227,10 @@ def clone_args(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _storage(t: Any) -> Any:
+    """The whole storage behind `t`, on its device (a launch past 2^31 elements is compared on the GPU)."""
     import torch
 
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).detach().cpu()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).detach()
 
 
 def _ordered(bits: Any, width: int) -> Any:
@@ -269,7 +270,7 @@ def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
                     close |= (_ordered(xb, width) - _ordered(yb, width)).abs() <= tolerance.ulp
                 same |= finite & close
         if not bool(same.all()):
-            index = int((~same).nonzero()[0, 0])
+            index = int(torch.argmax((~same).to(torch.uint8)))  # the first mismatch (argmax takes the first maximum)
             diff: dict[str, Any] = {"argument": name, "element": index, "a": x[index].item(), "b": y[index].item()}
             if x.dtype.is_floating_point:
                 diff["a_bits"], diff["b_bits"] = hex(int(xb[index]) & ((1 << width) - 1)), \

@@ -138,7 +138,10 @@ def _interpreter_check(before: Any, after: Any, record_path: str | None, toleran
                            f"{failed[0].level} ({failed[0].name}): {failed[0].detail}")
     passed = sum(1 for c in checks if c.verdict == "pass")
     skipped = [f"{c.name}: {c.detail}" for c in checks if c.verdict == "skipped"]
-    return f"{passed} of {len(checks)} input sets equivalent" + (f"; skipped {'; '.join(skipped)}" if skipped else "")
+    # verify's verdict on the interpreter's evidence: a rewrite no input set could check is unproven, not verified
+    proven = "interpreter" in report.evidence()
+    return ("" if proven else "unproven: ") + f"{passed} of {len(checks)} input sets equivalent" + \
+        (f"; skipped {'; '.join(skipped)}" if skipped else "")
 
 
 def process_kernel(entry: str, pipeline_spec: str, out_dir: str, repro_dir: str,

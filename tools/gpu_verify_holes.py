@@ -134,11 +134,11 @@ def step_planted(work: Path) -> list[dict[str, Any]]:
 
 def step_eval(work: Path) -> list[dict[str, Any]]:
     rows = []
-    for task, cand in (("level1/19_ReLU.py", "candidates/19_ReLU_triton.py"),
-                       ("level1/23_Softmax.py", "candidates/23_Softmax_torch.py")):
+    for task, cand in (("level1/19_ReLU.py", "correct_relu_triton_int64.py"),
+                       ("level1/23_Softmax.py", "correct_softmax_torch.py")):
         start = time.monotonic()
-        rc, v, last = _cli("eval", str(PUBLISHED / task), str(PUBLISHED / cand), "--json", "--trials", "5",
-                           "--runs", "20", timeout=900)
+        rc, v, last = _cli("eval", str(PUBLISHED / task), str(ROOT / "testsuite" / "adversarial" / cand), "--json",
+                           "--trials", "5", "--runs", "20", timeout=900)
         mem = (v or {}).get("memory", {})
         peaks = {role: mem.get(role) for role in ("reference", "candidate", "evaluator")}
         plan = mem.get("plan") or {}
