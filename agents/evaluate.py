@@ -513,6 +513,16 @@ class WorkerProcess:
                 return False
             time.sleep(0.05)
 
+    def close(self) -> None:
+        """Close the pipes and the log (the process has ended or been killed)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        if not self._log.closed:
+            self._log.close()
+
     def go(self) -> None:
         assert self.proc.stdin is not None
         try:
@@ -533,7 +543,7 @@ class WorkerProcess:
                 break
             time.sleep(0.1)
         self._poll_log()
-        self._log.close()
+        self.close()
         elapsed = time.monotonic() - self.start
         tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
         report_path = self.workdir / "report.json"
@@ -752,6 +762,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
         for w in (ref, cand):
             if w.proc.poll() is None:
                 w._kill()
+            w.close()
     return _judge(base, spec, ref_run, [last_ref] if last_ref is not None else [], cand_run, trials, ceilings,
                   compared=compared, extra=extra)
 

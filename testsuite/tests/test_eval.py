@@ -263,8 +263,10 @@ def test_lockstep_trials_judge_one_trial_at_a_time(tmp_path: Path, monkeypatch: 
     assert v.accepted and len(v.trials) == 5 and v.memory["plan"]["mode"] == "lockstep", v.reason
     # the two processes alternate: reference trial i, then candidate trial i
     assert seen == [(role, i) for i in range(1, 6) for role in ("reference", "candidate")], seen
-    v = ev.evaluate(relu, ADVERSARIAL / "constant_output.py", device="cpu", timeout_s=120, trials=5)
-    assert not v.accepted and v.failure == "mismatch", v.reason
+    wrong = write(tmp_path, "identity.py", "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                           "    def forward(self, x):\n        return x.clone()\n")
+    v = ev.evaluate(relu, wrong, device="cpu", timeout_s=120, trials=5)
+    assert not v.accepted and v.failure == "mismatch" and len(v.trials) == 5, v.reason
 
 
 def test_a_task_too_large_for_the_machine_says_so_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
