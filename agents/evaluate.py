@@ -598,6 +598,7 @@ class MemoryPlan:
     host_need_bytes: int  # here, in the chosen mode
     host_available_bytes: int
     device_total_bytes: int | None
+    trial_bytes: int = 0  # one trial of the reference's outputs and their float64 copies, as saved
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -630,10 +631,10 @@ def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
     # All trials: the outputs of every trial (and their float64 copies) in scratch space, then here.
     all_need = 2 * trials * per_trial
     if not avail or all_need <= 0.5 * avail:
-        return MemoryPlan("all-trials", in_b, out_b, f64, dev_need, all_need, avail, total)
+        return MemoryPlan("all-trials", in_b, out_b, f64, dev_need, all_need, avail, total, per_trial)
     lock_need = 3 * per_trial + out_b
     if lock_need <= 0.8 * avail:
-        return MemoryPlan("lockstep", in_b, out_b, f64, dev_need, lock_need, avail, total)
+        return MemoryPlan("lockstep", in_b, out_b, f64, dev_need, lock_need, avail, total, per_trial)
     raise EvalError(f"does not fit in host memory: one trial's outputs and their float64 reference take "
                     f"{_gib(per_trial)}, and judging one needs about {_gib(lock_need)}; {_gib(avail)} available")
 
@@ -680,7 +681,7 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     if on_plan is not None:
         on_plan(plan)
     # lockstep: one trial of the reference's outputs (and float64 copies) and one of the candidate's at a time
-    need = 2 * (plan.output_bytes + plan.float64_bytes) if plan.mode == "lockstep" else 0
+    need = plan.trial_bytes + plan.output_bytes if plan.mode == "lockstep" else 0
     scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root(need)))
     base = {"task": str(task), "candidate": str(candidate), "policy": policy}
     kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
@@ -733,6 +734,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
                 cand._kill()
                 _reference_ok(ref.finish(), task)
                 raise EvalError(f"the reference stopped before trial {i}", path=task)
+            last_ref = None  # one trial's reference outputs held at a time
             last_ref = _load_trial(ref.workdir, i)
             if not step(cand, i) and not (cand.workdir / f"trial{i}.pt").exists():
                 cand_failed = True

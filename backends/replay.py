@@ -108,7 +108,7 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
         # tens of GB and seconds per input set. The device generator is seeded from the host one, so a
         # seed still gives the same inputs every time.
         gen = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-    where_ = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
+    where_: dict[str, Any] = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
     if dtype.is_floating_point:
         flat = torch.randn(numel, generator=gen, **where_).to(dtype)
     elif dtype == torch.bool:
