@@ -2,11 +2,12 @@
 #   make demo   installs everything, builds the kernel suite for cuda:90 and hip:gfx942 (no GPU needed)
 #               and shows every kernel's levels and resources
 #   make test   installs everything and runs the test suite (what CI runs, through .ci/run)
+#   make test-fast  the same without the tests marked slow
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup demo test lint gpu-check clean
+.PHONY: setup demo test test-fast lint gpu-check clean
 
 setup: $(VENV)/.kstrata-installed
 
@@ -19,6 +20,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --durations=10
+
+# everything but the tests marked slow (more than a few seconds each)
+test-fast: setup
+	$(BIN)/python -m pytest -n 2 -m "not slow" --durations=10
 
 lint: setup
 	$(BIN)/ruff check .

@@ -31,14 +31,13 @@ import datetime as _dt
 import json
 import math
 import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from kstrata.backends.child import ChildStream, ChildTimeout
 
 BENCH_SCHEMA = "kstrata.bench/1"
 BASELINES = ("eager", "compile", "compile-max-autotune")
@@ -291,30 +290,23 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     while pending:
         need = {str(p): [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]] for p in pending}
         worker_baselines = sorted({b for bs in need.values() for b in bs}, key=list(BASELINES).index)
-        proc = subprocess.Popen([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(runs),
-                                 "--device", device,
-                                 "--seed", str(seed), "--baselines", ",".join(worker_baselines),
-                                 *[str(p) for p in pending]],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def pump(stream: Any = proc.stdout, sink: queue.Queue[str | None] = lines) -> None:
-            for text in stream:
-                sink.put(text)
-            sink.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
+        # the one child protocol (backends/child.py): a new session, stdout read line by line with a deadline
+        proc = ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(runs),
+                            "--device", device,
+                            "--seed", str(seed), "--baselines", ",".join(worker_baselines),
+                            *[str(p) for p in pending]],
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
         current: Path | None = None
         deadline = time.monotonic() + task_timeout_s
         restart = False
         while True:
+            line: str | None
             try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
+                line = proc.next_line(max(0.1, deadline - time.monotonic()))
+            except ChildTimeout:
                 line = "TIMEOUT"
             if line is None or line == "TIMEOUT":
-                why = "timed out" if line == "TIMEOUT" else f"worker died (exit code {proc.poll()})"
+                why = "timed out" if line == "TIMEOUT" else f"worker died (exit code {proc.proc.poll()})"
                 if current is not None:
                     entry = results["tasks"][names[current]]
                     for b in baselines:
@@ -323,9 +315,8 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
                     done_count += 1
                     on_progress(f"[{done_count}/{len(paths)}] {names[current]}: {why}")
                     _write_json(results_path, results)
-                if proc.poll() is None:
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
+                if proc.proc.poll() is None:
+                    proc.kill()
                 restart = current is not None or line == "TIMEOUT"
                 if not restart:  # died between tasks or before the first: the rest cannot run either
                     for q in list(pending):
@@ -350,8 +341,7 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
                 _write_json(results_path, results)
                 current = None
         proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        proc.close()
         if not restart:
             break
     results["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -361,24 +351,24 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     return results
 
 
-def _start_warmers(paths: list[Path], baselines: list[str], jobs: int, seed: int) -> list[subprocess.Popen[bytes]]:
+def _start_warmers(paths: list[Path], baselines: list[str], jobs: int, seed: int) -> list[ChildStream]:
     """Compile every task in `jobs` parallel workers first (CPU-bound), so that the timed, sequential pass
     finds torch.compile's caches warm. Nothing is measured there; a failure shows again in the timed pass."""
     slices = [paths[i::jobs] for i in range(jobs)]
-    return [subprocess.Popen([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--warm-only", "--seed", str(seed),
-                              "--baselines", ",".join(baselines), *[str(p) for p in part]],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return [ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--warm-only", "--seed", str(seed),
+                         "--baselines", ",".join(baselines), *[str(p) for p in part]])
             for part in slices if part]
 
 
-def _wait_warmers(procs: list[subprocess.Popen[bytes]], timeout_s: float, on_progress: Callable[[str], None]) -> None:
+def _wait_warmers(procs: list[ChildStream], timeout_s: float, on_progress: Callable[[str], None]) -> None:
     start = time.monotonic()
     for proc in procs:
         try:
-            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+            while proc.next_line(max(1.0, timeout_s - (time.monotonic() - start))) is not None:
+                pass  # their output is not used
+        except ChildTimeout:
+            pass
+        proc.close()  # kills it (and what it started) if it is still running
     on_progress(f"compile caches warmed by {len(procs)} parallel workers ({time.monotonic() - start:.0f} s after the "
                 "task specs were read)")
 

@@ -48,7 +48,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -59,6 +58,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from kstrata.agents.evaluate import DISTRIBUTIONS  # noqa: E402
 from kstrata.agents.tasks import import_task_module  # noqa: E402
+from kstrata.backends.timing import CudaClock, time_gpu  # noqa: E402
 
 #: Bytes of the poisoned block (at least; more when the inputs are larger).
 POISON_BYTES = 256 << 20
@@ -205,39 +205,12 @@ def _thread_origin(t: threading.Thread) -> str:
 # ---------------------------------------------------------------------------------------------------
 def time_cuda(fn: Callable[[], Any], runs: int, warmup: int = 10, cuda_graph: bool = False,
               flush_bytes: int = 256 << 20) -> dict[str, Any]:
-    """Median time of `fn` (through the references saved at import): per run an L2 flush, a start event,
-    the call, a device-wide synchronize, an end event."""
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    call = fn
-    if cuda_graph:
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(_current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        _current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        call = graph.replay
-    for _ in range(warmup):
-        call()
-    _synchronize()
-    times = []
-    for _ in range(runs):
-        flush.zero_()
-        start = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = _Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        call()
-        _synchronize()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    times.sort()
-    q = statistics.quantiles(times, n=10)
-    return {"median_us": statistics.median(times), "p10_us": q[0], "p90_us": q[-1], "min_us": times[0],
-            "runs": runs, "cuda_graph": cuda_graph}
+    """The project's GPU timer (`backends/timing.py`), reading the clock through the references saved at
+    import: per run an L2 flush, a start event, the call, a device-wide synchronize, an end event."""
+    clock = CudaClock(_Event, _synchronize, _current_stream,
+                      lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
+    return time_gpu(fn, runs=runs, warmup=warmup, flush_l2_bytes=flush_bytes, cuda_graph=cuda_graph,
+                    clock=clock).to_json()
 
 
 # ---------------------------------------------------------------------------------------------------

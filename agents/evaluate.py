@@ -90,6 +90,8 @@ from typing import Any
 
 import torch
 
+from kstrata.backends.child import kill_tree, spawn
+from kstrata.backends.timing import Timing
 from kstrata.ir.errors import KstrataError
 
 #: The version of `EvalVerdict.to_json()`'s layout.
@@ -179,25 +181,6 @@ class TrialResult:
                 "integrity_ok": self.integrity_ok, "strict_ok": self.passes("strict"),
                 "kernelbench_ok": self.passes("kernelbench"),
                 "checks": [c.to_json() for c in self.checks], "outputs": [o.to_json() for o in self.outputs]}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Times in microseconds over `runs` timed runs (CUDA events, L2 flushed before each)."""
-
-    median_us: float
-    p10_us: float
-    p90_us: float
-    min_us: float
-    runs: int
-    cuda_graph: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -463,10 +446,10 @@ class WorkerProcess:
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
         self.timed_out = False
-        # A new session: the timeout kills the worker and everything it started (a candidate's helpers too).
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.PIPE if lockstep else subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+        # A new session (backends/child.py): the timeout kills the worker and everything it started (a
+        # candidate's helpers too).
+        self.proc = spawn(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.PIPE if lockstep else subprocess.DEVNULL, env=env)
 
     def _poll_log(self) -> None:
         try:
@@ -489,11 +472,7 @@ class WorkerProcess:
                 self.ready.append(line[6:].strip())
 
     def _kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        kill_tree(self.proc)
 
     def wait_ready(self, what: str | None) -> bool:
         """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first.

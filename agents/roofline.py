@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,22 +63,11 @@ class Ceilings:
 
 
 def _median_ms(fn: Any, runs: int, warmup: int = 3) -> float:
-    import torch
+    """The project's GPU timer (`backends/timing.py`) in milliseconds; no L2 flush: the copy is 1 GiB and
+    the matmuls read their operands many times, so what the L2 holds does not change the ceiling."""
+    from kstrata.backends.timing import time_gpu
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        fn()
-        torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(statistics.median(times))
+    return time_gpu(fn, runs=runs, warmup=warmup, flush_l2_bytes=0).median_us / 1000.0
 
 
 def measure_ceilings(matmul_n: int = 8192, copy_bytes: int = 1 << 30) -> Ceilings:

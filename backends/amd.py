@@ -32,8 +32,8 @@ from kstrata.ir.errors import BundleError
 
 from .elf import ElfFile, ElfSection, read_elf
 from .isa import InstructionMix
-from .resources import ResourceUsage
 from .tools import DEFAULT_TIMEOUT_S, FoundTool, ToolError, ToolNotFound, find_tool, run_tool
+from .usage import ResourceUsage
 
 AMD_TOOLS = ("llvm-mc", "ld.lld", "llvm-objdump", "llvm-readobj")
 LLVM_VERSIONS = (22, 19)
@@ -259,87 +259,36 @@ KERNEL_DESCRIPTOR_SIZE = 64
 
 
 def unpack_msgpack(data: bytes) -> Any:
-    """Decode one MessagePack value (the encoding of AMDGPU code-object metadata, v3 and later).
+    """Decode one MessagePack value (the encoding of AMDGPU code-object metadata, v3 and later), with
+    the `msgpack` library.
 
-    Maps become dicts (keys kept in file order), arrays lists, `bin` and `ext` payloads bytes.
-    A decoder of our own, because the note is small and the format is fixed: one dependency less.
+    Maps become dicts (keys kept in file order), arrays lists, `bin` and `ext` payloads bytes. A value
+    that does not decode is a `BundleError` saying why (truncated, bytes after the value, a byte that
+    is not a MessagePack type, nesting too deep).
     """
-    value, end = _msgpack_value(data, 0, 0)
-    if end != len(data):
-        raise BundleError(f"AMDGPU metadata: {len(data) - end} bytes after the MessagePack value")
-    return value
+    import msgpack
 
+    def ext(_code: int, payload: bytes) -> bytes:
+        return payload
 
-_MSGPACK_FIXED = {0xCA: (">f", 4), 0xCB: (">d", 8), 0xCC: (">B", 1), 0xCD: (">H", 2), 0xCE: (">I", 4),
-                  0xCF: (">Q", 8), 0xD0: (">b", 1), 0xD1: (">h", 2), 0xD2: (">i", 4), 0xD3: (">q", 8)}
-_MSGPACK_LEN = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4, 0xDC: 2, 0xDD: 4, 0xDE: 2, 0xDF: 4,
-                0xC7: 1, 0xC8: 2, 0xC9: 4}
-_LEN_FMT = {1: ">B", 2: ">H", 4: ">I"}
+    def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        return {(tuple(k) if isinstance(k, list) else k): v for k, v in items}
 
-
-def _msgpack_take(data: bytes, pos: int, n: int) -> bytes:
-    if pos + n > len(data):
-        raise BundleError(f"AMDGPU metadata: MessagePack value truncated at byte {pos} (needs {n}, has {len(data) - pos})")
-    return data[pos:pos + n]
-
-
-def _msgpack_value(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
-    if depth > 64:
-        raise BundleError("AMDGPU metadata: MessagePack nesting deeper than 64")
-    b = _msgpack_take(data, pos, 1)[0]
-    pos += 1
-    if b <= 0x7F:
-        return b, pos
-    if b >= 0xE0:
-        return b - 0x100, pos
-    if 0xA0 <= b <= 0xBF:
-        n = b & 0x1F
-        return _msgpack_take(data, pos, n).decode(), pos + n
-    if 0x90 <= b <= 0x9F:
-        return _msgpack_array(data, pos, b & 0x0F, depth)
-    if 0x80 <= b <= 0x8F:
-        return _msgpack_map(data, pos, b & 0x0F, depth)
-    if b == 0xC0:
-        return None, pos
-    if b in (0xC2, 0xC3):
-        return b == 0xC3, pos
-    if b in _MSGPACK_FIXED:
-        fmt, size = _MSGPACK_FIXED[b]
-        return struct.unpack(fmt, _msgpack_take(data, pos, size))[0], pos + size
-    if 0xD4 <= b <= 0xD8:  # fixext 1..16: a type byte, then 2**k bytes
-        size = 1 << (b - 0xD4)
-        return _msgpack_take(data, pos + 1, size), pos + 1 + size
-    if b in _MSGPACK_LEN:
-        width = _MSGPACK_LEN[b]
-        (n,) = struct.unpack(_LEN_FMT[width], _msgpack_take(data, pos, width))
-        pos += width
-        if b in (0xC4, 0xC5, 0xC6):
-            return _msgpack_take(data, pos, n), pos + n
-        if b in (0xD9, 0xDA, 0xDB):
-            return _msgpack_take(data, pos, n).decode(), pos + n
-        if b in (0xDC, 0xDD):
-            return _msgpack_array(data, pos, n, depth)
-        if b in (0xDE, 0xDF):
-            return _msgpack_map(data, pos, n, depth)
-        return _msgpack_take(data, pos + 1, n), pos + 1 + n  # ext: a type byte, then n bytes
-    raise BundleError(f"AMDGPU metadata: byte {b:#04x} at {pos - 1} is not a MessagePack type")
-
-
-def _msgpack_array(data: bytes, pos: int, n: int, depth: int) -> tuple[list[Any], int]:
-    items = []
-    for _ in range(n):
-        item, pos = _msgpack_value(data, pos, depth + 1)
-        items.append(item)
-    return items, pos
-
-
-def _msgpack_map(data: bytes, pos: int, n: int, depth: int) -> tuple[dict[Any, Any], int]:
-    out: dict[Any, Any] = {}
-    for _ in range(n):
-        key, pos = _msgpack_value(data, pos, depth + 1)
-        value, pos = _msgpack_value(data, pos, depth + 1)
-        out[key if not isinstance(key, list) else tuple(key)] = value
-    return out, pos
+    try:
+        return msgpack.unpackb(bytes(data), raw=False, strict_map_key=False, use_list=True, ext_hook=ext,
+                               object_pairs_hook=pairs)
+    except msgpack.ExtraData as exc:
+        raise BundleError(f"AMDGPU metadata: {len(exc.extra)} bytes after the MessagePack value") from None
+    except msgpack.FormatError as exc:
+        raise BundleError(f"AMDGPU metadata: a byte is not a MessagePack type {exc or '(a reserved code)'}") from None
+    except msgpack.StackError:
+        raise BundleError("AMDGPU metadata: MessagePack nesting too deep") from None
+    except msgpack.OutOfData:
+        raise BundleError(f"AMDGPU metadata: MessagePack value truncated ({len(data)} bytes)") from None
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        # the library reports incomplete input as a ValueError; an unhashable key as a TypeError
+        what = "truncated" if "incomplete" in str(exc) else "malformed"
+        raise BundleError(f"AMDGPU metadata: MessagePack value {what}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -605,7 +554,10 @@ def amdgpu_metadata_map(hsaco: bytes | ElfFile) -> dict[str, Any]:
     notes = elf.notes(owner="AMDGPU", type=NT_AMDGPU_METADATA)
     if not notes:
         raise BundleError("hsaco has no NT_AMDGPU_METADATA note (code object v2, or not an hsaco)", path=elf.origin)
-    value = unpack_msgpack(notes[0].desc)
+    try:
+        value = unpack_msgpack(notes[0].desc)
+    except BundleError as exc:
+        raise BundleError(exc.message, path=elf.origin) from None
     if not isinstance(value, dict):
         raise BundleError(f"AMDGPU metadata is a {type(value).__name__}, expected a map", path=elf.origin)
     return value

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import json
 import pickle
-import queue
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +26,7 @@ from typing import Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, TensorArg
 
+from .child import ChildStream, ChildTimeout
 from .replay import InputSet
 
 
@@ -113,12 +111,6 @@ def child_main(jobs_path: str) -> None:
         print("RESULT " + json.dumps(_run_job(job, stage), default=str), flush=True)
 
 
-def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
 def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | None = None,
              on_outcome: Any = None, env: dict[str, str] | None = None) -> list[Outcome]:
     """Run `jobs` in as few children as faults allow; each job gets `timeout` seconds (the first job of
@@ -137,35 +129,28 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
         with tempfile.TemporaryDirectory(prefix="kstrata-verify-") as tmp:
             jobs_file = Path(tmp) / "jobs.pkl"
             jobs_file.write_bytes(pickle.dumps(jobs[len(outcomes):]))
-            err_file = Path(tmp) / "stderr"
             argv = [*(wrapper or []), sys.executable, "-c",
                     "import sys; from kstrata.backends.dynamic import child_main; child_main(sys.argv[1])",
                     str(jobs_file)]
-            with open(err_file, "w") as err:
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
-                                        env={**os.environ, **env} if env else None)
-                assert proc.stdout is not None
-                lines: queue.Queue[str | None] = queue.Queue()
-                pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-                pump.start()
+            # the one child protocol (child.py): a new session, stdout line by line with a deadline per line
+            with ChildStream(argv, env={**os.environ, **env} if env else None) as child:
                 stage: str | None = None
                 seen: list[str] = []
                 deadline = time.monotonic() + timeout + 120.0  # start-up: torch, Triton, xDSL imports
                 while True:
                     try:
-                        line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
-                    except queue.Empty:
-                        proc.kill()
-                        proc.wait()
+                        line = child.next_line(deadline - time.monotonic())
+                    except ChildTimeout:
+                        child.kill()
                         done(Outcome("timeout", stage, {}, "".join(seen)))
                         break
                     if line is None:  # the child exited: the job in progress (if any) died with it
-                        code = proc.wait()
+                        code = child.wait()
                         if len(outcomes) < len(jobs):
-                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + err_file.read_text()))
+                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + child.stderr_tail()))
                         elif code != 0:  # every job ended, but the child did not (compute-sanitizer's verdict)
                             outcomes[-1].payload["returncode"] = code
-                            outcomes[-1].output = "".join(seen) + err_file.read_text()
+                            outcomes[-1].output = "".join(seen) + child.stderr_tail()
                         break
                     seen.append(line)
                     if line.startswith("JOB "):
@@ -176,8 +161,6 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
                     elif line.startswith("RESULT "):
                         payload = json.loads(line.split(" ", 1)[1])
                         done(Outcome(payload["status"], stage, payload))
-                pump.join(timeout=10)  # the child is gone, so its stdout is at end of file
-                proc.stdout.close()
     return outcomes
 
 

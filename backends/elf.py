@@ -1,19 +1,27 @@
-"""A small ELF64 reader: sections, symbols and notes of GPU code objects (AMD hsaco, NVIDIA cubin).
+"""ELF64 sections, symbols and notes of GPU code objects (AMD hsaco, NVIDIA cubin), read with pyelftools.
 
-Pure Python over `struct`, vendor-neutral: it knows the generic ELF layout and nothing about what a
-vendor puts in its sections. Both GPU code-object formats are ELF64 (little-endian in practice; the
-byte order is read from the header all the same). ELF32 is refused: no GPU code object uses it.
-
-Every offset and size read from the file is checked against the file's length, so a truncated or
-corrupt binary gives a `BundleError` that says which structure is broken, never an `IndexError` or a
-silently short section.
+pyelftools parses the headers, the section table, string tables, symbol tables and note records;
+this module turns them into small frozen values (`ElfFile`, `ElfSection`, `ElfSymbol`, `ElfNote`) with
+numeric types, and adds what pyelftools does not do: every offset and size is checked against the
+file's length first (pyelftools reads a truncated section as silently short data), so a truncated or
+corrupt binary gives a `BundleError` naming the file and the broken structure, never an `IndexError`,
+a `struct.error` or a short section. Vendor-neutral: nothing here knows what a vendor puts in its
+sections. ELF32 is refused: no GPU code object uses it.
 """
 
 from __future__ import annotations
 
+import io
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from elftools.common.exceptions import ELFError, ELFParseError
+from elftools.construct import ConstructError
+from elftools.elf import enums as _enums
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableIndexSection, SymbolTableSection
 
 from kstrata.ir.errors import BundleError
 
@@ -167,12 +175,25 @@ class ElfFile:
             raise BundleError(f"ELF symbol table {sec.name} has entry size {sec.entsize}, size {sec.size}",
                               path=self.origin)
         strtab = self._linked(sec, "string table")
-        xindex = next((s for s in self.sections if s.type == SHT_SYMTAB_SHNDX and s.link == sec.index), None)
-        fmt = self.byteorder + "IBBHQQ"
-        for i in range(1, sec.size // _SYM_SIZE):  # entry 0 is the null symbol
-            name_off, info, other, shndx, value, size = struct.unpack_from(fmt, sec.data, i * _SYM_SIZE)
-            if shndx == SHN_XINDEX and xindex is not None and len(xindex.data) >= 4 * (i + 1):
-                (shndx,) = struct.unpack_from(self.byteorder + "I", xindex.data, 4 * i)
+        with _decoding(self.origin, f"symbol table {sec.name}"):
+            parsed = _parsed(self)
+            table = parsed.get_section(sec.index)
+            xindex = next((s for s in parsed.iter_sections() if isinstance(s, SymbolTableIndexSection)
+                           and s["sh_link"] == sec.index), None)
+            count = table.num_symbols() if isinstance(table, SymbolTableSection) else 0
+        for i in range(1, count):  # entry 0 is the null symbol
+            assert isinstance(table, SymbolTableSection)
+            with _decoding(self.origin, f"symbol {i} of {sec.name}"):
+                sym = table.get_symbol(i)
+                name_off = sym["st_name"]
+                shndx = _number(sym["st_shndx"], _enums.ENUM_ST_SHNDX)
+                if shndx == SHN_XINDEX and xindex is not None:
+                    shndx = xindex.get_section_index(i)
+                info = sym["st_info"]
+                bind = _number(info["bind"], _enums.ENUM_ST_INFO_BIND)
+                kind = _number(info["type"], _enums.ENUM_ST_INFO_TYPE)
+                # all eight bits of st_other (vendors use the high ones); pyelftools decodes only visibility
+                other = sec.data[i * _SYM_SIZE + 5]
             section: str | None = None
             if shndx != SHN_UNDEF and not (SHN_LORESERVE <= shndx <= 0xFFFF and shndx != SHN_XINDEX):
                 if shndx >= len(self.sections):
@@ -181,8 +202,8 @@ class ElfFile:
                 section = self.sections[shndx].name
             yield ElfSymbol(
                 name=_cstring(strtab.data, name_off, what=f"name of symbol {i} in {sec.name}", origin=self.origin),
-                value=value, size=size,
-                bind=STB_NAMES.get(info >> 4, str(info >> 4)), type=STT_NAMES.get(info & 0xF, str(info & 0xF)),
+                value=sym["st_value"], size=sym["st_size"],
+                bind=STB_NAMES.get(bind, str(bind)), type=STT_NAMES.get(kind, str(kind)),
                 other=other, shndx=shndx, section=section, table=sec.name,
             )
 
@@ -204,22 +225,26 @@ class ElfFile:
         return out
 
     def _read_notes(self, sec: ElfSection) -> Iterator[ElfNote]:
-        # Note records are 4-byte aligned, except in sections aligned to 8 (e.g. GNU property notes).
-        align = 8 if sec.addralign == 8 else 4
-        data, pos = sec.data, 0
-        while pos < len(data):
-            if pos + 12 > len(data):
-                raise BundleError(f"ELF note section {sec.name} is truncated at offset {pos}", path=self.origin)
-            namesz, descsz, ntype = struct.unpack_from(self.byteorder + "III", data, pos)
-            name_start = pos + 12
-            desc_start = name_start + _align(namesz, align)
-            end = desc_start + _align(descsz, align)
-            if desc_start + descsz > len(data):
-                raise BundleError(f"ELF note at offset {pos} of {sec.name} runs past the section "
-                                  f"(name {namesz} B, desc {descsz} B, section {len(data)} B)", path=self.origin)
-            owner = data[name_start:name_start + namesz].rstrip(b"\0").decode(errors="replace")
-            yield ElfNote(owner, ntype, data[desc_start:desc_start + descsz], sec.name)
-            pos = end
+        with _decoding(self.origin, f"note section {sec.name}"):
+            note_section = _parsed(self).get_section(sec.index)
+        if not isinstance(note_section, NoteSection):
+            raise BundleError(f"ELF section {sec.name} is not a note section", path=self.origin)
+        end = sec.offset + sec.size
+        last = sec.offset
+        with _decoding(self.origin, f"the notes of {sec.name}"):
+            for note in note_section.iter_notes():
+                pos = note["n_offset"] - sec.offset
+                desc_end = note["n_offset"] + 12 + _align(note["n_namesz"], 4) + note["n_descsz"]
+                if desc_end > end:
+                    raise BundleError(f"ELF note at offset {pos} of {sec.name} runs past the section "
+                                      f"(name {note['n_namesz']} B, desc {note['n_descsz']} B, section {sec.size} B)",
+                                      path=self.origin)
+                ntype = _number(note["n_type"], _enums.ENUM_NOTE_N_TYPE, _enums.ENUM_CORE_NOTE_N_TYPE)
+                yield ElfNote(note["n_name"] or "", ntype, bytes(note["n_descdata"]), sec.name)
+                last = note["n_offset"] + note["n_size"]
+        if 0 < end - last < 12:  # pyelftools stops silently where a note header no longer fits
+            raise BundleError(f"ELF note section {sec.name} is truncated at offset {last - sec.offset}",
+                              path=self.origin)
 
 
 def _align(n: int, a: int) -> int:
@@ -231,6 +256,43 @@ def _cstring(table: bytes, offset: int, *, what: str, origin: str | None) -> str
         raise BundleError(f"ELF {what}: string offset {offset} is outside its string table ({len(table)} B)", path=origin)
     end = table.find(b"\0", offset)
     return table[offset:end if end >= 0 else len(table)].decode(errors="replace")
+
+
+def _number(value: Any, *names: Mapping[str, Any]) -> int:
+    """pyelftools spells known enum values by name (`SHT_NOTE`, `STB_GLOBAL`): their number."""
+    if isinstance(value, int):
+        return value
+    for table in names:
+        number = table.get(value)
+        if isinstance(number, int):
+            return number
+    raise BundleError(f"ELF value {value!r} has no number kstrata knows")
+
+
+class _decoding:
+    """Turns pyelftools' and struct's decoding errors into a `BundleError` naming the file and `what`."""
+
+    def __init__(self, origin: str | None, what: str) -> None:
+        self.origin, self.what = origin, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and isinstance(exc, (ELFError, ELFParseError, ConstructError, struct.error, ValueError,
+                                                KeyError, IndexError, UnicodeDecodeError)):
+            raise BundleError(f"corrupt ELF: cannot decode {self.what}: {type(exc).__name__}: {exc}",
+                              path=self.origin) from None
+
+
+_SH_TYPES: dict[str, int] = {}
+for _table in (_enums.ENUM_SH_TYPE_BASE, _enums.ENUM_SH_TYPE_AMD64, _enums.ENUM_SH_TYPE_AARCH64,
+               _enums.ENUM_SH_TYPE_ARM, _enums.ENUM_SH_TYPE_MIPS, _enums.ENUM_SH_TYPE_RISCV):
+    _SH_TYPES.update({k: v for k, v in _table.items() if isinstance(v, int)})
+
+def _parsed(elf: ElfFile) -> ELFFile:
+    """pyelftools' view of `elf` (it parses lazily, so making one is cheap)."""
+    return ELFFile(io.BytesIO(elf.data))
 
 
 def is_elf(data: bytes) -> bool:
@@ -249,36 +311,43 @@ def read_elf(data: bytes, *, origin: str | None = None) -> ElfFile:
         raise BundleError(f"ELF class {data[4]} is not ELF64; GPU code objects are ELF64", path=origin)
     if data[5] not in (1, 2):
         raise BundleError(f"ELF data encoding {data[5]} is neither little- nor big-endian", path=origin)
-    bo = "<" if data[5] == 1 else ">"
     if len(data) < _EHDR_SIZE:
         raise BundleError(f"ELF header is truncated ({len(data)} of {_EHDR_SIZE} bytes)", path=origin)
-    (etype, machine, version, entry, _phoff, shoff, flags, _ehsize, _phentsize, _phnum,
-     shentsize, shnum, shstrndx) = struct.unpack_from(bo + "HHIQQQIHHHHHH", data, 16)
-    osabi, abiversion = data[7], data[8]
+    with _decoding(origin, "the ELF header"):
+        parsed = ELFFile(io.BytesIO(data))
+        header = parsed.header
+        etype = _number(header["e_type"], _enums.ENUM_E_TYPE)
+        machine = _number(header["e_machine"], _enums.ENUM_E_MACHINE)
+        version = _number(header["e_version"], _enums.ENUM_E_VERSION)
+        ident = header["e_ident"]
+        osabi = _number(ident["EI_OSABI"], _enums.ENUM_EI_OSABI)
+        abiversion = ident["EI_ABIVERSION"]
+        shoff, shentsize = header["e_shoff"], header["e_shentsize"]
+    bo = "<" if data[5] == 1 else ">"
     if shoff == 0:
-        return ElfFile(data, bo, osabi, abiversion, etype, machine, version, entry, flags, (), origin)
+        return ElfFile(data, bo, osabi, abiversion, etype, machine, version, header["e_entry"], header["e_flags"],
+                       (), origin)
     if shentsize != _SHDR_SIZE:
         raise BundleError(f"ELF section header size is {shentsize}, expected {_SHDR_SIZE}", path=origin)
 
-    def header(i: int) -> tuple[int, ...]:
+    def check_header(i: int) -> None:
         at = shoff + i * _SHDR_SIZE
         if at + _SHDR_SIZE > len(data):
             raise BundleError(f"ELF section header {i} at offset {at:#x} lies past the end of the file "
                               f"({len(data)} bytes): the file is truncated", path=origin)
-        return struct.unpack_from(bo + "IIQQQQIIQQ", data, at)
 
-    # Extended numbering: with 0xff00 sections or more, the counts live in section header 0.
-    first = header(0)
-    if shnum == 0:
-        shnum = first[5]
-    if shstrndx == SHN_XINDEX:
-        shstrndx = first[6]
-    raw = [first] + [header(i) for i in range(1, shnum)]
+    check_header(0)  # extended numbering: with 0xff00 sections or more, the counts live in header 0
+    with _decoding(origin, "the section table"):
+        shnum = parsed.num_sections()
+    for i in range(shnum):
+        check_header(i)
+    with _decoding(origin, "the section table"):
+        shstrndx = parsed.get_shstrndx()
     if not 0 <= shstrndx < shnum:
         raise BundleError(f"ELF section-name table index {shstrndx} is out of range ({shnum} sections)", path=origin)
 
-    def contents(i: int, h: tuple[int, ...]) -> bytes:
-        stype, offset, size = h[1], h[4], h[5]
+    def contents(i: int, h: Any) -> bytes:
+        stype, offset, size = _number(h["sh_type"], _SH_TYPES), h["sh_offset"], h["sh_size"]
         if stype in (SHT_NOBITS, SHT_NULL):
             return b""
         if offset + size > len(data):
@@ -286,11 +355,14 @@ def read_elf(data: bytes, *, origin: str | None = None) -> ElfFile:
                               f"({len(data)} bytes): the file is truncated", path=origin)
         return data[offset:offset + size]
 
-    names_data = contents(shstrndx, raw[shstrndx])
+    with _decoding(origin, "the section headers"):
+        headers = [parsed._get_section_header(i) for i in range(shnum)]
+    names_data = contents(shstrndx, headers[shstrndx])
     sections = []
-    for i, h in enumerate(raw):
-        name_off, stype, sflags, addr, offset, size, link, info, addralign, entsize = h
-        name = _cstring(names_data, name_off, what=f"name of section {i}", origin=origin) if i else ""
-        sections.append(ElfSection(i, name, stype, sflags, addr, offset, size, link, info, addralign, entsize,
-                                   contents(i, h)))
-    return ElfFile(data, bo, osabi, abiversion, etype, machine, version, entry, flags, tuple(sections), origin)
+    for i, h in enumerate(headers):
+        name = _cstring(names_data, h["sh_name"], what=f"name of section {i}", origin=origin) if i else ""
+        sections.append(ElfSection(i, name, _number(h["sh_type"], _SH_TYPES), _number(h["sh_flags"]), h["sh_addr"],
+                                   h["sh_offset"], h["sh_size"], h["sh_link"], h["sh_info"], h["sh_addralign"],
+                                   h["sh_entsize"], contents(i, h)))
+    return ElfFile(data, bo, osabi, abiversion, etype, machine, version, header["e_entry"], header["e_flags"],
+                   tuple(sections), origin)

@@ -1,4 +1,4 @@
-"""Launch a kernel bundle's binary on a GPU exactly as Triton would, and time launches.
+"""Launch a kernel bundle's binary on a GPU exactly as Triton would (timing: `backends/timing.py`).
 
 `LoadedKernel(bundle)` loads the bundle's cubin (or hsaco) through Triton's own driver and launcher:
 the arguments are the bundle's runtime parameters in order (what Triton's JIT passes after folding
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from kstrata.ir.bundle import KernelBundle
@@ -89,44 +88,3 @@ class LoadedKernel:
         if missing:
             raise LaunchError(f"kernel {self.name}: no value for {', '.join(missing)}")
         self[grid](*(args[p.name] for p in self.params))
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Launch times in microseconds over `runs` timed runs (CUDA events, L2 flushed before each)."""
-
-    median_us: float
-    p10_us: float
-    p90_us: float
-    min_us: float
-    runs: int
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def time_gpu(fn: Callable[[], None], runs: int = 100, warmup: int = 10, flush_l2_bytes: int = 256 << 20) -> Timing:
-    """Median time of `fn` on the current CUDA stream: warm-up, then per run an L2 flush (a write of
-    `flush_l2_bytes`), a start event, `fn`, a device-wide synchronize, an end event."""
-    import torch
-
-    flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        fn()
-        torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    times.sort()
-    q = statistics.quantiles(times, n=10)
-    return Timing(statistics.median(times), q[0], q[-1], times[0], runs)
-
-

@@ -17,8 +17,8 @@ from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import BundleError
 
 from .isa import InstructionMix
-from .resources import ResourceUsage
 from .tools import FoundTool, find_tool, run_tool
+from .usage import ResourceUsage
 
 NVIDIA_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
 

@@ -30,6 +30,8 @@ from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
 from kstrata.ir.tolerance import Tolerance
 
+from .poison import poison_
+
 #: The fraction of elements of an edge set that get a special value (the rest stay random).
 EDGE_FRACTION = 0.25
 #: Guard bytes before and after every buffer of a replay (a multiple of 256, so the buffer keeps the
@@ -124,7 +126,7 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
         flat = torch.where(where, specials.to(flat.device)[pick], flat)
     view = flat.as_strided(arg.shape, arg.stride, arg.storage_offset)
     if mode == "random" and arg.written:
-        _poison(view)
+        poison_(view)
     if mode == "snapshot" and arg.snapshot:
         data = torch.from_numpy(np.load((base_dir or Path()) / arg.snapshot))
         if data.dtype != dtype:  # dtypes numpy lacks are stored as raw bytes
@@ -178,19 +180,6 @@ def describe_violation(v: dict[str, Any]) -> str:
              else f"{first - size} bytes past its end")
     return (f"wrote outside buffer {v['buffer']} ({size} bytes): {v['bytes_changed']} guard bytes changed, the "
             f"first at {where} (launch: {v['launch']})")
-
-
-def _poison(view: Any) -> None:
-    """Fill a tensor the launch writes with values a kernel never computes by accident: NaN (the byte
-    0x7F for 1-byte floats, some of which have no NaN), 0x5A in every byte of an integer, True."""
-    import torch
-
-    if view.dtype.is_floating_point and view.dtype.itemsize > 1:
-        view.fill_(float("nan"))
-    elif view.dtype == torch.bool:
-        view.fill_(True)
-    else:
-        view.view(torch.uint8).fill_(0x7F if view.dtype.is_floating_point else 0x5A)
 
 
 def replay_args(record: LaunchRecord, device: str = "cuda", seed: int = 0, *, mode: str = "random",
@@ -306,7 +295,8 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
     caller watching a child process knows which one crashed."""
     import torch
 
-    from .launch import LoadedKernel, time_gpu
+    from .launch import LoadedKernel
+    from .timing import time_gpu
 
     record.check_against(a.params)
     record.check_against(b.params)

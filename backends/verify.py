@@ -319,11 +319,16 @@ def known_launch(bundle: KernelBundle) -> tuple[LaunchRecordT, str] | None:
 # ---------------------------------------------------------------------------------------------------
 _REBUILDS: dict[str, KernelBundle] = {}
 
-_REBUILD_CHILD = ("import pickle, sys; from kstrata.backends.rebuild import rebuild_from; "
-                  "b, lv, t = pickle.load(sys.stdin.buffer)\n"
-                  "try:\n    r = ('ok', rebuild_from(b, lv, t))\n"
-                  "except Exception as e:\n    r = ('error', f'{type(e).__name__}: {e}')\n"
-                  "sys.stdout.buffer.write(pickle.dumps(r))")
+def rebuild_job(payload: dict[str, str]) -> str:
+    """In a child (`child.call_in_child`): the pickled (bundle, level, text) in `payload["job"]` rebuilt;
+    the new bundle pickled to `payload["out"]`. A failure raises (the caller's `error`)."""
+    import pickle
+
+    from .rebuild import rebuild_from
+
+    bundle, level, text = pickle.loads(Path(payload["job"]).read_bytes())
+    Path(payload["out"]).write_bytes(pickle.dumps(rebuild_from(bundle, level, text)))
+    return "ok"
 
 
 def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0) -> KernelBundle:
@@ -332,8 +337,6 @@ def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0)
     is an error naming the signal, not the end of kstrata."""
     import dataclasses
     import pickle
-    import signal
-    import subprocess
     import sys
 
     from kstrata.ir.errors import CompileError
@@ -350,22 +353,25 @@ def rebuild(bundle: KernelBundle, level: str, text: str, timeout: float = 600.0)
         with contextlib.redirect_stdout(sys.stderr):  # Triton prints ptxas's log; stdout is the report's
             new = rebuild_from(bundle, level, text)
     else:
-        try:
-            proc = subprocess.run([sys.executable, "-c", _REBUILD_CHILD], input=pickle.dumps((bundle, level, text)),
-                                  capture_output=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR ran past {timeout:g} s",
-                               path=bundle.origin) from None
-        if proc.returncode != 0:
-            why = f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit {proc.returncode}"
-            lines = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
-            raise CompileError(f"kernel {bundle.name}: LLVM died rebuilding from the LLVM IR ({why})"
-                               + (f": {lines[-1][:300]}" if lines else ""), path=bundle.origin)
-        status, value = pickle.loads(proc.stdout)
-        if status != "ok":
-            raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR failed: {value}",
-                               path=bundle.origin)
-        new = value
+        import tempfile
+
+        from .child import call_in_child
+
+        with tempfile.TemporaryDirectory(prefix="kstrata-rebuild-") as tmp:  # the one child protocol (child.py)
+            job, out = Path(tmp) / "job.pkl", Path(tmp) / "out.pkl"
+            job.write_bytes(pickle.dumps((bundle, level, text)))
+            run = call_in_child("kstrata.backends.verify:rebuild_job", {"job": str(job), "out": str(out)},
+                                timeout=timeout)
+            if run.status == "timeout":
+                raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR ran past {timeout:g} s",
+                                   path=bundle.origin)
+            if run.status == "error":
+                raise CompileError(f"kernel {bundle.name}: rebuilding from the LLVM IR failed: {run.error}",
+                                   path=bundle.origin)
+            if not run.ok:
+                raise CompileError(f"kernel {bundle.name}: LLVM died rebuilding from the LLVM IR ({run.reason()})",
+                                   path=bundle.origin)
+            new = pickle.loads(out.read_bytes())
     _REBUILDS[key] = new
     return new
 

@@ -20,6 +20,7 @@ from typing import Any
 from .errors import KstrataError
 
 CANDIDATE_FILE = "kstrata-candidate.json"
+#: The version of the file's format; `ir/schema.py:CandidateModel` is its schema.
 CANDIDATE_SCHEMA = "kstrata.candidate/1"
 
 
@@ -44,17 +45,14 @@ class CandidateInfo:
         path = Path(directory) / CANDIDATE_FILE
         if not path.is_file():
             return None
+        from .schema import CandidateModel, validate
+
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise KstrataError(f"corrupt candidate description: {exc}", path=path) from None
-        if not isinstance(data, dict) or data.get("schema") != CANDIDATE_SCHEMA:
-            raise KstrataError(f"not a candidate description (expected schema {CANDIDATE_SCHEMA})", path=path)
-        try:
-            return cls(str(data["kernel"]), data.get("pipeline"), data.get("tolerance"), data.get("tolerance_why"),
-                       dict(data.get("metadata") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise KstrataError(f"malformed candidate description: {type(exc).__name__}: {exc}", path=path) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise KstrataError(f"corrupt candidate description: {type(exc).__name__}: {exc}", path=path) from None
+        model = validate(CandidateModel, data, schema=CANDIDATE_SCHEMA, path=path, what="candidate description")
+        return cls(model.kernel, model.pipeline, model.tolerance, model.tolerance_why, dict(model.metadata))
 
 
 #: Metadata keys a pass may change that a launcher or a rebuild of the candidate must see.

@@ -6,7 +6,8 @@ storage size and offset (and, after recording, whether the launch changed its co
 type and value. Tensor contents are not part of the record; `snapshot` names an optional `.npy` file
 of the contents before the launch, written beside the record.
 
-File format (JSON, versioned by `schema`):
+File format (JSON, versioned by `schema`; the pydantic model `ir/schema.py:LaunchRecordModel` is the
+schema, and a record that does not fit it is an error naming the file and the field):
 
     {"schema": "kstrata.launch/1", "kernel": "add_kernel", "target": "cuda:90", "grid": [40, 1, 1],
      "num_warps": 4, "num_stages": 3, "cache_key": "...", "override_key": "...",
@@ -88,25 +89,24 @@ class LaunchRecord:
 
     @classmethod
     def from_json(cls, data: Any, origin: str | None = None) -> LaunchRecord:
-        if not isinstance(data, dict) or data.get("schema") != LAUNCH_SCHEMA:
-            raise LaunchRecordError(f"not a launch record (expected schema {LAUNCH_SCHEMA})", path=origin)
-        try:
-            args: list[Arg] = []
-            for i, a in enumerate(data["args"]):
-                if a["kind"] == "tensor":
-                    args.append(TensorArg(a["name"], a["dtype"], tuple(a["shape"]), tuple(a["stride"]),
-                                          int(a.get("storage_offset", 0)), a.get("storage_numel"), a.get("written"),
-                                          a.get("snapshot")))
-                elif a["kind"] == "scalar":
-                    args.append(ScalarArg(a["name"], a["type"], a["value"]))
-                else:
-                    raise LaunchRecordError(f"argument {i} has unknown kind {a['kind']!r}", path=origin)
-            grid = tuple(int(g) for g in data["grid"]) + (1,) * (3 - len(data["grid"]))
-            return cls(data["kernel"], data["target"], (grid[0], grid[1], grid[2]), tuple(args),
-                       data.get("num_warps"), data.get("num_stages"), data.get("cache_key"), data.get("override_key"),
-                       dict(data.get("extra") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LaunchRecordError(f"malformed launch record: {type(exc).__name__}: {exc}", path=origin) from None
+        """The record `data` (parsed JSON) describes, checked against the schema (`ir/schema.py`)."""
+        from .schema import LaunchRecordModel, TensorArgModel, validate
+
+        model = validate(LaunchRecordModel, data, schema=LAUNCH_SCHEMA, path=origin, what="launch record",
+                         error=LaunchRecordError)
+        args: list[Arg] = []
+        for a in model.args:
+            if isinstance(a, TensorArgModel):
+                if len(a.shape) != len(a.stride):
+                    raise LaunchRecordError(f"malformed launch record: argument {a.name} has {len(a.shape)} sizes "
+                                            f"but {len(a.stride)} strides", path=origin)
+                args.append(TensorArg(a.name, a.dtype, tuple(a.shape), tuple(a.stride), a.storage_offset,
+                                      a.storage_numel, a.written, a.snapshot))
+            else:
+                args.append(ScalarArg(a.name, a.type, a.value))
+        grid = tuple(model.grid) + (1,) * (3 - len(model.grid))
+        return cls(model.kernel, model.target, (grid[0], grid[1], grid[2]), tuple(args), model.num_warps,
+                   model.num_stages, model.cache_key, model.override_key, dict(model.extra))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         p = Path(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from .base import KernelPass, PassContext, PassResult
 
@@ -29,6 +30,16 @@ class NontemporalHints(KernelPass):
     backends = ("hip",)
     stores: bool = True
     loads: bool = False
+
+    def precondition(self, ctx: PassContext) -> str | None:
+        if not self.stores and not self.loads:
+            return "stores=false and loads=false: nothing to mark"
+        for line in ctx.text.split("\n"):
+            m = _MEMORY_OP.match(line)
+            if m and ((m["kind"] == "store" and self.stores) or (m["kind"] == "load" and self.loads)) \
+                    and not re.search(r"\bnt\b", m["rest"]) and "lds" not in m["rest"].split():
+                return None
+        return "no global or buffer memory instruction of the chosen kinds without nt"
 
     def apply(self, ctx: PassContext) -> PassResult:
         out = []
@@ -55,11 +66,9 @@ class MfmaPriority(KernelPass):
     name = "mfma-priority"
     level = "amdgcn"
     backends = ("hip",)
-    priority: int = 1
+    priority: Literal[1, 2, 3] = 1
 
     def precondition(self, ctx: PassContext) -> str | None:
-        if not 1 <= self.priority <= 3:
-            return f"priority must be 1..3, not {self.priority}"
         if "v_mfma" not in ctx.text:
             return "the kernel has no MFMA instructions"
         if "s_setprio" in ctx.text:

@@ -17,11 +17,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
 from kstrata.ir.tolerance import Tolerance
+
+if TYPE_CHECKING:
+    from kstrata.ir.triton_ir import TritonModule
 
 from .base import PASS_LEVELS, KernelPass, PassContext, PassError
 from .registry import get_pass
@@ -30,10 +33,12 @@ from .registry import get_pass
 class PipelineSyntaxError(PassError):
     """A pipeline string that cannot be read; says at which column."""
 
-    def __init__(self, spec: str, column: int, message: str) -> None:
+    def __init__(self, spec: str, column: int, message: str, *, caret: bool = True) -> None:
         self.spec = spec
         self.column = column
-        super().__init__(f"pipeline:1:{column + 1}: {message}\n  {spec}\n  {' ' * column}^")
+        # a syntax error shows where it is; a pass or option error names the pass, on one line
+        where = f"\n  {spec}\n  {' ' * column}^" if caret else ""
+        super().__init__(f"pipeline:1:{column + 1}: {message}{where}")
 
 
 @dataclass(frozen=True)
@@ -131,9 +136,10 @@ def parse_pipeline(spec: str) -> Pipeline:
                 cls = get_pass(pname)
                 instance = cls.from_options(options)
             except PassError as exc:
-                raise PipelineSyntaxError(spec, pat, exc.message) from None
-            if cls.level != level:
-                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {cls.level}, not {level}")
+                raise PipelineSyntaxError(spec, pat, exc.message, caret=False) from None
+            if level != cls.level and level not in cls.also_at:
+                at = " and ".join((cls.level, *cls.also_at))
+                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {at}, not {level}")
             passes.append(instance)
             skip_ws()
             if pos < len(spec) and spec[pos] == ",":
@@ -240,13 +246,16 @@ def run_stage(bundle: KernelBundle, stage: PipelineStage, pipeline: Pipeline | N
     text = bundle.text(level) if level in bundle.levels else ""
     updates: dict[str, Any] = {}
     records: list[PassRecord] = []
+    # The level's module, parsed at most once while passes rewrite it in place; a pass that makes
+    # the text anew (a re-lowering) drops it, and the next pass that needs a module parses again.
+    module: TritonModule | None = None
     for kpass in stage.passes:
         record = PassRecord(level, kpass.spelling(), "unchanged")
         records.append(record)
         start = time.perf_counter()
         view = dataclasses.replace(bundle, levels={**bundle.levels, level: text} if text else dict(bundle.levels),
                                    metadata={**bundle.metadata, **updates})
-        ctx = PassContext(view, level)
+        ctx = PassContext(view, level, module)
         if bundle.target.backend not in kpass.backends:
             record.status, record.reason = "skipped", f"pass applies to {', '.join(kpass.backends)} only"
             continue
@@ -254,6 +263,7 @@ def run_stage(bundle: KernelBundle, stage: PipelineStage, pipeline: Pipeline | N
         if why_not:
             record.status, record.reason = "skipped", why_not
             continue
+        module = ctx.parsed  # a precondition that parsed the text leaves the module for the next pass
         try:
             result = kpass.apply(ctx)
             if verify and result.text != text and level in view.levels:
@@ -270,6 +280,10 @@ def run_stage(bundle: KernelBundle, stage: PipelineStage, pipeline: Pipeline | N
                               repro=repro, record=record) from exc
         record.seconds = time.perf_counter() - start
         record.notes = result.notes
+        if result.module is not None:
+            module = result.module
+        elif result.text != text:
+            module = None
         if result.text != text or result.metadata_updates:
             record.status = "changed"
             record.lines_added, record.lines_removed = _diff_counts(text, result.text)
@@ -295,21 +309,55 @@ def run_pipeline(bundle: KernelBundle, pipeline: Pipeline, repro_root: str | Pat
     return PipelineOutcome(state, records, first_changed)
 
 
-def apply_passes_only(bundle: KernelBundle, pipeline: Pipeline) -> tuple[str, dict[str, Any], str]:
-    """Run the pipeline's passes without rebuilding lower levels: the text of the last level touched,
-    the metadata updates the passes asked for, and that level.
+@dataclass
+class TextOutcome:
+    """What `apply_passes` gives: the text of the last level the pipeline names, the metadata updates
+    the passes asked for, that level, and a record per pass (changed, unchanged or skipped, and why)."""
 
-    Preconditions still decide (a pass that does not hold changes nothing) and the verifier still runs.
-    Used by golden tests and to look at what a pass does to one file.
+    text: str
+    updates: dict[str, Any]
+    level: str
+    records: list[PassRecord]
+
+    def messages(self) -> list[str]:
+        """One line per pass: what it did, or why it did nothing."""
+        lines = []
+        for r in self.records:
+            if r.status == "changed":
+                what = "; ".join(r.notes) or f"+{r.lines_added} -{r.lines_removed} lines"
+                meta = "".join(f"; metadata {k}={v}" for k, v in sorted(r.metadata_updates.items()))
+                lines.append(f"{r.level}: {r.spelling}: changed ({what}{meta})")
+            elif r.status == "skipped":
+                lines.append(f"{r.level}: {r.spelling}: skipped: {r.reason}")
+            else:
+                lines.append(f"{r.level}: {r.spelling}: {r.status}" + (f": {r.reason}" if r.reason else
+                                                                       " (the pass found nothing to change)"))
+        return lines
+
+
+def apply_passes(bundle: KernelBundle, pipeline: Pipeline) -> TextOutcome:
+    """Run the pipeline's passes without rebuilding lower levels (see `TextOutcome`).
+
+    Preconditions still decide (a pass that does not hold changes nothing, and its record says why)
+    and the verifier still runs. Used by golden tests and to look at what a pass does to one file.
     """
     state = bundle
     updates: dict[str, Any] = {}
+    records: list[PassRecord] = []
     last = pipeline.stages[-1].level
     for stage in pipeline.stages:
         outcome = run_stage(state, stage, pipeline)
+        records += outcome.records
         if outcome.changed:
             state = dataclasses.replace(state, levels={**state.levels, stage.level: outcome.text},
                                         metadata={**state.metadata, **outcome.updates})
             updates.update(outcome.updates)
         last = stage.level
-    return state.text(last), updates, last
+    text = state.text(last) if last in state.levels else ""
+    return TextOutcome(text, updates, last, records)
+
+
+def apply_passes_only(bundle: KernelBundle, pipeline: Pipeline) -> tuple[str, dict[str, Any], str]:
+    """`apply_passes` as (text, metadata updates, level)."""
+    outcome = apply_passes(bundle, pipeline)
+    return outcome.text, outcome.updates, outcome.level

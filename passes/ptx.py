@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from kstrata.backends.ptx import Instruction, PtxModule, parse_ptx
+from kstrata.ir.bundle import KernelBundle
 
-from .base import KernelPass, PassContext, PassResult
+from .base import KernelPass, PassContext, PassResult, option
 
 _MEMORY_ORDER = {"volatile", "relaxed", "acquire", "release", "weak", "mmio"}
 _LOAD_COPS = ("ca", "cg", "cs", "lu", "cv")
@@ -115,6 +118,19 @@ class LoadNonCoherent(KernelPass):
         return PassResult(str(module), notes=[f"{count} loads now ld.global.nc"])
 
 
+def _hintable(module: PtxModule) -> list[tuple[int, Instruction]]:
+    """Global loads and stores without a cache operator, memory order or eviction priority."""
+    out = []
+    for index, ins in module.instructions():
+        mods = ins.modifiers
+        if mods[:1] != ("global",) or _MEMORY_ORDER & set(mods) or set(mods) & {*_LOAD_COPS, *_STORE_COPS}:
+            continue
+        if any(m.startswith("L1::") or m.startswith("L2::") for m in mods):
+            continue  # already carries an eviction priority; cache operators and priorities don't mix
+        out.append((index, ins))
+    return out
+
+
 @dataclass(frozen=True)
 class CacheHints(KernelPass):
     """Add PTX cache operators to global loads and stores that have none.
@@ -128,23 +144,28 @@ class CacheHints(KernelPass):
     name = "cache-hints"
     level = "ptx"
     backends = ("cuda",)
-    loads: str = "cs"
-    stores: str = "cs"
+    loads: Literal["ca", "cg", "cs", "lu", "cv", "none"] = "cs"
+    stores: Literal["wb", "cg", "cs", "wt", "none"] = "cs"
+
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        # streaming (cs) and L1-bypassing (cg) loads, streaming stores; the others rarely win
+        return {"loads": ("cs", "cg", "none"), "stores": ("cs", "none")}
 
     def precondition(self, ctx: PassContext) -> str | None:
-        if self.loads not in (*_LOAD_COPS, "none") or self.stores not in (*_STORE_COPS, "none"):
-            return f"loads must be one of {_LOAD_COPS} or none, stores one of {_STORE_COPS} or none"
+        if self.loads == "none" and self.stores == "none":
+            return "loads=none and stores=none: nothing to do"
+        hintable = _hintable(parse_ptx(ctx.text))
+        if not any((ins.base_opcode == "ld" and self.loads != "none" and "nc" not in ins.modifiers)
+                   or (ins.base_opcode == "st" and self.stores != "none") for _, ins in hintable):
+            return "no global load or store without a cache operator or eviction priority"
         return None
 
     def apply(self, ctx: PassContext) -> PassResult:
         module = parse_ptx(ctx.text)
         count = 0
-        for index, ins in module.instructions():
+        for index, ins in _hintable(module):
             mods = ins.modifiers
-            if mods[:1] != ("global",) or _MEMORY_ORDER & set(mods) or set(mods) & {*_LOAD_COPS, *_STORE_COPS}:
-                continue
-            if any(m.startswith("L1::") or m.startswith("L2::") for m in mods):
-                continue  # already carries an eviction priority; cache operators and priorities don't mix
             if ins.base_opcode == "ld" and self.loads != "none" and "nc" not in mods:
                 _edit(module, index, ins.opcode.replace("ld.global", f"ld.global.{self.loads}", 1))
                 count += 1
@@ -167,12 +188,14 @@ class PtxasOptionsPass(KernelPass):
     name = "ptxas-options"
     level = "ptx"
     backends = ("cuda",)
-    opt_level: int = 3
+    opt_level: Literal[0, 1, 2, 3, 4] = 3
     extra: str = ""
 
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        return {"opt_level": (2, 3), "extra": ("", "--allow-expensive-optimizations=true")}
+
     def precondition(self, ctx: PassContext) -> str | None:
-        if not 0 <= self.opt_level <= 4:
-            return f"opt_level must be 0..4, not {self.opt_level}"
         if self.opt_level == 3 and not self.extra:
             return "these are ptxas's defaults: nothing would change"
         return None
@@ -197,13 +220,17 @@ class MaxRegisters(KernelPass):
     name = "max-registers"
     level = "ptx"
     backends = ("cuda",)
-    n: int = 128
+    n: int = option(128, range=(16, 255))
+
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        # caps below what the kernel uses (the precondition drops the others; without a cubin,
+        # whose register count says which caps bind, every cap is a guess)
+        return {"n": (32, 64, 96, 128, 168)}
 
     def precondition(self, ctx: PassContext) -> str | None:
         from kstrata.backends.resources import resource_usage
 
-        if not 16 <= self.n <= 255:
-            return f"n must be 16..255, not {self.n}"
         entry = parse_ptx(ctx.text).entry()
         if entry.maxnreg is not None:
             return f"the entry already has .maxnreg {entry.maxnreg}"

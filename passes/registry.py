@@ -22,6 +22,7 @@ ENTRY_POINT_GROUP = "kstrata.passes"
 BUILTIN_PASSES: dict[str, str] = {
     "dot-precision": "kstrata.passes.ttir:DotPrecision",
     "load-eviction": "kstrata.passes.ttir:LoadEviction",
+    "grouped-pid": "kstrata.passes.grouped_pid:GroupedProgramIds",
     "num-warps": "kstrata.passes.ttgir:NumWarps",
     "num-stages": "kstrata.passes.ttgir:NumStages",
     "noalias-args": "kstrata.passes.llir:NoAliasArgs",

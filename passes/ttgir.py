@@ -9,14 +9,16 @@ on a compiled kernel without its Python source.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kstrata.backends.rebuild import compile_options
+from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.tolerance import Tolerance
 
-from .base import KernelPass, PassContext, PassResult
+from .base import KernelPass, PassContext, PassResult, option
 
 
 def relower_ttgir(ctx: PassContext, overrides: dict[str, Any]) -> str:
@@ -42,12 +44,30 @@ def relower_ttgir(ctx: PassContext, overrides: dict[str, Any]) -> str:
         return str(stages["ttgir"](module, metadata))
 
 
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+def _needs_ttir(ctx: PassContext, name: str, option_name: str) -> str | None:
+    if "ttir" in ctx.bundle.levels:
+        return None
+    given = "a bare .ttgir file" if ctx.bundle.origin and ctx.bundle.origin.endswith(".ttgir") else "this kernel"
+    return (f"{name} is a re-lowering option: it re-runs Triton's TTIR -> TTGIR stage with {option_name} changed, "
+            f"so it needs the kernel's TTIR and metadata (a cache or dump entry, or a .ttir file), which {given} "
+            "does not have; nothing was changed")
+
+
+def _metadata_note(ctx: PassContext) -> list[str]:
+    if any(k in ctx.bundle.metadata for k in ("num_warps", "num_stages")):
+        return []
+    return ["the input carries no Triton metadata: the other compile options are Triton's defaults"]
 
 
 @dataclass(frozen=True)
-class NumWarps(KernelPass):
+class _Relowering(KernelPass):
+    @classmethod
+    def relowers(cls) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class NumWarps(_Relowering):
     """Re-lower the kernel with `n` warps per program (layouts, reductions and MMA tiling follow).
 
     Helps when a kernel is latency bound at its current warp count (more warps hide more latency) or
@@ -62,24 +82,26 @@ class NumWarps(KernelPass):
     level = "ttgir"
     tolerance = Tolerance(ulp=4, rtol=1e-5, atol=1e-6,
                           why="floating-point reductions reassociated (the reduction tree follows the warp count)")
-    n: int = 8
+    n: Literal[1, 2, 4, 8, 16, 32] = 8
+
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        return {"n": (2, 4, 8, 16)}  # the precondition drops the current count
 
     def precondition(self, ctx: PassContext) -> str | None:
-        if not _power_of_two(self.n) or self.n > 32:
-            return f"num_warps must be a power of two up to 32, not {self.n}"
-        if "ttir" not in ctx.bundle.levels:
-            return "no TTIR to re-lower"
+        if (why := _needs_ttir(ctx, self.name, "num_warps")) is not None:
+            return why
         if ctx.bundle.num_warps == self.n:
             return f"the kernel already uses {self.n} warps"
         return None
 
     def apply(self, ctx: PassContext) -> PassResult:
         return PassResult(relower_ttgir(ctx, {"num_warps": self.n}), {"num_warps": self.n},
-                          [f"num_warps {ctx.bundle.num_warps} -> {self.n}"])
+                          [f"num_warps {ctx.bundle.num_warps or 'unknown (default 4)'} -> {self.n}", *_metadata_note(ctx)])
 
 
 @dataclass(frozen=True)
-class NumStages(KernelPass):
+class NumStages(_Relowering):
     """Re-lower the kernel with `n` software-pipelining stages for its loops.
 
     Helps loops that wait on global memory (matmul K loops, attention over K/V): more stages keep more
@@ -90,13 +112,15 @@ class NumStages(KernelPass):
 
     name = "num-stages"
     level = "ttgir"
-    n: int = 4
+    n: int = option(4, range=(1, 8))
+
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        return {"n": (2, 3, 4, 5)}  # the precondition drops the current depth and loop-free kernels
 
     def precondition(self, ctx: PassContext) -> str | None:
-        if not 1 <= self.n <= 8:
-            return f"num_stages must be between 1 and 8, not {self.n}"
-        if "ttir" not in ctx.bundle.levels:
-            return "no TTIR to re-lower"
+        if (why := _needs_ttir(ctx, self.name, "num_stages")) is not None:
+            return why
         if "scf.for" not in ctx.bundle.text("ttir"):
             return "the kernel has no scf.for loop to pipeline"
         if ctx.bundle.num_stages == self.n:
@@ -105,4 +129,4 @@ class NumStages(KernelPass):
 
     def apply(self, ctx: PassContext) -> PassResult:
         return PassResult(relower_ttgir(ctx, {"num_stages": self.n}), {"num_stages": self.n},
-                          [f"num_stages {ctx.bundle.num_stages} -> {self.n}"])
+                          [f"num_stages {ctx.bundle.num_stages or 'unknown (default 3)'} -> {self.n}", *_metadata_note(ctx)])

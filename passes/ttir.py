@@ -1,13 +1,20 @@
-"""TTIR passes, written on the typed xDSL dialects (`kstrata.ir.dialects`): parse, rewrite ops, print.
+"""TTIR passes, written as xDSL rewrite patterns on the typed dialects (`kstrata.ir.dialects`).
 
-Printing an unchanged module gives Triton's text back byte for byte (`kstrata ir roundtrip`), so the
-only differences in the output are the ones a pass makes.
+Each pass gives its patterns (`RewritePass.patterns`); the pipeline parses the level once per level
+group and the walker rewrites that module in place. Printing an unchanged module gives Triton's text
+back byte for byte (`kstrata ir roundtrip`), so the only differences in the output are the ones a pass
+makes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+
+from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.dialects.tt import (
     DotOp,
     EvictionPolicy,
@@ -17,16 +24,17 @@ from kstrata.ir.dialects.tt import (
     LoadOp,
 )
 from kstrata.ir.tolerance import Tolerance
-from kstrata.ir.triton_ir import TritonModule, parse_triton, print_triton
+from kstrata.ir.triton_ir import TritonModule
 
-from .base import KernelPass, PassContext, PassResult
+from .base import PassContext, RewritePass, Rewrites
+
+__all__ = ["DotPrecision", "LoadEviction"]
 
 #: What Triton 3.6 accepts for `tt.dot` on fp32 operands, per backend.
 _PRECISIONS = {"cuda": ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6"), "hip": ("ieee", "tf32", "bf16x3", "bf16x6")}
 
-
-def _module(ctx: PassContext) -> TritonModule:
-    return parse_triton(ctx.text, ctx.bundle.origin)
+Precision = Literal["tf32", "tf32x3", "ieee", "bf16x3", "bf16x6"]
+Policy = Literal["evict_first", "evict_last", "evict_normal"]
 
 
 def _element_type(value_type: object) -> str:
@@ -34,9 +42,12 @@ def _element_type(value_type: object) -> str:
     return str(element) if element is not None else ""
 
 
+def _is_fp32_dot(op: DotOp) -> bool:
+    return _element_type(op.a.type) == "f32" and _element_type(op.b.type) == "f32"
+
+
 def _fp32_dots(module: TritonModule) -> list[DotOp]:
-    return [op for op in module.ops() if isinstance(op, DotOp) and _element_type(op.a.type) == "f32"
-            and _element_type(op.b.type) == "f32"]
+    return [op for op in module.ops() if isinstance(op, DotOp) and _is_fp32_dot(op)]
 
 
 def _precision(op: DotOp) -> str:
@@ -48,7 +59,24 @@ def _precision(op: DotOp) -> str:
 
 
 @dataclass(frozen=True)
-class DotPrecision(KernelPass):
+class _SetDotPrecision(RewritePattern):
+    precision: str
+    rewrites: Rewrites
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: DotOp, rewriter: PatternRewriter) -> None:
+        if not _is_fp32_dot(op) or _precision(op) == self.precision:
+            return
+        if self.precision == "ieee":
+            op.properties.pop("inputPrecision", None)
+        else:
+            op.properties["inputPrecision"] = InputPrecisionAttr(InputPrecision(self.precision))
+        rewriter.notify_op_modified(op)
+        self.rewrites.add(f"fp32 tt.dot now {self.precision}")
+
+
+@dataclass(frozen=True)
+class DotPrecision(RewritePass):
     """Set the input precision of fp32 `tt.dot`s (`tf32`, `tf32x3`, `ieee`, `bf16x3`, `bf16x6`).
 
     `tf32x3` recovers close to fp32 accuracy from three TF32 tensor-core products (measured on the
@@ -61,7 +89,7 @@ class DotPrecision(KernelPass):
     name = "dot-precision"
     level = "ttir"
     tolerance = Tolerance(rtol=1e-2, atol=1e-1, why="dot products rounded at another input precision")
-    precision: str = "tf32x3"
+    precision: Precision = "tf32x3"
 
     def declared_tolerance(self) -> Tolerance:
         # A TF32 operand keeps 10 mantissa bits, so a dot's error is at most 2^-10 * sum|a_k*b_k|
@@ -73,33 +101,42 @@ class DotPrecision(KernelPass):
             return Tolerance(rtol=1e-4, atol=1e-4, why=f"dot products at {self.precision} instead of their precision")
         return Tolerance(rtol=1e-2, atol=1e-1, why=f"dot products at {self.precision} instead of their precision")
 
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        # the precisions the target accepts; the precondition drops the one the dots already use
+        return {"precision": _PRECISIONS[bundle.target.backend]}
+
     def precondition(self, ctx: PassContext) -> str | None:
         allowed = _PRECISIONS[ctx.bundle.target.backend]
         if self.precision not in allowed:
             return f"{ctx.bundle.target} does not support input precision {self.precision} (allowed: {', '.join(allowed)})"
-        dots = _fp32_dots(_module(ctx))
+        dots = _fp32_dots(ctx.module)
         if not dots:
             return "the kernel has no tt.dot on fp32 operands"
         if all(_precision(op) == self.precision for op in dots):
             return f"every fp32 tt.dot already uses {self.precision}"
         return None
 
-    def apply(self, ctx: PassContext) -> PassResult:
-        module = _module(ctx)
-        changed = 0
-        for op in _fp32_dots(module):
-            if _precision(op) == self.precision:
-                continue
-            if self.precision == "ieee":
-                op.properties.pop("inputPrecision", None)
-            else:
-                op.properties["inputPrecision"] = InputPrecisionAttr(InputPrecision(self.precision))
-            changed += 1
-        return PassResult(print_triton(module), notes=[f"{changed} fp32 tt.dot now {self.precision}"])
+    def patterns(self, ctx: PassContext, rewrites: Rewrites) -> Sequence[RewritePattern]:
+        return [_SetDotPrecision(self.precision, rewrites)]
 
 
 @dataclass(frozen=True)
-class LoadEviction(KernelPass):
+class _GiveEvictionPolicy(RewritePattern):
+    policy: str
+    rewrites: Rewrites
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: LoadOp, rewriter: PatternRewriter) -> None:
+        if op.properties.get("evict") is not None:
+            return
+        op.properties["evict"] = EvictionPolicyAttr(EvictionPolicy(self.policy))
+        rewriter.notify_op_modified(op)
+        self.rewrites.add(f"tt.load given {self.policy}")
+
+
+@dataclass(frozen=True)
+class LoadEviction(RewritePass):
     """Give `tt.load`s without an eviction policy one (`evict_first` for streamed data, `evict_last` for
     data reused by other programs).
 
@@ -110,23 +147,21 @@ class LoadEviction(KernelPass):
 
     name = "load-eviction"
     level = "ttir"
-    policy: str = "evict_first"
+    policy: Policy = "evict_first"
+
+    @classmethod
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
+        return {"policy": ("evict_first", "evict_last")}  # evict_normal is what a load without one does
 
     def precondition(self, ctx: PassContext) -> str | None:
-        if self.policy not in {p.value for p in EvictionPolicy}:
-            return f"policy must be one of {', '.join(p.value for p in EvictionPolicy)}, not {self.policy!r}"
-        loads = [op for op in _module(ctx).ops() if isinstance(op, LoadOp)]
+        loads = [op for op in ctx.module.ops() if isinstance(op, LoadOp)]
         if not loads:
             return "the kernel has no tt.load"
         if all(op.properties.get("evict") is not None for op in loads):
             return "every tt.load already has an eviction policy"
         return None
 
-    def apply(self, ctx: PassContext) -> PassResult:
-        module = _module(ctx)
-        changed = 0
-        for op in module.ops():
-            if isinstance(op, LoadOp) and op.properties.get("evict") is None:
-                op.properties["evict"] = EvictionPolicyAttr(EvictionPolicy(self.policy))
-                changed += 1
-        return PassResult(print_triton(module), notes=[f"{changed} tt.load given {self.policy}"])
+    def patterns(self, ctx: PassContext, rewrites: Rewrites) -> Sequence[RewritePattern]:
+        return [_GiveEvictionPolicy(self.policy, rewrites)]
+
+

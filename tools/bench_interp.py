@@ -10,14 +10,15 @@ with the number of programs and of output elements.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 LEVELS = (("cuda:90", "ttir"), ("cuda:90", "ttgir"), ("hip:gfx942", "ttgir"))
 
@@ -25,12 +26,14 @@ LEVELS = (("cuda:90", "ttir"), ("cuda:90", "ttgir"), ("hip:gfx942", "ttgir"))
 def bench(cache: Path, repeat: int, only: list[str] | None) -> list[dict[str, Any]]:
     import torch
 
+    from kstrata.backends.poison import first_mismatch, poison_
     from kstrata.ir.interp import Buffer, run_bundle
     from kstrata.ir.target import Target
     from kstrata.ir.triton_layout import load_cache_entry, read_index
-    from kstrata.testsuite.kernels import all_kernels
-    from kstrata.testsuite.kernels.build import build_suite
-    from kstrata.testsuite.kernels.run import first_mismatch, poison_
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    all_kernels, build_suite = suite.all_kernels, suite.build_suite
 
     kernels = [k for k in all_kernels() if not only or k.name in only]
     index = read_index(cache) if cache.exists() else {}
@@ -75,15 +78,20 @@ def bench(cache: Path, repeat: int, only: list[str] | None) -> list[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--json", action="store_true")
-    ns = parser.parse_args(argv)
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Suite build to reuse (default: a fresh one).")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="Runs per kernel and level (the median is reported).")] = 3,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only this suite kernel (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        rows = bench(ns.cache_dir or Path(tmp), ns.repeat, ns.only)
-    if ns.json:
+        rows = bench(cache_dir or Path(tmp), repeat, only)
+    if as_json:
         print(json.dumps(rows, indent=2))
     else:
         print("| kernel | target | level | ok | programs | output elements | seconds |")

@@ -13,7 +13,6 @@ machine and versions is written there.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import json
@@ -23,18 +22,20 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+import typer
 
 
 def _workloads() -> dict[str, Callable[[], Any]]:
     import importlib
 
-    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.tools.suite import load_suite
 
-    # (imported by name: the suite's kernel modules are not type-checked, their @jit functions are untyped)
-    matmul_module: Any = importlib.import_module("kstrata.testsuite.kernels.matmul")
+    get_kernel = load_suite().get_kernel
+    # the module of a suite kernel, for its input helpers (untyped: the suite's kernel modules are not type-checked)
+    matmul_module: Any = importlib.import_module(get_kernel("matmul_fp16").fn.fn.__module__)
 
     def elementwise() -> Any:
         n = 1 << 20
@@ -70,8 +71,10 @@ def bench_one(name: str, make_kernel: Callable[[], Any], seeds: int, workdir: Pa
     from kstrata.ir.launch import TensorArg
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.launch import suite_launch_record
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    bundle_for, suite_launch_record = suite.bundle_for, suite.suite_launch_record
 
     kernel = make_kernel()
     target = Target.parse("cuda:90")
@@ -128,30 +131,35 @@ def _write_results(rows: list[dict[str, Any]], results: Path, seeds: int) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--results", type=Path)
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--only", nargs="*")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    results: Annotated[Path | None, typer.Option("--results", help="Write dated results here.")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="Random input sets per verify.")] = 1,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only this workload (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> int:
     import tempfile
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="kstrata-bench-verify-") as tmp:
         for name, make in _workloads().items():
-            if args.only and name not in args.only:
+            if only and name not in only:
                 continue
             print(f"{name} ...", file=sys.stderr, flush=True)
             try:
-                row = bench_one(name, make, args.seeds, Path(tmp))
+                row = bench_one(name, make, seeds, Path(tmp))
             except Exception as exc:  # one failing workload is reported, the others still run
                 row = {"workload": name, "error": f"{type(exc).__name__}: {exc}"}
             rows.append(row)
             print(f"  {json.dumps({k: v for k, v in row.items() if k != 'checks'})}", file=sys.stderr, flush=True)
-    if args.json:
+    if as_json:
         print(json.dumps(rows, indent=1))
-    if args.results:
-        print(f"results: {_write_results(rows, args.results, args.seeds)}", file=sys.stderr)
+    if results:
+        print(f"results: {_write_results(rows, results, seeds)}", file=sys.stderr)
     return 0 if all("error" not in r and r["verify_ok"] for r in rows) else 1
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -60,9 +62,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version_cal
 @suite_app.command("list")
 def suite_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the suite's kernels with what each exercises."""
-    from kstrata.testsuite.kernels import all_kernels
+    from kstrata.tools.suite import load_suite
 
-    kernels = all_kernels()
+    kernels = load_suite().all_kernels()
     rows = [{"name": k.name, "function": k.fn_name, "module": k.fn.__module__.rsplit(".", 1)[-1], "tags": list(k.tags),
              "num_warps": k.num_warps, "num_stages": k.num_stages, "outputs": list(k.outputs),
              "description": k.description} for k in kernels]
@@ -95,8 +97,10 @@ def suite_build(
 ) -> None:
     """Compile the suite for each target into CACHE_DIR and show every kernel's levels and resources."""
     from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import all_kernels
-    from kstrata.testsuite.kernels.build import build_suite
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    all_kernels, build_suite = suite.all_kernels, suite.build_suite
 
     targets = [Target.parse(t) for t in target]
     kernels = all_kernels()
@@ -427,11 +431,16 @@ def passes_apply(
 
     This is the tool the golden (FileCheck) tests drive; `run-passes` is the one that rebuilds and writes
     overrides."""
-    from kstrata.passes.pipeline import apply_passes_only, parse_pipeline
+    from kstrata.passes.pipeline import apply_passes, parse_pipeline
     from kstrata.passes.standalone import bundle_for_file
 
     bundle = bundle_for_file(path, target)
-    text, updates, level = apply_passes_only(bundle, parse_pipeline(pipeline))
+    outcome = apply_passes(bundle, parse_pipeline(pipeline))
+    for line in outcome.messages():  # what each pass did or why it did nothing, never silent
+        err.print(f"kstrata: {line}", highlight=False, markup=False, soft_wrap=True)
+    text, updates, level = outcome.text, outcome.updates, outcome.level
+    if not text:
+        _fail(f"{path}: the pipeline ends at {level}, which this input does not have and no pass produced", 2)
     comment = ";" if level in ("llir", "amdgcn") else "//"
     header = "".join(f"{comment} kstrata: metadata {k}={v}\n" for k, v in sorted(updates.items()))
     text = header + text
@@ -555,7 +564,12 @@ def run_passes_cmd(
     out_dir: Path = typer.Option(..., "--out", help="Override directory to write (TRITON_OVERRIDE_DIR layout)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Kernels processed in parallel."),
     dump_dir: Path = typer.Option(None, "--dump-dir", help="Triton dump directory of the same run (override keys)."),
-    kernel: str = typer.Option(None, "--kernel", "-k", help="Only entries with a file whose name contains this."),
+    only: list[str] = typer.Option(None, "--only", help="Only these kernels, by name, with or without the `_kernel` "
+                                                        "suffix, as `suite build --only` (repeatable)."),
+    kernel: str = typer.Option(None, "--kernel", "-k", hidden=True,
+                               help="Only entries with a file whose name contains this (use --only)."),
+    engine_cache: Path = typer.Option(None, "--engine-cache", help="The engine's build cache (default "
+                                                                   "$KSTRATA_ENGINE_CACHE or ~/.cache/kstrata/engine)."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per kernel."),
     force: bool = typer.Option(False, "--force", help="Redo kernels already done by an earlier run."),
     launches: Path = typer.Option(None, "--launches", help="Launch records of the program (kstrata record --out DIR), "
@@ -565,7 +579,7 @@ def run_passes_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Apply a pass pipeline to every kernel of a Triton cache and write a Triton override directory."""
-    from kstrata.passes.runner import measurement_unavailable, run_passes
+    from kstrata.agents.run_passes import measurement_unavailable, run_passes
 
     if measure and launches is None:
         _fail("--measure times kernels on replays of their recorded launches: add --launches DIR "
@@ -575,17 +589,33 @@ def run_passes_cmd(
         if reason:  # said up front, and again in the report
             err.print(f"[yellow]--measure: timing skipped[/]: {reason}", highlight=False)
 
+    plain = not err.is_terminal  # piped or in a log: plain progress lines instead of a bar
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json or not err.is_terminal) as progress:
+                  console=err, disable=as_json or plain) as progress:
         task = progress.add_task("kernels", total=None)
+        done = [0, 0]  # kernels finished, total
+        started = time.monotonic()
+
+        def begin(total: int) -> None:
+            done[1] = total
+            progress.update(task, total=total)
+            if plain:
+                err.print(f"run-passes: {total} kernels, pipeline {pipeline}", highlight=False, markup=False)
 
         def step(outcome: dict[str, Any]) -> None:
             progress.advance(task)
+            done[0] += 1
+            if plain:
+                what = outcome["status"] + (" (engine cache)" if outcome.get("cached") else "")
+                err.print(f"[{done[0]}/{done[1]}] {outcome['name']} {outcome.get('key', '')[:12]} {outcome['target']}: "
+                          f"{what}  {time.monotonic() - started:.1f} s", highlight=False, markup=False)
             if not as_json and outcome["status"] == "failed":
-                err.print(f"[red]FAIL[/] {outcome['name']} ({outcome['entry']}): {outcome['error']}", highlight=False)
+                err.print(f"[red]FAIL[/] {escape(outcome['name'])} ({escape(outcome['entry'])}): "
+                          f"{escape(str(outcome['error']))}", highlight=False)
 
         report = run_passes(cache_dir, pipeline, out_dir, jobs=jobs, timeout=timeout, force=force, on_kernel=step,
-                            kernel_filter=kernel, dump_dir=dump_dir, launches=launches, measure=measure)
+                            kernel_filter=kernel, only=only or (), dump_dir=dump_dir, launches=launches,
+                            measure=measure, engine_cache=engine_cache, on_start=begin)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -599,6 +629,10 @@ def run_passes_cmd(
                 flag = f"  SUSPICIOUS: {'; '.join(k['suspicious'])}" if k.get("suspicious") else ""
                 out.print(f"  {k['name']:40s} {k['time_before_us']:9.2f} -> {k['time_after_us']:9.2f} us  "
                           f"{k['speedup']:.3f}x{flag}", highlight=False)
+        out.print(report.engine_summary(), highlight=False)
+        if report.patched_cache:
+            out.print(f"use: TRITON_CACHE_DIR={report.patched_cache} (a copy of the cache with the rewritten "
+                      "kernels under their keys)", highlight=False)
         out.print(f"report: {out_dir / 'run-passes-report.md'}", highlight=False)
         roots = sorted({str(Path(k["override_entry"]).parent) for k in report.kernels if k.get("override_entry")})
         for root in roots:

@@ -13,13 +13,14 @@ reference. Times are medians of CUDA-event timings with L2 flushed before every 
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 #: Kernels whose loads are all from buffers the kernel never writes, and that load with `ld.global`
 #: (Hopper matmuls load through cp.async / TMA instead, which this patch does not touch).
@@ -34,14 +35,16 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
     import torch
 
     from kstrata.backends.asm import patch_bundle
-    from kstrata.backends.launch import LoadedKernel, time_gpu
+    from kstrata.backends.launch import LoadedKernel
     from kstrata.backends.nvidia import compare_cubins, rebuild_cubin
     from kstrata.backends.patch import make_patch
+    from kstrata.backends.poison import first_mismatch, poison_
+    from kstrata.backends.timing import time_gpu
     from kstrata.ir.bundle import KernelBundle
     from kstrata.ir.target import Target
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import first_mismatch, poison_
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, bundle_for = load_suite().get_kernel, load_suite().bundle_for
 
     kernel = get_kernel(name)
     original = bundle_for(kernel, Target.parse("cuda:90"))
@@ -93,14 +96,19 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    results: Annotated[Path | None, typer.Option("--results", help="Write dated results here.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per binary.")] = 100,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only this suite kernel (repeatable).")] = None,
+) -> int:
     import torch
     import triton
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=None)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--only", nargs="*", default=None)
-    ns = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs an NVIDIA GPU", file=sys.stderr)
         return 2
@@ -108,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "python": platform.python_version()}
     rows = []
-    for name in ns.only or READ_ONLY_KERNELS:
+    for name in only or READ_ONLY_KERNELS:
         try:
-            rows.append(_check_kernel(name, ns.runs))
+            rows.append(_check_kernel(name, runs))
         except Exception as exc:  # a failing kernel is reported, the run goes on
             rows.append({"kernel": name, "error": f"{type(exc).__name__}: {exc}"})
         r = rows[-1]
@@ -124,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['registers']['before']}->{r['registers']['after']}  rebuild: {r['rebuild'][:40]}", flush=True)
     ok = all("error" not in r and r["matches_reference"] and r["rebuilt_bitwise_equal"] and r["patched_bitwise_equal"]
              for r in rows)
-    if ns.results:
-        ns.results.mkdir(parents=True, exist_ok=True)
+    if results:
+        results.mkdir(parents=True, exist_ok=True)
         stem = f"asm-patch-gpu-{env['date'][:10]}"
-        (ns.results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.asm-patch-gpu/1", "environment": env,
+        (results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.asm-patch-gpu/1", "environment": env,
                                                              "kernels": rows}, indent=2, default=str) + "\n")
         lines = [f"# Patched cubins on {env['device']}", "",
                  f"{env['date']} · torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']}", "",
@@ -144,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"| {r['patched_bitwise_equal']} | {t['median_us']:.2f} | {p['median_us']:.2f} "
                          f"({p['p10_us']:.2f}–{p['p90_us']:.2f}) | {r['speedup_patched']:.3f} | "
                          f"{r['registers']['before']}→{r['registers']['after']} |")
-        (ns.results / f"{stem}.md").write_text("\n".join(lines) + "\n")
-        print(f"results: {ns.results / stem}.json")
+        (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+        print(f"results: {results / stem}.json")
     return 0 if ok else 1
 
 

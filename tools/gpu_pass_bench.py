@@ -23,7 +23,6 @@ Every figure is reported as measured, slowdowns included.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -34,7 +33,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 DEFAULT_PIPELINES = (
     "ptx(ld-nc{assume_noalias=true},cache-hints)",
@@ -50,7 +51,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kstrata.testsuite.kernels import get_kernel
+from kstrata.tools.suite import load_suite
+
+get_kernel = load_suite().get_kernel
 
 
 class Block(nn.Module):
@@ -140,20 +143,25 @@ def _ptx_digests(root: Path) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, required=True, help="Work directory (emptied first).")
-    parser.add_argument("--results", type=Path, required=True, help="Where the dated results files go.")
-    parser.add_argument("--pipeline", action="append", default=None, help="Repeatable; default: four pipelines.")
-    parser.add_argument("--jobs", type=int, default=8)
-    ns = parser.parse_args(argv)
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    work: Annotated[Path, typer.Option("--work", help="Work directory (emptied first).")],
+    results: Annotated[Path, typer.Option("--results", help="Where the dated results files go.")],
+    pipeline: Annotated[list[str] | None, typer.Option("--pipeline", help="Repeatable; default: four pipelines.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", help="Parallel run-passes workers.")] = 8,
+) -> int:
 
     import torch
 
     if not torch.cuda.is_available() or torch.version.hip is not None:
         print("gpu_pass_bench: needs an NVIDIA GPU visible to torch; nothing was run", file=sys.stderr)
         return 2
-    pipelines = ns.pipeline or list(DEFAULT_PIPELINES)
-    work = ns.work.resolve()
+    pipelines = pipeline or list(DEFAULT_PIPELINES)
+    work = work.resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     program = work / "program.py"
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, spec in enumerate(pipelines):
         out = work / f"overrides-{i}"
         proc = subprocess.run(_cli("run-passes", str(cache), "--pipeline", spec, "--out", str(out), "--launches",
-                                   str(launches), "--measure", "--jobs", str(ns.jobs), "--json"),
+                                   str(launches), "--measure", "--jobs", str(jobs), "--json"),
                               capture_output=True, text=True, check=False)
         try:
             report = json.loads(proc.stdout)
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             report = {"error": proc.stderr[-2000:], "kernels": [], "counts": {}}
         runs.append({"pipeline": spec, "out": out, "report": report, "returncode": proc.returncode})
         print(f"run-passes {spec}: {report.get('counts')} ({time.perf_counter() - start:.0f} s)", flush=True)
-        _write_results(ns.results, records, runs, start, final=False)
+        _write_results(results, records, runs, start, final=False)
 
     # 3. the program again with each override directory, concurrently (a check of results, not timed)
     children = []
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         run["overrides_applied"] = f"{len(written & built)} of {len(written)}"
     print(f"override runs done ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    _write_results(ns.results, records, runs, start, final=True)
+    _write_results(results, records, runs, start, final=True)
     return 0
 
 

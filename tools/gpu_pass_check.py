@@ -18,7 +18,6 @@ the iterations; L2 is not flushed there).
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
@@ -27,7 +26,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 TWIN_KERNELS = ("vector_add", "gelu_tanh_bias", "softmax_online", "layernorm_fwd", "rmsnorm_fwd_bf16",
                 "row_sum_bf16", "transpose_2d", "bmm_fp16_bt", "matmul_fp16", "flash_attention_fwd",
@@ -45,8 +46,9 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     """Launch `bundle`'s binary on fresh copies of `host` (outputs poisoned), then time it."""
     import torch
 
-    from kstrata.backends.launch import LoadedKernel, time_gpu
-    from kstrata.testsuite.kernels.run import poison_
+    from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.poison import poison_
+    from kstrata.backends.timing import time_gpu
 
     loaded = LoadedKernel(bundle)
     args = {k: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
@@ -66,11 +68,12 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
 def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[str, Any]]:
     import torch
 
+    from kstrata.backends.poison import first_mismatch
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import bundle_for
-    from kstrata.testsuite.kernels.run import first_mismatch
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, bundle_for = load_suite().get_kernel, load_suite().bundle_for
 
     rows = []
     for name in TWIN_KERNELS:
@@ -112,8 +115,8 @@ def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[
 _PROGRAM = r'''
 import json, os, sys, torch, torch.nn as nn
 torch.manual_seed(0)
-from kstrata.testsuite.kernels import get_kernel
-from kstrata.testsuite.kernels.run import launch
+from kstrata.tools.suite import load_suite
+get_kernel, launch = load_suite().get_kernel, load_suite().launch
 
 class Block(nn.Module):
     def __init__(self, d=1024):
@@ -166,7 +169,7 @@ def _program(out: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
 def _proof(work: Path, results: Path) -> dict[str, Any]:
     import torch
 
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "TORCHINDUCTOR_"))}
     fresh = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
@@ -193,36 +196,41 @@ def _proof(work: Path, results: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    results: Annotated[Path, typer.Option("--results", help="Where the dated results files go.")],
+    work: Annotated[Path | None, typer.Option("--work", help="Work directory for the program proof.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per binary.")] = 100,
+    skip_program: Annotated[bool, typer.Option("--skip-program", help="Only the execution twins.")] = False,
+    skip_twins: Annotated[bool, typer.Option("--skip-twins", help="Only the program proof.")] = False,
+    pipelines: Annotated[list[str] | None, typer.Option("--pipeline", help="Only this twin pipeline (repeatable).")] = None,
+) -> int:
     import torch
     import triton
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--skip-program", action="store_true")
-    parser.add_argument("--skip-twins", action="store_true")
-    parser.add_argument("--pipelines", nargs="*", default=None, help="only these twin pipelines")
-    ns = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs an NVIDIA GPU", file=sys.stderr)
         return 2
-    ns.results.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version()}
     payload: dict[str, Any] = {"schema": "kstrata.pass-gpu-check/1", "environment": env}
-    if not ns.skip_twins:
-        payload["twins"] = _twins(ns.runs, tuple(ns.pipelines) if ns.pipelines else TWIN_PIPELINES)
-    if not ns.skip_program:
-        work = ns.work or Path(tempfile.mkdtemp(prefix="kstrata-proof-"))
+    if not skip_twins:
+        payload["twins"] = _twins(runs, tuple(pipelines) if pipelines else TWIN_PIPELINES)
+    if not skip_program:
+        work = work or Path(tempfile.mkdtemp(prefix="kstrata-proof-"))
         try:
-            payload["proof"] = _proof(work, ns.results)
+            payload["proof"] = _proof(work, results)
         except Exception as exc:
             payload["proof"] = {"error": f"{type(exc).__name__}: {exc}"}
     stem = f"passes-gpu-{env['date'][:10]}" + ("-" + "-".join(p.split("(")[1].split(")")[0].split("{")[0]
-                                                                for p in ns.pipelines) if ns.pipelines else "")
-    (ns.results / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+                                                                for p in pipelines) if pipelines else "")
+    (results / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     lines = [f"# Passes on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton {env['triton']} · "
              f"CUDA {env['cuda']}", "", "## Execution twins (original vs rewritten binary, same inputs)", "",
              "| kernel | pipeline | status | outputs | before µs | after µs | speedup |", "|---|---|---|---|---|---|---|"]
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                       "| kernel (profiler) | before µs | after µs | speedup |", "|---|---|---|---|"]
             for name, t in sorted(proof["per_kernel_profiler"].items()):
                 lines.append(f"| {name} | {t['before_us']:.2f} | {t['after_us']:.2f} | {t['speedup']:.3f} |")
-    (ns.results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     ok = all(r.get("ok", True) for r in payload.get("twins", []))
     if proof and "error" not in proof:

@@ -10,7 +10,6 @@ outputs, list what the backend rewrote, and time both (CUDA events, L2 flushed, 
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import functools
 import json
@@ -18,7 +17,9 @@ import platform
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 TASKS = ("level2/01_gemm_bias_relu_fp16.py", "level1/19_layernorm_fp16.py", "level1/17_softmax_fp32.py")
 
@@ -102,24 +103,30 @@ def _write(results: Path, pipeline: str, rows: list[dict[str, Any]], env: dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+def command(
+    results: Annotated[Path, typer.Option("--results", help="Where the dated results files go.")],
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="Default: the backend's default pipeline.")] = None,
+    all_tasks: Annotated[bool, typer.Option("--all-tasks", help="Every task under testsuite/tasks, not three.")] = False,
+) -> int:
     import torch
     import triton
 
     import kstrata.tools.torch_backend as tb
-    from kstrata.backends.launch import time_gpu
+    from kstrata.backends.timing import time_gpu
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--pipeline", default=tb.DEFAULT_PIPELINE)
-    parser.add_argument("--all-tasks", action="store_true", help="every task under testsuite/tasks, not three")
-    ns = parser.parse_args(argv)
+    pipeline = pipeline or tb.DEFAULT_PIPELINE
     if not torch.cuda.is_available():
         print("error: needs an NVIDIA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     models = _models()
     try:
-        models.update(_task_models(Path(__file__).resolve().parents[1] / "testsuite" / "tasks", ns.all_tasks))
+        models.update(_task_models(Path(__file__).resolve().parents[1] / "testsuite" / "tasks", all_tasks))
     except Exception as exc:  # tasks are optional here; say why they are missing
         print(f"tasks skipped: {type(exc).__name__}: {exc}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 t_ind = time_gpu(functools.partial(_call, inductor, inputs), runs=50)
                 torch._dynamo.reset()
                 before = len(tb.report())
-                ours = torch.compile(model, backend="kstrata", options={"pipeline": ns.pipeline, "cache_dir": cache})
+                ours = torch.compile(model, backend="kstrata", options={"pipeline": pipeline, "cache_dir": cache})
                 out = _run(ours, inputs)
                 t_ks = time_gpu(functools.partial(_call, ours, inputs), runs=50)
             kernels = tb.report()[before:]
@@ -156,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("model", "bitwise_equal", "rewritten", "speedup", "error")}),
               flush=True)
-        _write(ns.results, ns.pipeline, rows, env, final=False)  # a run cut short keeps what it measured
-    _write(ns.results, ns.pipeline, rows, env, final=True)
+        _write(results, pipeline, rows, env, final=False)  # a run cut short keeps what it measured
+    _write(results, pipeline, rows, env, final=True)
     return 0 if all("error" not in r and r["bitwise_equal"] for r in rows) else 1
 
 

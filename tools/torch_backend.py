@@ -85,14 +85,14 @@ class BackendConfig:
         return config
 
     def cache_key(self) -> str:
-        """What the cached kernels depend on besides their source: the pipeline and the tool versions."""
+        """What the cached kernels depend on besides their source: the pipeline and the tool versions (the
+        candidate engine's set: Triton, ptxas, LLVM, kstrata; plus torch, whose Inductor writes the source)."""
         import torch
-        import triton
 
-        from kstrata import __version__
+        from kstrata.agents.engine import tool_versions
 
-        key = json.dumps({"pipeline": self.pipeline, "verify": self.verify, "kstrata": __version__,
-                          "triton": triton.__version__, "torch": torch.__version__}, sort_keys=True)
+        key = json.dumps({"pipeline": self.pipeline, "verify": self.verify, "torch": torch.__version__,
+                          "versions": dict(tool_versions())}, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 

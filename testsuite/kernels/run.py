@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from .spec import SuiteKernel
+from kstrata.backends.poison import first_mismatch, poison_
 
-#: Integer outputs are filled with this byte pattern before a launch (0x5A in every byte).
-_POISON_BYTE = 0x5A
+from .spec import SuiteKernel
 
 
 @dataclass
@@ -44,46 +43,6 @@ class KernelRun:
     #: The first output element that differs: output name, index, got, expected.
     mismatch: dict[str, Any] | None = None
     error: str | None = None
-
-
-def poison_(t: torch.Tensor) -> None:
-    """Overwrite `t` with values a correct kernel never leaves behind in an output it writes."""
-    if t.dtype.is_floating_point:
-        if t.dtype.itemsize == 1:  # fp8 types may lack NaN (e4m3fn has it, fnuz types use 0x80)
-            t.view(torch.uint8).fill_(0x7F)
-        else:
-            t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.view(torch.uint8).fill_(_POISON_BYTE)
-
-
-def first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> dict[str, Any] | None:
-    g = got.detach().cpu()
-    w = want.detach().cpu()
-    if g.shape != w.shape:
-        return {"output": name, "reason": f"shape {tuple(g.shape)} != expected {tuple(w.shape)}"}
-    if g.dtype.is_floating_point or w.dtype.is_floating_point:
-        g64, w64 = g.to(torch.float64), w.to(torch.float64)
-        both_nan = torch.isnan(g64) & torch.isnan(w64)
-        close = (g64 == w64) | both_nan
-        if atol or rtol:
-            close |= (g64 - w64).abs() <= atol + rtol * w64.abs()
-    else:
-        close = g == w.to(g.dtype)
-    if bool(close.all()):
-        return None
-    flat = int((~close).flatten().nonzero()[0, 0])
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape))
-    return {
-        "output": name,
-        "index": list(index),
-        "got": g[index].item(),
-        "expected": w[index].item(),
-        "mismatched": int((~close).sum()),
-        "of": g.numel(),
-    }
 
 
 def _max_abs_error(got: torch.Tensor, want: torch.Tensor) -> float:

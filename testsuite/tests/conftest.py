@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,16 +14,57 @@ from kstrata.ir.target import Target
 REFERENCE_TARGETS = ("cuda:90", "hip:gfx942")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The candidate engine's cache for this session (never the user's ~/.cache/kstrata/engine)."""
+    root = tmp_path_factory.mktemp("engine-cache")
+    saved = os.environ.get("KSTRATA_ENGINE_CACHE")
+    os.environ["KSTRATA_ENGINE_CACHE"] = str(root)
+    yield root
+    if saved is None:
+        os.environ.pop("KSTRATA_ENGINE_CACHE", None)
+    else:
+        os.environ["KSTRATA_ENGINE_CACHE"] = saved
+
+
 @pytest.fixture(scope="session")
 def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache root holding the whole suite compiled for cuda:90 and hip:gfx942 (built once)."""
+    """A cache root holding the whole suite compiled for cuda:90 and hip:gfx942, built once per test session
+    and shared by every xdist worker (the first worker builds it under a file lock; the others wait and
+    read it). Tests only read it: `suite_subset` copies the entries a test may write beside."""
+    from filelock import FileLock
+
     from kstrata.testsuite.kernels.build import build_suite
 
-    root = tmp_path_factory.mktemp("suite-cache")
-    for spelling in REFERENCE_TARGETS:
-        result = build_suite(Target.parse(spelling), root)
-        assert not result.errors, f"suite kernels failed to compile for {spelling}: {result.errors}"
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = shared / "suite-cache"
+    done = shared / "suite-cache.complete"
+    with FileLock(str(shared / "suite-cache.lock")):
+        if not done.exists():
+            for spelling in REFERENCE_TARGETS:
+                result = build_suite(Target.parse(spelling), root)
+                assert not result.errors, f"suite kernels failed to compile for {spelling}: {result.errors}"
+            done.write_text("ok\n")
     return root
+
+
+def copy_suite_subset(suite_cache: Path, dest: Path, names: tuple[str, ...],
+                      targets: tuple[str, ...] = REFERENCE_TARGETS) -> Path:
+    """A new cache root with the suite kernels `names` for `targets`, copied from the shared suite cache
+    (with their index records), so a test gets its own small cache without compiling anything."""
+    from kstrata.ir.triton_layout import read_index, update_index
+
+    index = read_index(suite_cache)
+    chosen = {key: rec for key, rec in index.items()
+              if rec.get("suite_kernel") in names and rec.get("target") in targets}
+    missing = {(n, t) for n in names for t in targets} - {(r["suite_kernel"], r["target"]) for r in chosen.values()}
+    assert not missing or all(t.startswith("hip") for _, t in missing), f"not in the suite cache: {missing}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for key in chosen:
+        shutil.copytree(suite_cache / key, dest / key)
+    update_index(dest, chosen)
+    return dest
 
 
 def has_cuda() -> bool:

@@ -48,9 +48,21 @@ EXTRA_ARCHS = ("gfx90a", "gfx950", "gfx1100")
 # -- fixtures ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def gfx942(tmp_path_factory: pytest.TempPathFactory) -> SuiteBuild:
-    """The whole suite for hip:gfx942; a kernel that fails to compile is in `errors`, not an exception."""
-    return build_suite(Target.parse("hip:gfx942"), tmp_path_factory.mktemp("amd-gfx942"))
+def gfx942(suite_cache: Path) -> SuiteBuild:
+    """The whole suite for hip:gfx942, read from the session's shared suite cache (built once)."""
+    from kstrata.ir.triton_layout import load_cache_entry, read_index
+    from kstrata.testsuite.kernels import all_kernels
+
+    target = Target.parse("hip:gfx942")
+    build = SuiteBuild(target)
+    index = read_index(suite_cache)
+    for key, record in index.items():
+        if record["target"] == str(target):
+            build.bundles[record["suite_kernel"]] = load_cache_entry(suite_cache / key, index)
+    for kernel in all_kernels():
+        if target.backend in kernel.unsupported_backends:
+            build.skipped[kernel.name] = f"not supported on {target.backend}: {kernel.description}"
+    return build
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +166,28 @@ def test_elf_errors_are_bundle_errors(gfx942: SuiteBuild) -> None:
         read_elf(binary).section(".nope")
     with pytest.raises(BundleError, match="no symbol"):
         read_elf(binary).symbol("nope")
+
+
+def test_corrupt_elf_is_a_bundle_error_naming_the_file(gfx942: SuiteBuild) -> None:
+    """Bytes flipped anywhere in a code object: it still reads, or the error names the file (never a
+    pyelftools, struct or index error)."""
+    import random
+
+    binary = hsaco(bundle_of(gfx942, "vector_add"))
+    rng = random.Random(7)
+    errors = 0
+    for _ in range(150):
+        corrupt = bytearray(binary)
+        for _ in range(rng.randint(1, 8)):
+            corrupt[rng.randrange(0, 64 if rng.random() < 0.3 else len(corrupt))] = rng.randrange(256)
+        try:
+            elf = read_elf(bytes(corrupt), origin="corrupt.hsaco")
+            elf.symbols()
+            elf.notes()
+        except BundleError as exc:
+            assert str(exc).startswith("corrupt.hsaco: "), str(exc)
+            errors += 1
+    assert errors > 0  # the sample does hit broken structures
 
 
 # -- reassembly -------------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from kstrata.agents.run_passes import run_passes
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.candidate import CandidateInfo
 from kstrata.ir.target import Target
 from kstrata.ir.triton_layout import compile_jit, load_cache_root, update_index
-from kstrata.passes.base import KernelPass, PassContext, PassResult
+from kstrata.passes.base import KernelPass, PassContext, PassResult, option_specs
 from kstrata.passes.pipeline import (
     PassFailure,
     Pipeline,
@@ -26,9 +27,10 @@ from kstrata.passes.pipeline import (
     run_pipeline,
 )
 from kstrata.passes.registry import BUILTIN_PASSES, available_passes, get_pass
-from kstrata.passes.runner import run_passes
 from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.build import bundle_for, specialization
+
+from .conftest import copy_suite_subset
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "kstrata_demo_plugin"
 
@@ -47,17 +49,58 @@ def test_registry_keys_are_pass_names_and_the_catalogue_spans_four_levels() -> N
 def test_spelling_round_trips(name: str) -> None:
     cls = get_pass(name)
     default = cls()
-    fields = dataclasses.fields(cls)
     changed = default
-    if fields:
-        f = fields[0]
-        value = {"bool": True, "int": 2, "str": "cg"}.get(str(f.type).split(" ")[0], None)
-        if value is not None and value != getattr(default, f.name):
-            changed = dataclasses.replace(default, **{f.name: value})
+    for spec in option_specs(cls):  # every option moved off its default to another valid value
+        others = [v for v in (spec.domain() or ()) if v != spec.default]
+        if not others and spec.range is not None:
+            others = [type(spec.default)(spec.range[1])]
+        if not others and spec.base is str:
+            others = ["--a value, with {braces} and \"quotes\""]
+        if others:
+            changed = dataclasses.replace(changed, **{spec.name: others[0]})
     for instance in (default, changed):
         pipeline = parse_pipeline(f"{cls.level}({instance.spelling()})")
         assert pipeline.passes == [(cls.level, instance)]
         assert parse_pipeline(pipeline.spelling()) == pipeline
+        # every option is spelled out, defaults included (a dropped default reads as another pipeline)
+        assert all(f"{s.name}=" in instance.spelling() for s in option_specs(cls))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("ttir(load-eviction{policy=bogus})", "option policy=bogus is not valid: expected one of evict_first, evict_last"),
+    ("ttgir(num-warps{n=3})", "option n=3 is not valid: expected one of 1, 2, 4, 8, 16, 32"),
+    ("ttgir(num-stages{n=9})", "option n=9 is not valid: expected int in 1..8"),
+    ("ptx(ld-nc{assume_noalias=maybe})", "option assume_noalias='maybe' is not a valid bool"),
+    ("ptx(cache-hints{loads=wb})", "expected one of ca, cg, cs, lu, cv, none"),
+])
+def test_options_are_checked_against_their_types(spec: str, message: str) -> None:
+    with pytest.raises(PipelineSyntaxError) as info:
+        parse_pipeline(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)  # one line
+
+
+def test_options_are_checked_when_a_pass_is_constructed() -> None:
+    from kstrata.passes.base import PassError
+
+    with pytest.raises(PassError, match="expected one of evict_first"):
+        get_pass("load-eviction")(policy="bogus")  # type: ignore[call-arg]
+    with pytest.raises(PassError, match=r"expected int in 16\.\.255"):
+        get_pass("max-registers")(n=8)  # type: ignore[call-arg]
+    with pytest.raises(PassError, match="option n=true is not valid"):
+        get_pass("num-stages")(n=True)  # type: ignore[call-arg]
+    assert get_pass("num-stages")(n=4).spelling() == "num-stages{n=4}"  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(("spec", "printed"), [
+    ("ttgir(num-stages{n=4})", "ttgir(num-stages{n=4})"),  # a default value stays written
+    ("ttgir(num-stages)", "ttgir(num-stages{n=4})"),
+    ("ttir(load-eviction)", "ttir(load-eviction{policy=evict_first})"),
+    ("ptx(ptxas-options{extra=\"-O3 --foo\"})", "ptx(ptxas-options{opt_level=3 extra=\"-O3 --foo\"})"),
+    ("llir(flush-denormals)", "llir(flush-denormals)"),
+])
+def test_pipelines_print_every_option_value(spec: str, printed: str) -> None:
+    assert parse_pipeline(spec).spelling() == printed
+    assert parse_pipeline(printed) == parse_pipeline(spec)
 
 
 @pytest.mark.parametrize(("spec", "column", "message"), [
@@ -206,14 +249,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def small_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kstrata.testsuite.kernels.build import build_suite
-
-    root = tmp_path_factory.mktemp("small-cache")
-    kernels = [get_kernel(n) for n in ("vector_add", "softmax_online", "matmul_fp16")]
-    for t in ("cuda:90", "hip:gfx942"):
-        assert not build_suite(Target.parse(t), root, kernels).errors
-    return root
+def small_cache(suite_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_suite_subset(suite_cache, tmp_path_factory.mktemp("small-cache"),
+                             ("vector_add", "softmax_online", "matmul_fp16"))
 
 
 def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:
@@ -230,7 +268,10 @@ def test_run_passes_end_to_end(small_cache: Path, tmp_path: Path) -> None:
         assert {f.suffix for f in entry.iterdir()} == {".llir", f".{'ptx' if binary == 'cubin' else 'amdgcn'}",
                                                        f".{binary}", ".json"}
         info = CandidateInfo.read(entry)  # what the files do not say: the pipeline, tolerance, metadata
-        assert info is not None and info.pipeline == spec and info.tolerance is None and info.metadata == {}
+        # the pipeline with every option's value spelled out (defaults included), as a reader needs it
+        assert info is not None and info.tolerance is None and info.metadata == {}
+        assert info.pipeline == ("llir(noalias-args{assume=true}),ptx(cache-hints{loads=cs stores=cs}),"
+                                 "amdgcn(nontemporal-hints{stores=true loads=false})")
         assert k["checks"]["signature"] == "unchanged" and k["resources_after"]["registers"] > 0
     data = json.loads((out / "run-passes-report.json").read_text())
     assert data["counts"]["changed"] == 6 and "| vector_add_kernel |" in (out / "run-passes-report.md").read_text()
@@ -247,9 +288,9 @@ def test_run_passes_refuses_to_write_into_the_cache(small_cache: Path) -> None:
 
 
 def test_failed_kernel_is_reported_and_the_run_goes_on(small_cache: Path, tmp_path: Path) -> None:
-    report = run_passes(small_cache, "ttgir(num-warps{n=64})", tmp_path / "o")
+    report = run_passes(small_cache, "ttir(dot-precision{precision=ieee})", tmp_path / "o")
     assert report.counts()["changed"] == 0
-    assert all(p["status"] == "skipped" and "power of two" in p["reason"] for k in report.kernels for p in k["passes"])
+    assert all(p["status"] == "skipped" and "no tt.dot on fp32" in p["reason"] for k in report.kernels for p in k["passes"])
 
 
 def test_override_key_collisions_are_refused(tmp_path: Path) -> None:
@@ -262,18 +303,26 @@ def test_override_key_collisions_are_refused(tmp_path: Path) -> None:
         records[Path(b.origin or "").name] = {"override_key": b.override_key, "name": b.name, "target": "cuda:90"}
     update_index(cache, records)
     report = run_passes(cache, "ptx(cache-hints)", tmp_path / "out")
-    assert report.counts()["failed"] == 2
-    assert all("override key collision" in k["error"] for k in report.kernels)
+    # no override (it would apply to both variants), but each variant keeps its cache key in the patched cache
+    assert report.counts()["changed"] == 2
+    assert all("override key collision" in k["note"] and k["override_entry"] is None for k in report.kernels)
     assert not any((tmp_path / "out" / "cuda-90").glob("*/*.ptx"))
+    assert report.patched_cache and all(Path(k["patched_entry"]).parent == Path(report.patched_cache)
+                                        for k in report.kernels)
+    assert {k["launch_options"]["num_warps"] for k in report.kernels} == {4, 8}  # the rows tell them apart
 
 
 def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
-                           "ptx(cache-hints)", "--out", str(tmp_path / "o"), "--json", "--kernel", "vector_add"],
+                           "ptx(cache-hints)", "--out", str(tmp_path / "o"), "--json", "--only", "vector_add"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["counts"] == {"changed": 1, "unchanged": 1, "failed": 0}  # the hip vector_add has no PTX
+    # not a terminal: plain progress lines with the total, each naming the kernel and its entry key
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert progress[0].startswith("[1/2] vector_add_kernel ") and progress[-1].startswith("[2/2] ")
+    assert {k["key"][:12] for k in data["kernels"]} == {ln.split()[2] for ln in progress}
     bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "run-passes", str(small_cache), "--pipeline",
                           "ptx(cache-hints", "--out", str(tmp_path / "o2")], capture_output=True, text=True, timeout=120,
                          check=False)
@@ -285,7 +334,11 @@ def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
 
 def test_every_pass_fires_on_the_suite(suite_cache: Path) -> None:
     """Each built-in pass changes at least one suite kernel's code (with the options it needs)."""
+    from kstrata.testsuite.kernels.matmul_rowmajor import ROWMAJOR_MATMULS
+
     bundles, _ = load_cache_root(suite_cache)
+    # the suite's GEMMs already group their program ids; grouped-pid's input is the row-major one
+    bundles.append(bundle_for(ROWMAJOR_MATMULS["matmul_rowmajor_fp16"], Target.parse("cuda:90")))
     options = {"ld-nc": "{assume_noalias=true}", "noalias-args": "{assume=true}", "ptxas-options": "{opt_level=1}",
                "max-registers": "{n=64}", "num-warps": "{n=8}", "num-stages": "{n=4}"}
     for name in BUILTIN_PASSES:
@@ -302,3 +355,91 @@ def test_every_pass_fires_on_the_suite(suite_cache: Path) -> None:
                 break
         assert fired, f"{name} changed no suite kernel's binary"
     assert set(available_passes()) >= set(BUILTIN_PASSES)
+
+
+# -- schedule spaces -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def space_bundles() -> dict[str, KernelBundle]:
+    cuda, hip = Target.parse("cuda:90"), Target.parse("hip:gfx942")
+    return {"vector_add": bundle_for(get_kernel("vector_add"), cuda),
+            "matmul_fp16": bundle_for(get_kernel("matmul_fp16"), cuda),
+            "matmul_fp32_tf32": bundle_for(get_kernel("matmul_fp32_tf32"), cuda),
+            "vector_add_hip": bundle_for(get_kernel("vector_add"), hip)}
+
+
+@pytest.mark.parametrize(("name", "kernel", "expected"), [
+    ("num-warps", "vector_add", ["num-warps{n=2}", "num-warps{n=8}", "num-warps{n=16}"]),
+    ("num-stages", "matmul_fp16", ["num-stages{n=2}", "num-stages{n=4}", "num-stages{n=5}"]),
+    ("num-stages", "vector_add", "no scf.for loop"),
+    ("dot-precision", "matmul_fp16", "no tt.dot on fp32"),
+    ("dot-precision", "matmul_fp32_tf32", ["dot-precision{precision=tf32x3}", "dot-precision{precision=ieee}",
+                                           "dot-precision{precision=bf16x3}", "dot-precision{precision=bf16x6}"]),
+    ("ld-nc", "vector_add", ["ld-nc{assume_noalias=true}"]),
+    ("nontemporal-hints", "vector_add", "applies to hip only"),
+    ("nontemporal-hints", "vector_add_hip", ["nontemporal-hints{stores=false loads=true}",
+                                             "nontemporal-hints{stores=true loads=false}",
+                                             "nontemporal-hints{stores=true loads=true}"]),
+    ("mfma-priority", "vector_add_hip", "no MFMA"),
+    ("grouped-pid", "matmul_fp16", "already groups"),
+])
+def test_schedule_space(space_bundles: dict[str, KernelBundle], name: str, kernel: str,
+                        expected: list[str] | str) -> None:
+    space = get_pass(name).schedule_space(space_bundles[kernel])
+    if isinstance(expected, str):
+        assert not space and space.reason is not None and expected in space.reason
+    else:
+        assert space.spellings() == expected
+
+
+def test_every_space_holds_only_instances_whose_precondition_holds(space_bundles: dict[str, KernelBundle]) -> None:
+    for name in BUILTIN_PASSES:
+        cls = get_pass(name)
+        for kernel, bundle in space_bundles.items():
+            space = cls.schedule_space(bundle)
+            assert space or space.reason, f"{name} on {kernel}: an empty space without a reason"
+            for candidate in space:
+                assert type(candidate) is cls
+                assert candidate.precondition(PassContext(bundle, cls.level)) is None, (name, kernel, candidate)
+
+
+def test_a_ttir_group_parses_its_module_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rewrites in one level group share one parsed module: the text is parsed once, not per pass."""
+    import kstrata.ir.triton_ir as triton_ir
+    from kstrata.passes.pipeline import run_stage
+
+    text = (Path(__file__).resolve().parents[1] / "filecheck" / "ttir" / "inputs" / "matmul_tf32.ttir").read_text()
+    bundle = KernelBundle("matmul_kernel", Target.parse("cuda:90"), {"ttir": text}, {"name": "matmul_kernel"})
+    calls = []
+    real = triton_ir.parse_triton
+
+    def counting(*args: object, **kwargs: object) -> triton_ir.TritonModule:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ir, "parse_triton", counting)
+    stage = parse_pipeline("ttir(load-eviction,dot-precision{precision=ieee},load-eviction{policy=evict_last})").stages[0]
+    outcome = run_stage(bundle, stage, verify=False)
+    assert [r.status for r in outcome.records] == ["changed", "changed", "skipped"]
+    assert "evictionPolicy = evict_first" in outcome.text and "inputPrecision = tf32" not in outcome.text
+    assert len(calls) == 1
+
+
+def test_passes_apply_says_why_a_pass_did_nothing(tmp_path: Path) -> None:
+    from kstrata.passes.pipeline import apply_passes
+
+    inputs = Path(__file__).resolve().parents[1] / "filecheck" / "ttgir" / "inputs"
+    ttir = KernelBundle("vector_add_kernel", Target.parse("cuda:90"), {"ttir": (inputs / "vector_add.ttir").read_text()},
+                        {"name": "vector_add_kernel"})
+    bare = tmp_path / "vector_add.ttgir"
+    bare.write_text(apply_passes(ttir, parse_pipeline("ttgir(num-warps{n=8})")).text)
+    cli = [sys.executable, "-m", "kstrata.tools.cli", "passes", "apply"]
+    proc = subprocess.run([*cli, str(bare), "-p", "ttgir(num-warps{n=4})"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout == bare.read_text()  # unchanged, and it says so
+    assert "num-warps{n=4}: skipped: num-warps is a re-lowering option" in proc.stderr
+    assert "needs the kernel's TTIR and metadata" in proc.stderr
+    bad = subprocess.run([*cli, str(bare), "-p", "ttir(load-eviction{policy=bogus})"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0, bad.stderr  # one line
+    assert "policy=bogus is not valid: expected one of evict_first, evict_last, evict_normal" in bad.stderr

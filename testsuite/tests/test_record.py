@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -123,3 +124,36 @@ def test_install_hooks_triton_launch_path(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert recorder._after_launch in knobs.runtime.launch_exit_hook.calls
     finally:
         knobs.runtime.launch_exit_hook.remove(recorder._after_launch)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"grid": "5"}, "field grid: Input should be a valid list"),
+    ({"num_warps": "4"}, "field num_warps: Input should be a valid integer, got '4'"),
+    ({"colour": 1}, "field colour: Extra inputs are not permitted"),
+    ({"args": [{"kind": "tensor", "name": "x", "dtype": "float32", "shape": ["a"], "stride": [1]}]},
+     r"field args\[0\]\.shape\[0\]: Input should be a valid integer"),
+    ({"args": [{"kind": "blob", "name": "x"}]}, r"field args\[0\]: Input tag 'blob'"),
+    ({"schema": "kstrata.launch/2"}, "not a launch record .schema 'kstrata.launch/2'; expected schema kstrata.launch/1"),
+])
+def test_launch_record_schema_errors_name_the_file_and_the_field(tmp_path: Path, change: dict[str, object],
+                                                                message: str) -> None:
+    rec = LaunchRecord("k", "cuda:90", (5, 1, 1), (TensorArg("x", "float32", (7,), (1,)), ScalarArg("n", "i32", 7)))
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({**rec.to_json(), **change}))
+    with pytest.raises(LaunchRecordError) as info:
+        LaunchRecord.load(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text
+    assert re.search(message, text), text
+
+
+def test_candidate_description_schema(tmp_path: Path) -> None:
+    from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
+    from kstrata.ir.errors import KstrataError
+
+    info = CandidateInfo("k", "ttgir(num-stages{n=4})", None, None, {"num_stages": 4})
+    (tmp_path / CANDIDATE_FILE).write_bytes(info.encode())
+    assert CandidateInfo.read(tmp_path) == info
+    (tmp_path / CANDIDATE_FILE).write_text('{"schema": "kstrata.candidate/1", "kernel": "k", "pipelin": "x"}')
+    with pytest.raises(KstrataError, match=r"kstrata-candidate\.json: malformed candidate description: field pipelin"):
+        CandidateInfo.read(tmp_path)

@@ -5,6 +5,7 @@ original and rewritten binaries on replays of the recorded launch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,32 +16,26 @@ from typing import Any
 
 import pytest
 
-from kstrata.ir.errors import KstrataError
-from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
-from kstrata.ir.target import Target
-from kstrata.ir.triton_layout import load_cache_root
-from kstrata.passes.runner import (
+from kstrata.agents.run_passes import (
     declared_tolerances,
     load_launch_records,
     match_record,
     run_passes,
     suspicious_reasons,
 )
-from kstrata.testsuite.kernels import get_kernel
+from kstrata.ir.errors import KstrataError
+from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+from kstrata.ir.triton_layout import load_cache_root
 
-from .conftest import has_cuda
+from .conftest import copy_suite_subset, has_cuda
 
 PIPELINE = "ptx(cache-hints)"
 
 
 @pytest.fixture(scope="module")
-def add_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kstrata.testsuite.kernels.build import build_suite
-
-    root = tmp_path_factory.mktemp("add-cache")
-    kernels = [get_kernel(n) for n in ("vector_add", "softmax_online")]
-    assert not build_suite(Target.parse("cuda:90"), root, kernels).errors
-    return root
+def add_cache(suite_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_suite_subset(suite_cache, tmp_path_factory.mktemp("add-cache"), ("vector_add", "softmax_online"),
+                             ("cuda:90",))
 
 
 def _record_for(cache: Path, kernel: str, out: Path, *, by: str = "cache_key",
@@ -193,6 +188,7 @@ def test_record_then_measure_on_the_gpu(tmp_path: Path) -> None:
     assert "before µs" in (tmp_path / "out" / "run-passes-report.md").read_text()
 
 
+@pytest.mark.slow
 def test_ttir_rewrites_are_checked_by_the_interpreter_on_their_launch(add_cache: Path, tmp_path: Path) -> None:
     launches = tmp_path / "launches"
     record = _record_for(add_cache, "vector_add_kernel", launches)
@@ -202,12 +198,19 @@ def test_ttir_rewrites_are_checked_by_the_interpreter_on_their_launch(add_cache:
     assert checked["status"] == "changed", checked.get("error")
     assert checked["checks"]["interpreter"].endswith("input sets equivalent")
     assert by_name["softmax_online_kernel"]["checks"]["interpreter"].startswith("not run: no launch record")
-    # a TTIR rewrite the interpreter finds wrong fails the kernel before anything is written
+    # a TTIR rewrite the interpreter finds wrong is DIFFERENT, with the interpreter's evidence
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, Verdict
     from kstrata.backends.rebuild import rebuild_from
-    from kstrata.passes.runner import _interpreter_check
+    from kstrata.ir.triton_layout import write_cache_entry
 
     bundles, _ = load_cache_root(add_cache)
     original = next(b for b in bundles if b.name == "vector_add_kernel")
     wrong = rebuild_from(original, "ttir", original.text("ttir").replace("arith.addf", "arith.subf", 1))
-    with pytest.raises(KstrataError, match="the interpreter finds the rewrite not equivalent at ttir"):
-        _interpreter_check(original, wrong, str(record), None)
+    wrong_entry = write_cache_entry(wrong, tmp_path / "wrong")
+    with Engine(tmp_path / "engine") as engine:
+        base = engine.add_kernel(Path(original.origin or ""))
+        right = engine.build(Candidate(base, "ttir", PipelineEdit("ttir(load-eviction)")))
+        bad = dataclasses.replace(right, entry=str(wrong_entry), binary_digest="0" * 64)
+        verdict = engine.check(base, bad, [record], device="cpu")
+    assert verdict.verdict is Verdict.DIFFERENT, verdict
+    assert any(e.name.startswith("interpreter") and e.verdict == "fail" for e in verdict.evidence)

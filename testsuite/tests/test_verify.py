@@ -132,7 +132,7 @@ def test_run_passes_candidates_carry_their_metadata_and_tolerance(entry: Path, t
     # num-warps changes the block size on purpose and declares a tolerance: run-passes writes both into
     # the override entry's kstrata-candidate.json, and verify uses them (launch bounds must match it)
     from kstrata.ir.candidate import CandidateInfo
-    from kstrata.passes.runner import run_passes
+    from kstrata.agents.run_passes import run_passes
 
     out = tmp_path / "out"
     report = run_passes(entry.parent, "ttgir(num-warps{n=8})", out, kernel_filter="softmax_online")
@@ -167,6 +167,7 @@ def test_device_cuda_needs_a_gpu_only_for_nvidia_kernels() -> None:
         verify(cuda, cuda, suite_launch_record(kernel, "cuda:90"), device="cuda")
 
 
+@pytest.mark.slow
 def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path: Path) -> None:
     from kstrata.backends.rebuild import rebuild_from
     from kstrata.ir.triton_layout import load_any, write_override
@@ -190,6 +191,7 @@ def test_cli_verifies_a_ttir_rewrite_with_the_interpreter(entry: Path, tmp_path:
     assert "verdict: different" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_takes_ir_files(entry: Path, tmp_path: Path) -> None:
     # ORIGINAL as the entry's .ttgir (compiled with the metadata beside it), CANDIDATE as one edited file
     from kstrata.testsuite.kernels.launch import suite_launch_record

@@ -1,0 +1,1017 @@
+"""The candidate engine: build, check and measure candidates through one cache, one worker pool and one
+GPU timer. Every driver (`run-passes`, the optimizer, `eval`/`bench` for task candidates) sits on it.
+
+A **candidate** is one change to one base (a kernel or a task), described by value::
+
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, Provenance
+
+    engine = Engine("~/.cache/kstrata/engine", jobs=4)       # a WorkerPool of 4 CPU workers is made for it
+    base = engine.add_kernel("cache/ABCD...")                # a Triton cache/dump entry -> its content digest
+    cand = Candidate(base, "ttgir", PipelineEdit("ttgir(num-warps{n=8})"),
+                     provenance=Provenance("my-proposer", parent=None, space="compiler"))
+    built = engine.build(cand)                               # BuildResult: status, entry dir, binary digest, ...
+    verdict = engine.check(base, built, ["launches/k-0.json"], device="cpu")   # CheckResult
+    timing = engine.measure(base, built, ["launches/k-0.json"], Budget(best_us=12.5))  # Measurement (GPU)
+
+- `Candidate` (frozen, hashable): `base` (content digest from `add_kernel`/`add_task`), `level` (one of
+  `LEVELS`), `edit` (`PipelineEdit`, `AsmPatchEdit`, `OptionsEdit`, `ModelNewEdit`, `TritonSourceEdit`),
+  `tolerance` (declared, `ir/tolerance.py` spelling, None = bit-exact), `policy` (precision policy, one of
+  `POLICIES`) and `provenance` (proposer, parent candidate key, space; not part of equality or the key:
+  two proposers that propose the same edit get one build). `candidate.key` is a content address: the
+  base digest, level, edit, tolerance and policy, plus the Triton, ptxas, LLVM and kstrata versions
+  (`tool_versions()`), so a tool upgrade never reuses a stale build.
+- `Engine.build(c)` -> `BuildResult`: runs the edit in a worker process (a pipeline with lower levels
+  rebuilt by Triton's stages, an option re-lowering, an assembly patch; a `ModelNew` source is written
+  as a file), runs the static checks (signature, launch ABI) and stores the rebuilt kernel as a Triton
+  cache entry under `CACHE/builds/<key>/`. Cached on disk by key (a rerun, or another driver, gets it
+  back without a process), and deduplicated by binary digest: a build whose cubin/hsaco (or source)
+  equals an earlier one's names it in `duplicate_of`, and its checks and timings are the earlier
+  one's (`Engine.stats.deduplicated` counts them; reports print it). `build_many` builds in parallel.
+- `Engine.check(original, built, launches)` -> `CheckResult`: `verdict` (`Verdict.EQUIVALENT` with
+  dynamic evidence or identical code, `DIFFERENT` with the first difference, `UNPROVEN` with static
+  evidence only, `ERROR` when it could not be decided) and the `evidence` (every check with its level,
+  verdict and detail). Kernel candidates: the static checks of the build plus `kstrata verify` on each
+  launch record, in a worker process (an LLVM abort is a verdict). Task candidates: the hardened
+  evaluator (`agents/evaluate.py`, each role in its own process). Cached by (original, built binary,
+  launch records, device, tolerance).
+- `Engine.measure(original, built, launches, budget)` -> `Measurement`: kernel candidates are timed
+  against the original on replays of the launch record, outputs first compared byte for byte, then
+  interleaved A/B rounds (`backends/timing.py`: CUDA events, device synchronize, L2 flush, warm-up,
+  median with spread) that stop early when the candidate is clearly slower than `budget.best_us`; task
+  candidates through the evaluator's timing. Every measurement carries the device and versions, and
+  `suspicious` reasons (beyond 10x either way, faster than writing the outputs once at peak bandwidth).
+  GPU work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
+- `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
+  timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
+  caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU.
+
+Not built yet: `TritonSourceEdit` (a Triton kernel source for a kernel base) is accepted as a value but
+`build` reports it unsupported; task-level candidates carry their Triton kernels inside a `ModelNewEdit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kstrata.backends.child import ChildResult, call_in_child
+from kstrata.ir.errors import KstrataError
+
+T = TypeVar("T")
+
+LEVELS = ("task", "triton", "ttir", "ttgir", "llir", "ptx", "amdgcn", "options")
+POLICIES = ("strict", "tf32", "bf16", "fp16")
+BUILD_SCHEMA = "kstrata.engine.build/1"
+#: Speedups beyond this factor (either way) are flagged until explained (DESIGN.md, guarded measurement).
+SUSPICIOUS_FACTOR = 10.0
+#: Peak memory bandwidth by device name, bytes/s, for the output-write bound; an unknown device gets the
+#: highest in the table, which makes the bound lower and so flags less, never more.
+_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "MI300": 5.3e12, "B200": 8.0e12}
+
+
+class EngineError(KstrataError):
+    """A candidate the engine cannot take (unknown base, an edit for the wrong level, a bad value)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Versions: what a build's key must change with
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def tool_versions() -> tuple[tuple[str, str], ...]:
+    """Triton, ptxas, LLVM (the AMD assembler and llvmlite) and kstrata versions, as sorted pairs."""
+    import importlib.metadata
+
+    import kstrata
+
+    out = {"kstrata": kstrata.__version__}
+    for package in ("triton", "llvmlite"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = "absent"
+    from kstrata.backends.tools import ToolError
+
+    try:
+        from kstrata.backends.nvidia import find_nvidia_tool
+
+        ptxas = os.environ.get("TRITON_PTXAS_PATH")
+        out["ptxas"] = f"{find_nvidia_tool('ptxas').version()}" + (f" ({ptxas})" if ptxas else "")
+    except ToolError:
+        out["ptxas"] = "absent"
+    try:
+        from kstrata.backends.amd import find_amd_tool
+
+        out["llvm-mc"] = find_amd_tool("llvm-mc").version()
+    except ToolError:
+        out["llvm-mc"] = "absent"
+    return tuple(sorted(out.items()))
+
+
+def _digest(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def entry_digest(path: str | Path) -> str:
+    """Content digest of a Triton cache or dump entry: every file's name and bytes, except the group file
+    (it holds absolute paths, which differ between copies of one cache) and Triton's lock/temp files."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(root.iterdir()):
+        if not f.is_file() or f.name.startswith(("__grp__", "lock", "tmp.")):
+            continue
+        h.update(f.name.encode() + b"\0")
+        h.update(_digest(f.read_bytes()).encode())
+    return h.hexdigest()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in `path`, or None when it is missing or unreadable (a truncated file is a cache miss)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Candidates
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PipelineEdit:
+    """A pass pipeline (`ttir(a),ptx(b{x=1})`), run with the levels below each changed one rebuilt."""
+
+    spec: str
+    kind: str = "pipeline"
+
+
+@dataclass(frozen=True)
+class AsmPatchEdit:
+    """An assembly patch (`kstrata asm patch v1` text) at the PTX or AMDGCN level."""
+
+    text: str
+    kind: str = "asm-patch"
+
+
+@dataclass(frozen=True)
+class OptionsEdit:
+    """Compile/launch option overrides (`num_warps`, `num_stages`, …): TTIR re-lowered with them."""
+
+    overrides: tuple[tuple[str, str | int | float | bool], ...]
+    kind: str = "options"
+
+    @staticmethod
+    def of(options: Mapping[str, str | int | float | bool]) -> OptionsEdit:
+        return OptionsEdit(tuple(sorted(options.items())))
+
+
+@dataclass(frozen=True)
+class ModelNewEdit:
+    """A complete standalone `ModelNew` source for a task (imports torch and triton only)."""
+
+    source: str
+    kind: str = "model-new"
+
+
+@dataclass(frozen=True)
+class TritonSourceEdit:
+    """A Triton kernel source replacing a kernel base's `@triton.jit` function."""
+
+    source: str
+    kind: str = "triton-source"
+
+
+Edit = PipelineEdit | AsmPatchEdit | OptionsEdit | ModelNewEdit | TritonSourceEdit
+_EDITS: dict[str, type[Any]] = {"pipeline": PipelineEdit, "asm-patch": AsmPatchEdit, "options": OptionsEdit,
+                                "model-new": ModelNewEdit, "triton-source": TritonSourceEdit}
+#: Which levels each edit kind may name.
+_EDIT_LEVELS = {"pipeline": ("ttir", "ttgir", "llir", "ptx", "amdgcn"), "asm-patch": ("ptx", "amdgcn"),
+                "options": ("options",), "model-new": ("task",), "triton-source": ("triton",)}
+
+
+def edit_to_json(edit: Edit) -> dict[str, Any]:
+    data = asdict(edit)
+    if isinstance(edit, OptionsEdit):
+        data["overrides"] = [list(p) for p in edit.overrides]
+    return data
+
+
+def edit_from_json(data: Mapping[str, Any]) -> Edit:
+    kind = data.get("kind")
+    if kind not in _EDITS:
+        raise EngineError(f"unknown edit kind {kind!r}; kinds: {', '.join(_EDITS)}")
+    if kind == "options":
+        return OptionsEdit(tuple((str(k), v) for k, v in data["overrides"]))
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    edit: Edit = _EDITS[kind](**fields)
+    return edit
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who proposed a candidate and from where: the proposer's name, the parent candidate's key, the space."""
+
+    proposer: str = "user"
+    parent: str | None = None
+    space: str = ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    base: str
+    level: str
+    edit: Edit
+    tolerance: str | None = None
+    policy: str = "strict"
+    provenance: Provenance = field(default=Provenance(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise EngineError(f"unknown candidate level {self.level!r}; levels: {', '.join(LEVELS)}")
+        if self.policy not in POLICIES:
+            raise EngineError(f"unknown precision policy {self.policy!r}; policies: {', '.join(POLICIES)}")
+        allowed = _EDIT_LEVELS[self.edit.kind]
+        if self.level not in allowed:
+            raise EngineError(f"a {self.edit.kind} edit works at {', '.join(allowed)}, not at {self.level}")
+
+    def identity(self) -> dict[str, Any]:
+        """What the key hashes: everything that changes the build, and nothing that does not."""
+        return {"base": self.base, "level": self.level, "edit": edit_to_json(self.edit),
+                "tolerance": self.tolerance, "policy": self.policy, "versions": dict(tool_versions())}
+
+    @property
+    def key(self) -> str:
+        return _digest(json.dumps(self.identity(), sort_keys=True))[:32]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "base": self.base, "level": self.level, "edit": edit_to_json(self.edit),
+                "tolerance": self.tolerance, "policy": self.policy, "provenance": asdict(self.provenance)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Candidate:
+        return cls(str(data["base"]), str(data["level"]), edit_from_json(data["edit"]), data.get("tolerance"),
+                   str(data.get("policy", "strict")), Provenance(**(data.get("provenance") or {})))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BuildResult:
+    """What `build` made of a candidate. `status`: "changed" (a new kernel, `entry` holds it), "unchanged"
+    (the edit changed nothing), "failed" (`error`; `repro` when a pass left a reproducer)."""
+
+    key: str
+    status: str
+    kind: str = "kernel"  # "kernel" or "task"
+    name: str = "?"
+    target: str = "?"
+    first_changed: str | None = None
+    #: The rebuilt kernel as a Triton cache entry, or the `ModelNew` file of a task candidate.
+    entry: str | None = None
+    binary_digest: str | None = None
+    #: The key of the first build with the same binary: this one is checked and timed as that one.
+    duplicate_of: str | None = None
+    #: The binary is byte-identical to the base's.
+    same_binary_as_base: bool = False
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    static_checks: dict[str, Any] = field(default_factory=dict)
+    resources_before: dict[str, Any] = field(default_factory=dict)
+    resources_after: dict[str, Any] = field(default_factory=dict)
+    metadata_changes: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    repro: str | None = None
+    seconds: float = 0.0
+    #: Came from the engine cache (no process ran).
+    cached: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": BUILD_SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BuildResult:
+        return cls(**{k: v for k, v in data.items() if k != "schema"})
+
+
+class Verdict(str, Enum):
+    """`kstrata verify`'s verdicts (`backends/verify.py`, same values) plus `error`: could not be decided
+    (the check's process crashed or timed out, the build failed); never cached."""
+
+    EQUIVALENT = "equivalent"
+    DIFFERENT = "different"
+    UNPROVEN = "unproven"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    name: str
+    level: str
+    verdict: str  # "pass", "fail", "skipped"
+    detail: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    verdict: Verdict
+    reason: str
+    evidence: tuple[Evidence, ...] = ()
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is Verdict.EQUIVALENT
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict.value, "reason": self.reason, "evidence": [asdict(e) for e in self.evidence],
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], cached: bool = False) -> CheckResult:
+        return cls(Verdict(data["verdict"]), str(data["reason"]), tuple(Evidence(**e) for e in data["evidence"]),
+                   float(data.get("seconds", 0.0)), cached)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much timing a candidate gets: `rounds` A/B rounds of `runs` runs each; `best_us` is the best
+    time known so far (the early stop compares with it); `margin` is how much slower is "clearly"."""
+
+    rounds: int = 6
+    runs: int = 50
+    best_us: float | None = None
+    margin: float = 0.10
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A timing of a candidate against its original. `status`: "timed", "skipped" (`reason` says why it
+    cannot be timed here), "failed" (`reason`: the process crashed, hung or raised)."""
+
+    status: str
+    reason: str = ""
+    time_before_us: float | None = None
+    time_after_us: float | None = None
+    speedup: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    suspicious: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EngineStats:
+    builds: int = 0
+    build_cache_hits: int = 0
+    deduplicated: int = 0
+    checks: int = 0
+    check_cache_hits: int = 0
+    measured: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker pool
+# ---------------------------------------------------------------------------------------------------
+class WorkerPool:
+    """Spawned processes with a timeout per job. CPU jobs run `cpu_workers` at a time; GPU jobs go through
+    one queue per GPU (one at a time on each, with `CUDA_VISIBLE_DEVICES` set to that GPU)."""
+
+    def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | None = None) -> None:
+        self.cpu_workers = max(1, cpu_workers)
+        self._cpu = ThreadPoolExecutor(max_workers=self.cpu_workers, thread_name_prefix="kstrata-cpu")
+        self._gpu_ids = list(gpus) if gpus is not None else None
+        self._gpu: dict[int, ThreadPoolExecutor] = {}
+        self._next_gpu = 0
+        self._lock = threading.Lock()
+
+    def gpus(self) -> list[int]:
+        if self._gpu_ids is None:
+            try:
+                import torch
+
+                count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            except ImportError:
+                count = 0
+            self._gpu_ids = list(range(count)) or [0]
+        return self._gpu_ids
+
+    def _gpu_queue(self, gpu: int | None) -> tuple[int, ThreadPoolExecutor]:
+        with self._lock:
+            ids = self.gpus()
+            if gpu is None:
+                gpu = ids[self._next_gpu % len(ids)]
+                self._next_gpu += 1
+            if gpu not in self._gpu:
+                self._gpu[gpu] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kstrata-gpu{gpu}")
+            return gpu, self._gpu[gpu]
+
+    def submit(self, target: str, payload: Any, *, timeout: float, kind: str = "cpu", gpu: int | None = None,
+               env: Mapping[str, str] | None = None) -> Future[ChildResult]:
+        """Call `target` ("module:function") with `payload` in a fresh process; the future's result is the
+        `ChildResult` (status ok/error/failed/crashed/timeout), never an exception."""
+        if kind == "cpu":
+            return self._cpu.submit(call_in_child, target, payload, timeout=timeout, env=env)
+        if kind != "gpu":
+            raise EngineError(f"unknown job kind {kind!r} (cpu or gpu)")
+        index, queue = self._gpu_queue(gpu)
+        gpu_env = {**(env if env is not None else os.environ), "CUDA_VISIBLE_DEVICES": str(index)}
+        return queue.submit(call_in_child, target, payload, timeout=timeout, env=gpu_env)
+
+    def run(self, target: str, payload: Any, *, timeout: float, kind: str = "cpu", gpu: int | None = None,
+            env: Mapping[str, str] | None = None) -> ChildResult:
+        return self.submit(target, payload, timeout=timeout, kind=kind, gpu=gpu, env=env).result()
+
+    def on_gpu(self, fn: Callable[[], T], gpu: int | None = None) -> T:
+        """Run `fn` (which starts its own processes, e.g. the evaluator) in a GPU's queue and wait for it."""
+        _, queue = self._gpu_queue(gpu)
+        return queue.submit(fn).result()
+
+    def close(self) -> None:
+        self._cpu.shutdown(wait=True)
+        for q in self._gpu.values():
+            q.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BaseRef:
+    kind: str  # "kernel" or "task"
+    path: str
+    override_key: str | None = None
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("KSTRATA_ENGINE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kstrata" / "engine"
+
+
+class Engine:
+    """Build, check and measure candidates (see the module docstring)."""
+
+    def __init__(self, cache_dir: str | Path | None = None, pool: WorkerPool | None = None, *, jobs: int = 1,
+                 build_timeout: float = 600.0) -> None:
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._own_pool = pool is None
+        self.pool = pool or WorkerPool(jobs)
+        self.build_timeout = build_timeout
+        self.stats = EngineStats()
+        self._bases: dict[str, BaseRef] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._own_pool:
+            self.pool.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- bases ------------------------------------------------------------------------------------
+    def add_kernel(self, entry: str | Path, override_key: str | None = None) -> str:
+        """Register a Triton cache or dump entry as a base; returns its content digest."""
+        path = Path(entry)
+        if not path.is_dir():
+            raise EngineError("no such kernel entry directory", path=path)
+        digest = entry_digest(path)
+        with self._lock:
+            self._bases[digest] = BaseRef("kernel", str(path.resolve()), override_key)
+        return digest
+
+    def add_task(self, task: str | Path) -> str:
+        """Register a KernelBench-format task file as a base; returns its content digest."""
+        path = Path(task)
+        if not path.is_file():
+            raise EngineError("no such task file", path=path)
+        digest = _digest(path.read_bytes())
+        with self._lock:
+            self._bases[digest] = BaseRef("task", str(path.resolve()))
+        return digest
+
+    def base(self, digest: str) -> BaseRef:
+        try:
+            return self._bases[digest]
+        except KeyError:
+            raise EngineError(f"unknown base {digest[:16]}…: register it with add_kernel/add_task first") from None
+
+    # -- build ------------------------------------------------------------------------------------
+    def _build_dir(self, key: str) -> Path:
+        return self.cache_dir / "builds" / key
+
+    def _cached_build(self, key: str) -> BuildResult | None:
+        data = _read_json(self._build_dir(key) / "build.json")
+        if not isinstance(data, dict) or data.get("schema") != BUILD_SCHEMA:
+            return None
+        try:
+            result = BuildResult.from_json(data)
+        except TypeError:
+            return None
+        if result.status == "changed" and not self._entry_intact(result):
+            return None  # a truncated or removed output: build again
+        return result
+
+    @staticmethod
+    def _entry_intact(result: BuildResult) -> bool:
+        if result.entry is None or result.binary_digest is None:
+            return False
+        entry = Path(result.entry)
+        if result.kind == "task":
+            return entry.is_file() and _digest(entry.read_bytes()) == result.binary_digest
+        binaries = [*entry.glob("*.cubin"), *entry.glob("*.hsaco")] if entry.is_dir() else []
+        return len(binaries) == 1 and _digest(binaries[0].read_bytes()) == result.binary_digest
+
+    def _dedupe(self, result: BuildResult) -> BuildResult:
+        """Record the first build of each binary; a later build with the same binary points at it."""
+        if result.status != "changed" or result.binary_digest is None:
+            return result
+        marker = self.cache_dir / "binaries" / f"{result.binary_digest}.json"
+        first = _read_json(marker)
+        if isinstance(first, dict) and first.get("key") not in (None, result.key) \
+                and self._cached_build(str(first["key"])) is not None:
+            return BuildResult.from_json({**result.to_json(), "duplicate_of": first["key"]})
+        _write_json(marker, {"key": result.key})
+        return result
+
+    def build(self, candidate: Candidate, *, repro_dir: str | Path | None = None,
+              env: Mapping[str, str] | None = None) -> BuildResult:
+        """Build `candidate` (or return the cached build); see the module docstring. `env` is the worker's
+        environment; a `TRITON_PTXAS_PATH` in it (the ptxas a recorded program used) is part of the key."""
+        key = candidate.key
+        ptxas = (env or {}).get("TRITON_PTXAS_PATH")
+        if ptxas and ptxas != os.environ.get("TRITON_PTXAS_PATH"):
+            key = _digest(f"{key}|ptxas={ptxas}")[:32]
+        cached = self._cached_build(key)
+        if cached is not None:
+            with self._lock:
+                self.stats.build_cache_hits += 1
+                self.stats.deduplicated += cached.duplicate_of is not None
+            return BuildResult.from_json({**cached.to_json(), "cached": True})
+        base = self.base(candidate.base)
+        out = self._build_dir(key)
+        start = time.perf_counter()
+        if base.kind == "task":
+            result = self._build_task(candidate, base, out)
+        elif isinstance(candidate.edit, (ModelNewEdit, TritonSourceEdit)):
+            result = BuildResult(key, "failed", error=f"a {candidate.edit.kind} edit cannot be built for a kernel "
+                                 "base yet; give a ModelNew source for the task (level task), or a pipeline, "
+                                 "options or assembly patch for the kernel")
+        else:
+            payload = {"base": base.path, "override_key": base.override_key, "edit": edit_to_json(candidate.edit),
+                       "level": candidate.level, "out": str(out / "entry"), "key": key,
+                       "repro_dir": str(repro_dir) if repro_dir is not None else None}
+            run = self.pool.run("kstrata.agents.engine:build_kernel_job", payload, timeout=self.build_timeout, env=env)
+            if run.ok:
+                result = BuildResult.from_json({**run.value, "key": key})
+            elif run.status == "error":
+                result = BuildResult(key, "failed", error=run.error)
+            else:  # a crash or a hang is this candidate's failure; not cached (it may be the machine's)
+                result = BuildResult(key, "failed", error=f"the build's worker process {run.reason()}",
+                                     seconds=time.perf_counter() - start)
+                with self._lock:
+                    self.stats.builds += 1
+                return result
+        with self._lock:  # the marker and the first build's record are written together
+            result = self._dedupe(result)
+            _write_json(out / "build.json", result.to_json())
+            self.stats.builds += 1
+            self.stats.deduplicated += result.duplicate_of is not None
+        return result
+
+    def build_many(self, candidates: Iterable[Candidate], *, on_built: Callable[[Candidate, BuildResult], None]
+                   | None = None, repro_dir: str | Path | None = None,
+                   env_for: Callable[[Candidate], Mapping[str, str] | None] | None = None) -> list[BuildResult]:
+        """`build` each candidate, `pool.cpu_workers` at a time, in the order given; `on_built` as each ends."""
+        todo = list(candidates)
+
+        def one(c: Candidate) -> BuildResult:
+            result = self.build(c, repro_dir=repro_dir, env=env_for(c) if env_for else None)
+            if on_built is not None:
+                on_built(c, result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=self.pool.cpu_workers) as threads:
+            return list(threads.map(one, todo))
+
+    def _build_task(self, candidate: Candidate, base: BaseRef, out: Path) -> BuildResult:
+        if not isinstance(candidate.edit, ModelNewEdit):
+            return BuildResult(candidate.key, "failed", "task",
+                               error=f"a task base takes a model-new edit, not {candidate.edit.kind}")
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "model_new.py"
+        tmp = out / ".model_new.py.tmp"
+        tmp.write_text(candidate.edit.source)
+        tmp.replace(path)
+        return BuildResult(candidate.key, "changed", "task", name=Path(base.path).stem, target="task",
+                           first_changed="task", entry=str(path), binary_digest=_digest(candidate.edit.source))
+
+    def built_entry(self, result: BuildResult) -> str:
+        """The entry to check and time for `result`: the first build with the same binary when deduplicated."""
+        if result.duplicate_of:
+            first = self._cached_build(result.duplicate_of)
+            if first is not None and first.entry:
+                return first.entry
+        if result.entry is None:
+            raise EngineError(f"candidate {result.key}: nothing was built ({result.status}: {result.error})")
+        return result.entry
+
+    # -- check ------------------------------------------------------------------------------------
+    def check(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (), *, device: str = "cpu",
+              seeds: int = 1, tolerance: str | None = None, policy: str = "strict",
+              timeout: float = 900.0) -> CheckResult:
+        """A verdict on `built` against the base `original`, with evidence (see the module docstring)."""
+        if built.status == "failed":
+            return CheckResult(Verdict.ERROR, f"the build failed: {built.error}")
+        if built.status == "unchanged":
+            return CheckResult(Verdict.EQUIVALENT, "identical code: the edit changed nothing",
+                               (Evidence("identical", "all", "pass", "no level changed"),))
+        base = self.base(original)
+        launch_paths = [str(Path(p).resolve()) for p in launches]
+        ident = {"original": original, "binary": built.binary_digest, "device": device, "seeds": seeds,
+                 "tolerance": tolerance, "policy": policy,
+                 "launches": [_digest(Path(p).read_bytes()) for p in launch_paths]}
+        cache = self.cache_dir / "checks" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
+        data = _read_json(cache)
+        if isinstance(data, dict):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                result = CheckResult.from_json(data, cached=True)
+                with self._lock:
+                    self.stats.check_cache_hits += 1
+                return result
+        start = time.perf_counter()
+        if base.kind == "task":
+            result = self._check_task(base, self.built_entry(built), device, policy, timeout)
+        else:
+            result = self._check_kernel(base, built, launch_paths, device, seeds, tolerance, timeout)
+        result = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start)
+        if result.verdict is not Verdict.ERROR:  # an error may be the machine's: decide it again next time
+            _write_json(cache, result.to_json())
+        with self._lock:
+            self.stats.checks += 1
+        return result
+
+    def _check_kernel(self, base: BaseRef, built: BuildResult, launches: list[str], device: str, seeds: int,
+                      tolerance: str | None, timeout: float) -> CheckResult:
+        evidence = [Evidence(f"static: {name}", "launch", "pass", str(detail))
+                    for name, detail in built.static_checks.items() if not isinstance(detail, list)]
+        if built.same_binary_as_base:
+            return CheckResult(Verdict.EQUIVALENT, "identical code: the binary is byte-identical to the original's",
+                               (*evidence, Evidence("identical binary", "binary", "pass", "same bytes")))
+        verdicts: list[str] = []
+        reasons: list[str] = []
+        for launch in launches:
+            payload = {"original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
+                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance}
+            run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
+                                env=tool_env(launch))
+            if not run.ok:
+                return CheckResult(Verdict.ERROR, f"the check could not run on {launch}: "
+                                   f"{run.error if run.status == 'error' else run.reason()}", tuple(evidence))
+            evidence += [Evidence(**e) for e in run.value["checks"]]
+            verdicts.append(run.value["verdict"])
+            reasons += run.value["reasons"]
+        if not launches:
+            return _verdict_of(evidence)
+        # `kstrata verify`'s own verdict per launch record (backends/verify.py), combined over the records
+        if Verdict.DIFFERENT.value in verdicts:
+            return _verdict_of(evidence)
+        if all(v == Verdict.EQUIVALENT.value for v in verdicts):
+            dynamic = sum(1 for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu")))
+            return CheckResult(Verdict.EQUIVALENT, f"equivalent on {len(launches)} launch records "
+                               f"({dynamic} dynamic checks passed)", tuple(evidence))
+        return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))
+
+    def _check_task(self, base: BaseRef, model_new: str, device: str, policy: str, timeout: float) -> CheckResult:
+        from kstrata.agents.evaluate import evaluate
+
+        eval_policy = "strict" if policy != "kernelbench" else policy
+        v = evaluate(base.path, model_new, policy=eval_policy, device=device, timing=False, timeout_s=timeout)
+        evidence = tuple(Evidence(f"trial {t.index} ({t.distribution})", "task",
+                                  "pass" if t.passes(eval_policy) else "fail", "") for t in v.trials)
+        if v.accepted:
+            return CheckResult(Verdict.EQUIVALENT, v.reason, evidence)
+        if v.failure in ("mismatch", "shape", "integrity", "flagged"):
+            return CheckResult(Verdict.DIFFERENT, v.reason, evidence)
+        return CheckResult(Verdict.ERROR, v.reason, evidence)
+
+    # -- measure ----------------------------------------------------------------------------------
+    def measure(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (),
+                budget: Budget | None = None) -> Measurement:
+        """Time `built` against `original` on the GPU (see the module docstring)."""
+        budget = budget or Budget()
+        if built.status != "changed":
+            return Measurement("skipped", f"nothing to time: the build is {built.status}")
+        base = self.base(original)
+        if base.kind == "task":
+            return self._measure_task(base, self.built_entry(built), budget)
+        if not launches:
+            return Measurement("skipped", "no launch record of this kernel (kstrata record, then --launches)")
+        reason = measurement_unavailable(built.target)
+        if reason is not None:
+            return Measurement("skipped", reason)
+        launch = str(Path(launches[0]).resolve())
+        payload = {"original": base.path, "candidate": self.built_entry(built), "launch": launch,
+                   "rounds": budget.rounds, "runs": budget.runs, "best_us": budget.best_us, "margin": budget.margin}
+        run = self.pool.run("kstrata.agents.engine:measure_kernel_job", payload, timeout=budget.timeout_s,
+                            kind="gpu", env=tool_env(launch))
+        with self._lock:
+            self.stats.measured += 1
+        if not run.ok:
+            return Measurement("failed", f"the timing process {run.error if run.status == 'error' else run.reason()}")
+        timing = dict(run.value)
+        return Measurement("timed", "", timing["time_before_us"], timing["time_after_us"], timing["speedup"],
+                           timing, tuple(suspicious_reasons(timing)))
+
+    def _measure_task(self, base: BaseRef, model_new: str, budget: Budget) -> Measurement:
+        from kstrata.agents.evaluate import evaluate
+
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return Measurement("skipped", "no CUDA GPU: task timing runs on the GPU")
+        except ImportError:
+            return Measurement("skipped", "torch is not installed")
+        v = self.pool.on_gpu(lambda: evaluate(base.path, model_new, device="cuda", timing=True,
+                                              runs=budget.runs * budget.rounds, timeout_s=budget.timeout_s))
+        with self._lock:
+            self.stats.measured += 1
+        if v.reference_timing is None or v.candidate_timing is None:
+            return Measurement("failed", v.reason)
+        before, after = v.reference_timing.median_us, v.candidate_timing.median_us
+        return Measurement("timed", "" if v.accepted else v.reason, before, after, v.speedup,
+                           {"device": v.device, "versions": v.versions, "reference": v.reference_timing.to_json(),
+                            "candidate": v.candidate_timing.to_json(), "accepted": v.accepted},
+                           tuple(v.flags))
+
+
+def _verdict_of(evidence: list[Evidence]) -> CheckResult:
+    failed = [e for e in evidence if e.verdict == "fail"]
+    if failed:
+        f = failed[0]
+        return CheckResult(Verdict.DIFFERENT, f"{f.name} at {f.level}: {f.detail}", tuple(evidence))
+    dynamic = [e for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu"))]
+    if dynamic:
+        return CheckResult(Verdict.EQUIVALENT, f"{len(dynamic)} dynamic checks equivalent", tuple(evidence))
+    return CheckResult(Verdict.UNPROVEN, "static checks only (no dynamic evidence: give a launch record)",
+                       tuple(evidence))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What runs in the worker processes
+# ---------------------------------------------------------------------------------------------------
+def resources(bundle: Any) -> dict[str, Any]:
+    from kstrata.backends.resources import resource_usage
+
+    usage = resource_usage(bundle).to_json()
+    keep = ("registers", "sgprs", "agprs", "shared_bytes", "local_bytes", "stack_bytes", "vgpr_spills", "sgpr_spills")
+    out = {k: usage[k] for k in keep if usage.get(k) is not None}
+    out["triton_shared"] = bundle.shared
+    out["num_warps"] = bundle.num_warps
+    return out
+
+
+def static_checks(before: Any, after: Any) -> dict[str, Any]:
+    """What must not change for a launcher, checked; raises `KstrataError` on a violation."""
+    checks: dict[str, Any] = {}
+    if before.signature != after.signature:
+        raise KstrataError(f"kernel {before.name}: the signature changed {before.signature} -> {after.signature}")
+    checks["signature"] = "unchanged"
+    from kstrata.backends import checks as shared
+
+    if before.target.backend == "cuda":
+        # option passes may change the block size on purpose: launch bounds are reported, not refused
+        changed = shared.ptx_entry_changes(before.text("ptx"), after.text("ptx"), launch_bounds=False)
+        if changed:
+            raise KstrataError(f"kernel {before.name}: the PTX entry changed: {'; '.join(changed)}")
+        checks["ptx_entry"] = "name and parameters unchanged"
+        bounds = shared.ptx_entry_changes(before.text("ptx"), after.text("ptx"))
+        checks["block_threads"] = "; ".join(bounds) or "unchanged"
+    else:
+        abi, other = shared.amd_metadata_changes(shared.binary(before.level("hsaco")),
+                                                 shared.binary(after.level("hsaco")), workgroup=False)
+        if abi:
+            raise KstrataError(f"kernel {before.name}: the code object's ABI changed: {'; '.join(abi)}")
+        checks["code_object_abi"] = "kernarg layout and wave size unchanged"
+        checks["resource_changes"] = other
+    return checks
+
+
+def _load_one(path: str, override_key: str | None = None) -> Any:
+    from kstrata.ir.triton_layout import load_any
+
+    bundles, errors = load_any(path)
+    if errors:
+        raise errors[0]
+    bundle = bundles[0]
+    bundle.override_key = bundle.override_key or override_key
+    return bundle
+
+
+def _binary(bundle: Any) -> bytes:
+    from kstrata.backends.checks import binary
+
+    return binary(bundle.level("cubin" if bundle.target.backend == "cuda" else "hsaco"))
+
+
+def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker: apply the edit to the base kernel, rebuild, run the static checks, write the entry."""
+    from kstrata.ir.candidate import changed_metadata
+    from kstrata.ir.triton_layout import write_cache_entry
+    from kstrata.passes.pipeline import PassFailure, parse_pipeline, run_pipeline
+
+    start = time.perf_counter()
+    bundle = _load_one(p["base"], p.get("override_key"))
+    edit = edit_from_json(p["edit"])
+    out: dict[str, Any] = {"kind": "kernel", "name": bundle.name, "target": str(bundle.target)}
+    new = bundle
+    first_changed: str | None = None
+    try:
+        if isinstance(edit, PipelineEdit):
+            result = run_pipeline(bundle, parse_pipeline(edit.spec), p.get("repro_dir"))
+            out["passes"] = [r.__dict__ for r in result.records]
+            new, first_changed = result.bundle, result.first_changed
+        elif isinstance(edit, OptionsEdit):
+            from kstrata.backends.rebuild import rebuild_from
+
+            new = rebuild_from(bundle, "ttir", None, option_overrides=dict(edit.overrides))
+            first_changed = "ttgir" if new.levels != bundle.levels else None
+        elif isinstance(edit, AsmPatchEdit):
+            from kstrata.backends.asm import patch_bundle
+            from kstrata.backends.patch import AsmPatch
+
+            new = patch_bundle(bundle, AsmPatch.from_text(edit.text)).bundle
+            first_changed = p["level"] if new.levels != bundle.levels else None
+    except PassFailure as exc:
+        return {**out, "status": "failed", "error": str(exc), "repro": exc.repro,
+                "passes": [exc.record.__dict__], "seconds": time.perf_counter() - start}
+    out["resources_before"] = resources(bundle)
+    if first_changed is None:
+        return {**out, "status": "unchanged", "seconds": time.perf_counter() - start}
+    try:
+        out["static_checks"] = static_checks(bundle, new)
+    except KstrataError as exc:
+        return {**out, "status": "failed", "first_changed": first_changed, "error": str(exc),
+                "seconds": time.perf_counter() - start}
+    out["resources_after"] = resources(new)
+    out["metadata_changes"] = changed_metadata(bundle.metadata, new.metadata)
+    shutil.rmtree(p["out"], ignore_errors=True)
+    entry = write_cache_entry(new, p["out"], overwrite=True)
+    binary = _binary(new)
+    return {**out, "status": "changed", "first_changed": first_changed, "entry": str(entry),
+            "binary_digest": _digest(binary), "same_binary_as_base": binary == _binary(bundle),
+            "seconds": time.perf_counter() - start}
+
+
+def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker: `kstrata verify` of the candidate against the original on one launch record: its verdict,
+    why it is not proven (when it is not) and every check."""
+    from kstrata.backends.verify import verify
+    from kstrata.ir.launch import LaunchRecord
+
+    original = _load_one(p["original"], p.get("override_key"))
+    candidate = _load_one(p["candidate"])
+    report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
+                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent)
+    return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
+            "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
+                       for c in report.checks]}
+
+
+def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker (on one GPU): both binaries on identical replays of the launch record, outputs compared byte
+    for byte, then interleaved A/B rounds (`backends/timing.py`)."""
+    import torch
+
+    from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.replay import compare_outputs, replay_args
+    from kstrata.backends.timing import device_and_versions, interleaved_ab
+    from kstrata.ir.launch import LaunchRecord, TensorArg
+
+    record = LaunchRecord.load(p["launch"])
+    kernels = []
+    for entry in (p["original"], p["candidate"]):
+        bundle = _load_one(entry)
+        record.check_against(bundle.params)
+        kernels.append(LoadedKernel(bundle))
+    outputs = []
+    replays = []
+    for kernel in kernels:
+        args = replay_args(record, "cuda", 0)  # identical contents for both: the same seed
+        kernel.call_by_name(record.grid, args)
+        torch.cuda.synchronize()
+        outputs.append({a.name: args[a.name].clone() for a in record.args if isinstance(a, TensorArg) and a.written})
+        replays.append(args)
+    first = compare_outputs(outputs[0], outputs[1], list(outputs[0]))  # bytes; any NaN matches any NaN
+    difference: dict[str, float] = {}
+    for n, a in outputs[0].items():  # how far apart, when not bit-identical (floating outputs)
+        b = outputs[1][n]
+        if a.dtype.is_floating_point and not torch.equal(a, b):
+            x, y = a.double(), b.double()
+            both = torch.isfinite(x) & torch.isfinite(y)
+            err = (x - y).abs()[both]
+            rel = err / y.abs()[both].clamp_min(torch.finfo(a.dtype).tiny)
+            difference[n] = float(err.max()) if err.numel() else 0.0
+            difference[f"{n}.rel"] = float(rel.max()) if rel.numel() else 0.0
+    calls = [functools.partial(k.call_by_name, record.grid, args) for k, args in zip(kernels, replays, strict=True)]
+    ab = interleaved_ab(calls[0], calls[1], rounds=p["rounds"], runs=p["runs"], best_us=p.get("best_us"),
+                        margin=p.get("margin", 0.10))
+    env = device_and_versions()
+    return {**ab.to_json(), "outputs_equal": first is None, "first_difference": first, "max_difference": difference,
+            "grid": list(record.grid), "record": p["launch"], **env,
+            "write_bound_us": output_write_bound_us(record, env.get("device", ""))}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measurement guards and environment
+# ---------------------------------------------------------------------------------------------------
+def output_write_bound_us(record: Any, device_name: str) -> float | None:
+    """A lower bound on the kernel's time: writing its outputs once at the device's peak bandwidth."""
+    import torch
+
+    from kstrata.ir.launch import TensorArg
+
+    bandwidth = next((bw for key, bw in _BANDWIDTH.items() if key in device_name), max(_BANDWIDTH.values()))
+    written = 0
+    for arg in record.args:
+        if isinstance(arg, TensorArg) and arg.written:
+            numel = 1
+            for n in arg.shape:
+                numel *= n
+            written += numel * int(getattr(torch, arg.dtype).itemsize)
+    return written / bandwidth * 1e6 if written else None
+
+
+def suspicious_reasons(timing: Mapping[str, Any]) -> list[str]:
+    """What makes a timing result doubtful until explained."""
+    reasons = []
+    speedup = timing.get("speedup")
+    if speedup and (speedup > SUSPICIOUS_FACTOR or speedup < 1 / SUSPICIOUS_FACTOR):
+        reasons.append(f"speedup {speedup:.2f}x is beyond {SUSPICIOUS_FACTOR:g}x either way")
+    bound = timing.get("write_bound_us")
+    for which in ("time_before_us", "time_after_us"):
+        t = timing.get(which)
+        if bound and t is not None and t < bound:
+            reasons.append(f"{which} {t:.2f} us is below the time to write the outputs once at peak bandwidth "
+                           f"({bound:.2f} us)")
+    if timing.get("outputs_equal") is False and not timing.get("declared_tolerance"):
+        reasons.append("the rewritten binary wrote different bytes than the original on the same replay, and "
+                       "no pass of the pipeline declares a tolerance")
+    return reasons
+
+
+def measurement_unavailable(target: str) -> str | None:
+    """Why kernels of `target` cannot be timed on this machine, or None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed, and timing launches binaries through it"
+    if not target.startswith("cuda"):
+        return f"timing {target} binaries needs an AMD GPU; only NVIDIA GPUs are supported for timing so far"
+    if torch.version.hip is not None or not torch.cuda.is_available():
+        return (f"no NVIDIA GPU is visible to torch (torch {torch.__version__}, torch.cuda.is_available() is "
+                f"{torch.cuda.is_available()}); timing runs the original and rewritten binaries on the GPU")
+    return None
+
+
+def tool_env(record_path: str | Path | None) -> dict[str, str] | None:
+    """The environment a kernel's worker processes need to rebuild it as the recorded program built it.
+
+    A program under Inductor compiles with torch's own ptxas (Inductor sets `TRITON_PTXAS_PATH`), whose
+    PTX ISA version the ptxas Triton bundles may not know; rebuilding that PTX then fails. `kstrata record`
+    keeps the variable in the record's `extra`, and it is passed on here unless this process sets its own.
+    """
+    from kstrata.ir.launch import LaunchRecord
+
+    if record_path is None or os.environ.get("TRITON_PTXAS_PATH"):
+        return None
+    ptxas = LaunchRecord.load(record_path).extra.get("TRITON_PTXAS_PATH")
+    if not ptxas or not Path(ptxas).is_file():
+        return None
+    return {**os.environ, "TRITON_PTXAS_PATH": str(ptxas)}
