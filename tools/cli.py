@@ -510,7 +510,12 @@ def verify_cmd(
     """
     from rich.markup import escape
 
-    import kstrata.testsuite.kernels.launch  # noqa: F401  (registers the suite kernels' launches)
+    from kstrata.tools.suite import load_suite
+
+    try:  # loading the project's suite registers its kernels' launches with verify (`register_launch_source`)
+        load_suite()
+    except KstrataError:
+        pass  # no suite installed: the launch records given are all there is
     from kstrata.backends.verify import (
         Check,
         Verdict,

@@ -1,6 +1,6 @@
 """Issue 20 on an NVIDIA GPU, in one run: the verification holes closed, and evaluation at KernelBench's sizes.
 
-    python -m kstrata.tools.gpu_verify_holes [--results DIR] [--steps mutants,planted,eval,bench] [--work DIR]
+    python -m kstrata.testsuite.gpu_verify_holes [--results DIR] [--steps mutants,planted,eval,bench] [--work DIR]
 
 Steps (all by default; about 7 minutes on an H200):
 
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (the kstrata package)
 PUBLISHED = ROOT / "testsuite" / "tasks_published"
 STEPS = ("mutants", "planted", "eval", "bench")
 NEW_PLANTED = ("ptx-stale-cubin", "llir-stale-lower-levels", "ptx-one-past-end-write", "ttir-one-past-end-write",
