@@ -133,8 +133,8 @@ def test_gpu_differential_on_a_recorded_launch(entry: Path, tmp_path: Path) -> N
 def test_run_passes_candidates_carry_their_metadata_and_tolerance(entry: Path, tmp_path: Path) -> None:
     # num-warps changes the block size on purpose and declares a tolerance: run-passes writes both into
     # the override entry's kstrata-candidate.json, and verify uses them (launch bounds must match it)
-    from kstrata.ir.candidate import CandidateInfo
     from kstrata.agents.run_passes import run_passes
+    from kstrata.ir.candidate import CandidateInfo
 
     out = tmp_path / "out"
     report = run_passes(entry.parent, "ttgir(num-warps{n=8})", out, kernel_filter="softmax_online")
