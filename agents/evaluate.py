@@ -309,6 +309,8 @@ def compare_output(name: str, ref: Any, out: Any, ref64: Any, *, fp64_note: str 
     elif not strict_ok:
         detail = (f"error against float64 {cand_rel:.3g} relative (bound {bound_rel:.3g}), {cand_abs:.3g} max abs "
                   f"(bound {bound_abs:.3g}); PyTorch's own {dname} error is {ref_rel:.3g} relative, {ref_abs:.3g} max abs")
+        if not kb_ok and st["worst"]:  # where: what a person (or a model refining the candidate) needs
+            detail += "; " + st["worst"]
     elif not kb_ok:
         detail = st["worst"]
     return OutputComparison(name, dname, kb_ok, tol, strict_ok, "float64", max_abs_vs_ref, cand_abs, cand_rel,
@@ -423,7 +425,8 @@ class WorkerProcess:
 
     def __init__(self, role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                  timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-                 policy: str = "strict", lockstep: bool = False, on_progress: Any = None) -> None:
+                 policy: str = "strict", lockstep: bool = False, on_progress: Any = None,
+                 env: dict[str, str] | None = None) -> None:
         import time
 
         workdir.mkdir(parents=True, exist_ok=True)
@@ -441,8 +444,13 @@ class WorkerProcess:
         self._read = 0
         self._pending = ""
         self.ready: list[str] = []
-        env = dict(os.environ)
+        # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
+        env = dict(os.environ) if env is None else dict(env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if device == "cpu":
+            # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
+            # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
+            env["TRITON_INTERPRET"] = "1"
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
         self.timed_out = False
@@ -537,11 +545,11 @@ class WorkerProcess:
 
 def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-               policy: str = "strict", on_progress: Any = None) -> WorkerRun:
+               policy: str = "strict", on_progress: Any = None, env: dict[str, str] | None = None) -> WorkerRun:
     """Spawn `python -m kstrata.agents.eval_worker` for one role and wait for it (or kill it at the timeout)."""
     return WorkerProcess(role, task, candidate, device=device, trials=trials, seed=seed, timeout_s=timeout_s,
                          timing=timing, runs=runs, cuda_graph=cuda_graph, workdir=workdir, policy=policy,
-                         on_progress=on_progress).finish()
+                         on_progress=on_progress, env=env).finish()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -632,7 +640,8 @@ def default_device() -> str:
 def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict", trials: int = DEFAULT_TRIALS,
              seed: int = DEFAULT_SEED, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              timing: bool | None = None, runs: int = 100, cuda_graph: bool = False,
-             ceilings: Any = None, on_progress: Any = None, on_plan: Any = None) -> EvalVerdict:
+             ceilings: Any = None, on_progress: Any = None, on_plan: Any = None,
+             env: dict[str, str] | None = None) -> EvalVerdict:
     """Judge `candidate` (a file defining `ModelNew`) against `task` (a KernelBench problem file).
 
     Before anything runs, the task's shapes give a memory plan (`memory_plan`): a task that does not fit
@@ -665,7 +674,7 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     base = {"task": str(task), "candidate": str(candidate), "policy": policy}
     kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
                           "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy,
-                          "on_progress": on_progress}
+                          "on_progress": on_progress, "env": env}
     extra = {"memory": {"plan": plan.to_json()},
              "timing_note": "" if timing else ("skipped: --device cpu (timing needs a GPU)" if device == "cpu"
                                                else "skipped: timing was turned off")}

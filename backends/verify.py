@@ -642,9 +642,15 @@ def symbolic_check(result: Any, level: str) -> Check:
 def symbolic_evidence(report: VerifyReport, original: KernelBundle, candidate: KernelBundle,
                       launch: LaunchRecordT | None, timeout: float) -> None:
     """The place a symbolic result decides an otherwise `unproven` verdict: each differing TTIR/TTGIR
-    level is given to the registered checkers (the first that answers counts)."""
+    level is given to the registered checkers (the first that answers counts). Symbolic claims are
+    bit-exact: under a declared tolerance they do not apply."""
+    tolerant = any(c.name == "tolerance" for c in report.checks)
     for level in ("ttir", "ttgir"):
         if level not in report.differing_levels:
+            continue
+        if tolerant and _SYMBOLIC_CHECKERS:
+            report.checks.append(Check("symbolic", level, "skipped", "a tolerance is declared: the symbolic "
+                                       "claims are bit-exact"))
             continue
         for checker in _SYMBOLIC_CHECKERS:
             check = checker(original, candidate, level, launch, timeout)

@@ -21,6 +21,9 @@ from kstrata import __version__
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import bench_app, eval_app
 from kstrata.tools.cli_ir import ir_app
+from kstrata.tools.cli_llm import llm_app
+from kstrata.tools.cli_optimize import optimize_app
+from kstrata.tools.cli_skills import skills_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, fail, out
 
@@ -36,7 +39,10 @@ app.add_typer(asm_app, name="asm")
 app.add_typer(task_app, name="task")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
+app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
+app.add_typer(skills_app, name="skills")
+app.add_typer(llm_app, name="llm")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 
@@ -412,12 +418,45 @@ def passes_show(name: str = typer.Argument(...), as_json: bool = typer.Option(Fa
     if as_json:
         _emit_json(info)
         return
-    out.print(f"[bold]{info['name']}[/]  level={info['level']}  backends={','.join(info['backends'])}  "
+    also = f" (also {', '.join(info['also_at'])})" if info.get("also_at") else ""
+    out.print(f"[bold]{info['name']}[/]  level={info['level']}{also}  backends={','.join(info['backends'])}  "
               f"exact={'yes' if info['tolerance'] is None else info['tolerance']}", highlight=False)
     for opt, meta in info["options"].items():
         out.print(f"  option {opt}: {meta['type']} = {meta['default']!r}", highlight=False)
     out.print()
     out.print(info["doc"], highlight=False)
+
+
+@passes_app.command("space")
+def passes_space(
+    path: Path = typer.Argument(..., help="An IR file (.ttir .ttgir .llir .ptx .amdgcn) or a cache/dump entry."),
+    only: list[str] = typer.Option(None, "--only", help="Only this pass (repeatable)."),
+    target: str = typer.Option(None, "--target", "-t", help="Target of a bare IR file (default: read from it)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Each pass's schedule space on one kernel: the instances worth trying there, or why there are none."""
+    from kstrata.passes.registry import available_passes, get_pass
+    from kstrata.passes.standalone import bundle_for_file
+
+    bundle = bundle_for_file(path, target)
+    names = sorted(available_passes())
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        _fail(f"unknown pass {unknown[0]!r}; known passes: {', '.join(names)}", 2)
+    rows = []
+    for name in only or names:
+        cls = get_pass(name)
+        space = cls.schedule_space(bundle)
+        rows.append({"pass": name, "level": cls.level, "candidates": space.spellings(), "reason": space.reason})
+    if as_json:
+        _emit_json({"kernel": bundle.name, "target": str(bundle.target), "passes": rows})
+        return
+    table = Table(title=f"schedule spaces on {bundle.name} ({bundle.target})")
+    for col in ("pass", "level", "worth trying"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["pass"], r["level"], ", ".join(r["candidates"]) or f"none: {r['reason']}")
+    out.print(table)
 
 
 @passes_app.command("apply")
@@ -501,6 +540,10 @@ def verify_cmd(
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds per dynamic run (a hang fails)."),
     static_only: bool = typer.Option(False, "--static-only", help="Accept static evidence explicitly: no dynamic "
                                      "run; the verdict stays 'unproven' but exits 0."),
+    symbolic: bool = typer.Option(None, "--symbolic/--no-symbolic",
+                                  help="Prove a TTIR/TTGIR candidate for every launch with z3, or find a "
+                                       "counterexample the interpreter confirms, when the verdict would be "
+                                       "unproven (default: on when no --launch is given)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL.
@@ -538,7 +581,8 @@ def verify_cmd(
 
     report = verify(base, cand, record, seeds=seeds, device=device, tolerance=tolerance or declared_tolerance(candidate),
                     sanitizer=sanitizer, timeout=timeout, launch_dir=launch.parent if launch is not None else None,
-                    on_check=progress, static_only=static_only, edited=edited_levels(candidate))
+                    on_check=progress, static_only=static_only, edited=edited_levels(candidate),
+                    symbolic=_symbolic_on(symbolic, launch))
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -560,6 +604,16 @@ def verify_cmd(
                    f" — {escape('; '.join(report.unproven_reasons()))}")), highlight=False)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _symbolic_on(flag: bool | None, launch: Path | None) -> bool:
+    """`verify --symbolic`: on when asked for, or by default when no launch record is given."""
+    on = flag if flag is not None else launch is None
+    if on:
+        from kstrata.backends.verify_symbolic import enable
+
+        enable()
+    return on
 
 
 @app.command("run-passes")

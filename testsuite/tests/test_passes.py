@@ -443,3 +443,14 @@ def test_passes_apply_says_why_a_pass_did_nothing(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0, bad.stderr  # one line
     assert "policy=bogus is not valid: expected one of evict_first, evict_last, evict_normal" in bad.stderr
+
+
+def test_passes_space_cli() -> None:
+    ttir = Path(__file__).resolve().parents[1] / "filecheck" / "ttir" / "inputs" / "matmul_rowmajor.ttir"
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "passes", "space", str(ttir), "-t", "cuda:90",
+                           "--only", "grouped-pid", "--only", "ld-nc", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["pass"]: r for r in json.loads(proc.stdout)["passes"]}
+    assert rows["grouped-pid"]["candidates"] == ["grouped-pid{group=4}", "grouped-pid{group=8}", "grouped-pid{group=16}"]
+    assert rows["ld-nc"]["candidates"] == [] and "ptx is not known" in rows["ld-nc"]["reason"]

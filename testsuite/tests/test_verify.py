@@ -280,12 +280,19 @@ def test_ttir_mask_off_by_one_without_a_launch_is_unproven(foreign: Path, tmp_pa
     assert text.count("arith.cmpi slt") == 1 and "ttg.target" not in text
     wrong = tmp_path / "_row_scale_kernel.ttir"
     wrong.write_text(text.replace("arith.cmpi slt", "arith.cmpi sle"))
-    proc = _cli(str(original), str(wrong), "--json")
+    proc = _cli(str(original), str(wrong), "--json", "--no-symbolic")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["verdict"] == "unproven" and report["target"] == "cuda:90" and not report["evidence"]
     assert all(c["verdict"] == "pass" for c in report["checks"] if c["name"] != "dynamic")
     assert "no dynamic evidence" in report["unproven_reasons"][0]
+    # issue 18: by default (no launch record) the symbolic checker decides it, with a counterexample the
+    # interpreter confirms
+    proc = _cli(str(original), str(wrong), "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "different"
+    assert {c["name"] for c in report["checks"] if c["verdict"] == "fail"} == {"symbolic"}
     proc = _cli(str(original), str(wrong), "--static-only")
     assert proc.returncode == 0 and "verdict: unproven (static evidence accepted" in proc.stdout
     # --timeout 0 cannot skip its way to a verdict: it is refused
