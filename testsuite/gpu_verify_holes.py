@@ -70,10 +70,15 @@ def step_mutants(work: Path) -> list[dict[str, Any]]:
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
     from kstrata.testsuite.kernels import get_kernel
     from kstrata.testsuite.kernels.build import build_suite
+    from kstrata.testsuite.kernels.launch import suite_launch_record
 
     cache = work / "cache"
     built = build_suite(Target.parse("cuda:90"), cache, [get_kernel(k) for k in ("row_scale", "softmax_onepass")])
-    jobs: list[tuple[str, str, Path, Path]] = []  # (name, expected verdict, original entry, candidate)
+    # The suite's own launches, given explicitly (verify would find them itself where the kstrata.suites
+    # entry point is installed; this way the run does not depend on the install)
+    records = {k: suite_launch_record(get_kernel(k), "cuda:90").save(work / "launches" / f"{k}.json")
+               for k in ("row_scale", "softmax_onepass")}
+    jobs: list[tuple[str, str, Path, Path, Path]] = []  # (name, expected verdict, original, candidate, launch)
     for name, kernel, anchor, replacement in MUTANTS:
         entry = Path(built.bundles[kernel].origin or "")
         ptx_file = next(entry.glob("*.ptx"))
@@ -87,8 +92,8 @@ def step_mutants(work: Path) -> list[dict[str, Any]]:
         single = work / f"{name}-file" / ptx_file.name
         single.parent.mkdir(parents=True, exist_ok=True)
         single.write_text(text.replace(anchor, replacement))
-        jobs += [(f"{name} (entry, stale cubin)", "different", entry, stale),
-                 (f"{name} (single .ptx)", "different", entry, single)]
+        jobs += [(f"{name} (entry, stale cubin)", "different", entry, stale, records[kernel]),
+                 (f"{name} (single .ptx)", "different", entry, single, records[kernel])]
     entry = Path(built.bundles["row_scale"].origin or "")
     from kstrata.ir.triton_layout import load_any
 
@@ -96,12 +101,13 @@ def step_mutants(work: Path) -> list[dict[str, Any]]:
     good = work / "cache-hints-file" / next(entry.glob("*.ptx")).name
     good.parent.mkdir(parents=True, exist_ok=True)
     good.write_text(hinted.text("ptx"))
-    jobs.append(("correct: ptx(cache-hints) (single .ptx)", "equivalent", entry, good))
+    jobs.append(("correct: ptx(cache-hints) (single .ptx)", "equivalent", entry, good, records["row_scale"]))
 
-    def run(job: tuple[str, str, Path, Path]) -> dict[str, Any]:
-        name, expected, original, candidate = job
+    def run(job: tuple[str, str, Path, Path, Path]) -> dict[str, Any]:
+        name, expected, original, candidate, launch = job
         start = time.monotonic()
-        rc, report, last = _cli("verify", str(original), str(candidate), "--device", "cuda", "--json")
+        rc, report, last = _cli("verify", str(original), str(candidate), "--launch", str(launch), "--device", "cuda",
+                                "--json")
         verdict = (report or {}).get("verdict", f"error (exit {rc}: {last})")
         return {"step": "mutants", "case": name, "expected": expected, "verdict": verdict, "ok": verdict == expected,
                 "caught_by": _caught_by(report), "rebuilt": (report or {}).get("rebuilt_levels"),
