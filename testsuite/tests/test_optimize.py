@@ -262,7 +262,7 @@ def _rule_us(src: str) -> float:
 
 
 def _search(tmp_path: Path, ev: FakeEvaluator, **kw: Any) -> TaskSearch:
-    opts = Options(budget=kw.pop("budget", 4), device="cuda", spaces=kw.pop("spaces", ("compiler",)), ncu=False,
+    opts = Options(budget=kw.pop("budget", 4), device="cuda", spaces=kw.pop("spaces", ("compiler",)), ncu=kw.pop("ncu", False),
                    plugins=False, progress=lambda m: None, **kw)
     return TaskSearch(TINY / "01_relu_small.py", tmp_path / "out", opts, ev)  # type: ignore[arg-type]
 
@@ -339,6 +339,94 @@ def test_cuda_graph_proposer_fires_on_launch_bound_profile(tmp_path: Path) -> No
     r = s.run()
     assert "launch-bound" in r.findings
     assert s.incumbent.candidate.params.get("cuda_graph") is True and r.chosen_space == "library"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _slow_baselines(tmp_path: Path, clock: _Clock, baseline_s: float) -> FakeEvaluator:
+    """Checking the baselines costs `baseline_s` fake seconds; profile and ncu are recorded."""
+    ev = FakeEvaluator(tmp_path, _rule_us)
+    ev.ncu_calls = []  # type: ignore[attr-defined]
+    profiled: list[bool] = []
+    plain_check, plain_profile = ev.check, ev.profile
+
+    def check(task: Path, cand: Path) -> CheckResult:
+        if not profiled:  # the baselines' checks (two or three of them, in one batch)
+            clock.t += baseline_s / 2
+        return plain_check(task, cand)
+
+    def profile(*a: Any, **k: Any) -> JobResult:
+        profiled.append(True)
+        r = plain_profile(*a, **k)
+        r.data["kernels"] = [{"name": "void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float>(long, "
+                              "float, float const*, float*, float*)", "time_us_per_call": 30.0, "share": 0.35, "launches_per_call": 1},
+                             {"name": "triton_red_fused_0", "time_us_per_call": 50.0, "share": 0.6, "launches_per_call": 1},
+                             {"name": "ampere_sgemm_128x64_nn", "time_us_per_call": 5.0, "share": 0.05, "launches_per_call": 1}]
+        clock.t += 5.0
+        return r
+
+    def ncu(*a: Any, **k: Any) -> JobResult:
+        ev.ncu_calls.append(k)  # type: ignore[attr-defined]
+        clock.t += 10.0
+        return JobResult(False, {}, "fake: ncu reported no kernels", 0.0)
+
+    ev.check, ev.profile, ev.ncu = check, profile, ncu  # type: ignore[method-assign]
+    return ev
+
+
+def test_profiling_is_bounded_and_the_search_keeps_its_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import profile as profile_mod
+    from kstrata.agents.optimize.search import SEARCH_START_FRACTION
+
+    monkeypatch.setenv("KSTRATA_NCU", "/fake/ncu")
+    # 2-minute limit: baselines take 20 s, so profiling runs; ncu on the top 2 kernels, bounded by 40 s
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "a", clock, 20.0)
+    s = _search(tmp_path / "a", ev, minutes=2.0, clock=clock, ncu=True)
+    r = s.run()
+    first = ev.ncu_calls[0]  # type: ignore[attr-defined]
+    assert first["kernels"] == ["triton_red_fused_0", "RowwiseMomentsCUDAKernel"] and first["launch_count"] == 2
+    assert first["timeout_s"] == pytest.approx(min(profile_mod.NCU_TIMEOUT_S, 60 - 25))
+    assert len(ev.ncu_calls) == 2 and ev.ncu_calls[1]["timeout_s"] <= 60 - 35  # type: ignore[attr-defined]
+    assert "compile-max-autotune" not in s.baselines and "below 4 min" in s.notes["baselines"]
+    assert r.candidates > 0 and "time limit" not in s.stop_reason
+
+    # baselines used 70% of the limit: profiling is skipped with a note, the search still runs
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "b", clock, 0.7 * 120)
+    s = _search(tmp_path / "b", ev, minutes=2.0, clock=clock, ncu=True)
+    r = s.run()
+    assert not ev.ncu_calls and "profiling skipped" in s.evidence_json["profile_note"]  # type: ignore[attr-defined]
+    assert f"{100 * SEARCH_START_FRACTION:.0f}%" in s.evidence_json["profile_note"] and r.candidates > 0
+
+    # 40 s limit, 15 s of baselines: 5 s left before the search must start, so ncu is skipped (too short)
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "c", clock, 15.0)
+    s = _search(tmp_path / "c", ev, minutes=40 / 60, clock=clock, ncu=True)
+    s.run()
+    assert not ev.ncu_calls and "Nsight Compute skipped" in s.evidence_json["ncu_note"]  # type: ignore[attr-defined]
+
+
+def test_kernel_base_names_for_ncu() -> None:
+    from kstrata.agents.optimize.profile import kernel_base_name, top_kernel_names
+
+    assert kernel_base_name("void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float>(long, float)") \
+        == "RowwiseMomentsCUDAKernel"
+    assert kernel_base_name("void at::reduce_kernel<512, 1, at::ReduceOp<float, at::MeanOps<float, float> > >"
+                            "(at::ReduceOp<float, at::MeanOps<float, float> >)") == "reduce_kernel"
+    assert kernel_base_name("triton_poi_fused_0") == "triton_poi_fused_0"
+    assert kernel_base_name("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize") \
+        == "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize"
+    assert kernel_base_name("Memcpy DtoD (Device -> Device)") is None
+    assert top_kernel_names({"kernels": [{"name": "a", "time_us_per_call": 1}, {"name": "b<int>(int)",
+                                          "time_us_per_call": 3}, {"name": "b<float>(float)", "time_us_per_call": 2}]}) \
+        == ["b", "a"]
 
 
 # ---------------------------------------------------------------------------------------------------
