@@ -90,20 +90,65 @@ def _wait_for_go(job: dict[str, Any]) -> None:
             time.sleep(0.005)
 
 
+def perturb_weights(model: Any, seed: int) -> tuple[Any, int]:
+    """A copy of `model` whose floating parameters and buffers are redrawn at random (same shape and dtype).
+
+    Redrawing the init seed changes nothing for deterministic inits (GroupNorm's ones and zeros), so the
+    values are replaced directly: parameters by N(mean, std) of the originals, or N(0, 1) where the original is
+    constant; buffers (running statistics) scaled by a factor in [0.5, 1.5) per element (uniform [0, 1)
+    where all zero), so variances stay positive. Returns the copy and how many tensors were redrawn."""
+    import copy
+
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return model, 0
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    count = 0
+    with torch.no_grad():
+        for p in other.parameters():
+            if not p.dtype.is_floating_point or p.numel() == 0:
+                continue
+            f = p.detach().double().cpu()
+            std = float(f.std()) if f.numel() > 1 else 0.0
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            new = f.mean() + std * noise if std > 0 and torch.isfinite(torch.tensor(std)) else noise
+            p.copy_(new.to(p.dtype))
+            count += 1
+        for b in other.buffers():
+            if not b.dtype.is_floating_point or b.numel() == 0:
+                continue
+            f = b.detach().double().cpu()
+            u = torch.rand(b.shape, generator=gen, dtype=torch.float64)
+            b.copy_((f * (0.5 + u) if bool((f != 0).any()) else u).to(b.dtype))
+            count += 1
+    return other, count
+
+
 def probe(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from kstrata.agents.eval_worker import _build, _flat_outputs, make_inputs
+    from kstrata.agents.eval_worker import _build, _flat_outputs, _to_double, make_inputs
 
     module, device, seed = _load(job)
     model, _ = _build(module.Model, module, seed, device)
-    other_model, _ = _build(module.Model, module, seed + 1, device)
+    other_model, n_params = perturb_weights(model, seed + 1)
     a = make_inputs(module, 0, seed, device)
     b = make_inputs(module, 0, seed + 1000, device)  # the task's own distribution, another draw
     with torch.no_grad():
         oa = _flat_outputs(model(*a))
         ob = _flat_outputs(model(*b))
         ow = _flat_outputs(other_model(*a))
+    # The same two draws in float64: is the change between them more than the rounding error of computing them?
+    try:
+        m64, a64 = _to_double(model, a)
+        _, b64 = _to_double(model, b)
+        with torch.no_grad():
+            oa64 = _flat_outputs(m64(*a64))
+            ob64 = _flat_outputs(m64(*b64))
+    except Exception:  # a model that cannot run in float64 (explicit casts, integer paths): no such evidence
+        oa64 = ob64 = [None] * len(oa)
     _sync(device)
     outs = []
     for i, (x, y, w) in enumerate(zip(oa, ob, ow, strict=True)):
@@ -114,14 +159,22 @@ def probe(job: dict[str, Any]) -> dict[str, Any]:
         scale = float(xf[finite].abs().max()) if bool(finite.any()) else 0.0
         change = float((xf - yf)[finite].abs().max()) if bool(finite.any()) else 0.0
         rel = change / scale if scale > 0 else (0.0 if change == 0 else math.inf)
-        n_params = sum(1 for _ in model.parameters()) if isinstance(model, torch.nn.Module) else 0
-        outs.append({"output": i, "numel": int(x.numel()),
-                     "depends_on_inputs": not torch.equal(x, y),
-                     "depends_on_weights": (not torch.equal(x, w)) if n_params else None,
-                     "constant": bool(x.numel() > 1 and float(xf[finite].max() - xf[finite].min()) == 0.0)
-                     if bool(finite.any()) else True,
-                     "rel_change_across_inputs": rel, "weights_rel_change": float((xf - wf)[finite].abs().max()) /
-                     scale if scale > 0 and bool(finite.any()) else 0.0})
+        row = {"output": i, "numel": int(x.numel()),
+               "depends_on_inputs": not torch.equal(x, y),
+               "depends_on_weights": (not torch.equal(x, w)) if n_params else None,
+               "constant": bool(x.numel() > 1 and float(xf[finite].max() - xf[finite].min()) == 0.0)
+               if bool(finite.any()) else True,
+               "rel_change_across_inputs": rel, "weights_rel_change": float((xf - wf)[finite].abs().max()) /
+               scale if scale > 0 and bool(finite.any()) else 0.0}
+        x64, y64 = (oa64[i] if i < len(oa64) else None), (ob64[i] if i < len(ob64) else None)
+        if isinstance(x64, torch.Tensor) and isinstance(y64, torch.Tensor) and x64.shape == x.shape == y64.shape:
+            fin = finite & x64.isfinite() & y64.isfinite()
+            if bool(fin.any()):
+                # the float64 change between the draws, against the rounding error of this dtype's outputs
+                row["change_fp64"] = float((x64.double() - y64.double())[fin].abs().max())
+                row["rounding_error"] = max(float((xf - x64.double())[fin].abs().max()),
+                                            float((yf - y64.double())[fin].abs().max()))
+        outs.append(row)
     return {"ok": True, "outputs": outs}
 
 

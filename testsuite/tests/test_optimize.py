@@ -71,6 +71,108 @@ def test_degenerate_verdicts() -> None:
     assert near.degenerate and "near-constant" in near.reasons[0]
 
 
+_GROUPNORM_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, groups: int, channels: int):
+        super().__init__()
+        self.gn = nn.GroupNorm(groups, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gn(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 16, 6, 6)]
+
+
+def get_init_inputs():
+    return [4, 16]
+"""
+
+_CONV3D_GN_MEAN_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, cin: int, cout: int, groups: int):
+        super().__init__()
+        self.conv = nn.Conv3d(cin, cout, 3, padding=1)
+        self.norm = nn.GroupNorm(groups, cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x)).mean(dim=(1, 2, 3, 4))
+
+
+def get_inputs():
+    return [torch.randn(4, 3, 4, 6, 6) * 3.0 + 1.0]
+
+
+def get_init_inputs():
+    return [3, 8, 4]
+"""
+
+_NO_PARAMS_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("name,source,params,degenerate,reason", [
+    ("gn", _GROUPNORM_SMALL, True, False, ""),  # deterministic init (ones/zeros): perturbed, it depends on them
+    ("conv3d_gn_mean", _CONV3D_GN_MEAN_SMALL, True, True, "rounding noise"),  # a mean of normalized values: ~0
+    ("relu", _NO_PARAMS_SMALL, False, False, ""),  # no parameters is not "weight-independent"
+])
+def test_probe_perturbs_weights_and_finds_near_constant_outputs(tmp_path: Path, name: str, source: str,
+                                                                params: bool, degenerate: bool, reason: str) -> None:
+    from kstrata.agents.optimize.worker import probe
+
+    task = tmp_path / f"{name}.py"
+    task.write_text(source)
+    data = probe({"task": str(task), "device": "cpu"})
+    deg = judge_degeneracy(data, has_parameters=params)
+    assert deg.degenerate is degenerate, (deg.reasons, data)
+    out = data["outputs"][0]
+    assert out["depends_on_weights"] is (True if params else None)
+    if reason:
+        assert any(reason in r for r in deg.reasons) and not any("weights" in r for r in deg.reasons)
+    else:
+        assert out["change_fp64"] > 4 * out["rounding_error"]
+
+
+def test_perturbed_weights_keep_shapes_and_dtypes() -> None:
+    import torch
+
+    from kstrata.agents.optimize.worker import perturb_weights
+
+    m = torch.nn.Sequential(torch.nn.GroupNorm(2, 4).half(), torch.nn.BatchNorm1d(4))
+    other, n = perturb_weights(m, 7)
+    assert n == 4 + 2  # four parameters, two floating buffers (num_batches_tracked is an integer)
+    for (_, a), (_, b) in zip(m.state_dict().items(), other.state_dict().items(), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype.is_floating_point:
+            assert not torch.equal(a, b)
+    assert bool((other[1].running_var > 0).all())  # variances stay positive
+    assert torch.equal(m[0].weight, torch.ones(4, dtype=torch.half))  # the original is untouched
+
+
 def test_contract_layout_problems() -> None:
     ref = [{"shape": [4, 8], "stride": [8, 1], "contiguous": True, "dtype": "float32"}]
     assert output_problems(ref, [{"shape": [4, 8], "stride": [8, 1], "contiguous": True, "dtype": "float32"}]) == []
