@@ -256,6 +256,25 @@ def _exec_model_new(source: str, tmp_path: Path, name: str) -> Any:
     return import_task_module(p)
 
 
+def test_optional_builtin_proposers_are_used_when_present() -> None:
+    from kstrata.agents.optimize.proposers import OPTIONAL_BUILTINS, discover_proposers, optional_proposers
+
+    assert ("templates", "kstrata.agents.templates.proposer:TemplateProposer") in OPTIONAL_BUILTINS
+    present = ("ir-copy", "kstrata.agents.optimize.proposers:IrPassProposer")
+    found, problems = optional_proposers((), [("nope", "kstrata.agents.no_such_package.proposer:P"), present])
+    assert [p.space for p in found] == ["ir"] and problems == []  # an absent package is skipped quietly
+    assert optional_proposers({"ir-copy"}, [present]) == ([], [])  # an entry point of that name wins
+    _, bad = optional_proposers((), [("x", "kstrata.agents.optimize.proposers:NoSuchClass")])
+    assert len(bad) == 1 and "AttributeError" in bad[0].reason  # present but broken: reported
+    names = [p.name for p in discover_proposers(plugins=False)[0]]
+    try:
+        import kstrata.agents.templates.proposer  # noqa: F401
+    except ModuleNotFoundError:
+        assert "templates" not in names
+    else:
+        assert names.count("templates") == 1
+
+
 def test_config_sources_are_standalone_and_compile(tmp_path: Path) -> None:
     from kstrata.agents.optimize.configs import render
 
