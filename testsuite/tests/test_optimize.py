@@ -710,3 +710,16 @@ def test_timed_code_path_runs_with_a_cpu_wall_clock(tmp_path: Path) -> None:
     assert any(e["type"] == "evidence" and e["evidence"]["profile"] for e in events)
     faster = [n for n in judged if (n.speedup or 0) > 1.01]
     assert len([e for e in events if e["type"] == "guard"]) == len(faster)
+
+
+def test_bench_default_tasks_and_per_task_budget(tmp_path: Path) -> None:
+    from kstrata.tools.bench_optimize import DEFAULT_TASKS, DEFAULT_WITH_GAPS, default_tasks, per_task_minutes
+
+    assert default_tasks(tmp_path) == list(DEFAULT_TASKS)  # no gaps folder
+    (tmp_path / "gaps").mkdir()
+    for n in ("02_b_fp32.py", "01_a_fp32.py", "__init__.py"):
+        (tmp_path / "gaps" / n).write_text("")
+    assert default_tasks(tmp_path) == ["gaps/01_a_fp32", "gaps/02_b_fp32", *DEFAULT_WITH_GAPS]
+    # one wave in 9 minutes: 65% of it per task, the rest for in-flight candidates and the final evaluation
+    assert per_task_minutes(9.0, 9, 9) == pytest.approx(5.85)
+    assert per_task_minutes(9.0, 10, 5) == pytest.approx(2.925) and per_task_minutes(1.0, 9, 1) == 0.5
