@@ -90,6 +90,10 @@ def _wait_for_go(job: dict[str, Any]) -> None:
             time.sleep(0.005)
 
 
+#: The float64 run of the probe is skipped when its input and output copies (both draws) would exceed this.
+FP64_PROBE_MAX_BYTES = 4 << 30
+
+
 def perturb_weights(model: Any, seed: int) -> tuple[Any, int]:
     """A copy of `model` whose floating parameters and buffers are redrawn at random (same shape and dtype).
 
@@ -141,7 +145,11 @@ def probe(job: dict[str, Any]) -> dict[str, Any]:
         ob = _flat_outputs(model(*b))
         ow = _flat_outputs(other_model(*a))
     # The same two draws in float64: is the change between them more than the rounding error of computing them?
+    # (Skipped for big tasks: other tasks share the GPU, and float64 copies of everything double the memory.)
+    fp64_bytes = 16 * sum(int(t.numel()) for t in [*a, *oa] if isinstance(t, torch.Tensor) and t.dtype.is_floating_point)
     try:
+        if fp64_bytes > FP64_PROBE_MAX_BYTES:
+            raise MemoryError(f"{fp64_bytes / 2**30:.1f} GiB of float64 copies")
         m64, a64 = _to_double(model, a)
         _, b64 = _to_double(model, b)
         with torch.no_grad():

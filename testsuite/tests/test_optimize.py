@@ -157,6 +157,17 @@ def test_probe_perturbs_weights_and_finds_near_constant_outputs(tmp_path: Path, 
         assert out["change_fp64"] > 4 * out["rounding_error"]
 
 
+def test_probe_skips_float64_for_big_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import worker
+
+    monkeypatch.setattr(worker, "FP64_PROBE_MAX_BYTES", 1024)
+    task = tmp_path / "c.py"
+    task.write_text(_CONV3D_GN_MEAN_SMALL)
+    data = worker.probe({"task": str(task), "device": "cpu"})
+    assert "change_fp64" not in data["outputs"][0]
+    assert not any("rounding noise" in r for r in judge_degeneracy(data, has_parameters=True).reasons)
+
+
 def test_perturbed_weights_keep_shapes_and_dtypes() -> None:
     import torch
 
