@@ -162,28 +162,52 @@ def probe(job: dict[str, Any]) -> dict[str, Any]:
     for i, (x, y, w) in enumerate(zip(oa, ob, ow, strict=True)):
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.numel() == 0:
             continue
-        xf, yf, wf = x.double(), y.double(), w.double()
-        finite = xf.isfinite() & yf.isfinite()
-        scale = float(xf[finite].abs().max()) if bool(finite.any()) else 0.0
-        change = float((xf - yf)[finite].abs().max()) if bool(finite.any()) else 0.0
+        x64, y64 = (oa64[i] if i < len(oa64) else None), (ob64[i] if i < len(ob64) else None)
+        if not (isinstance(x64, torch.Tensor) and isinstance(y64, torch.Tensor) and x64.shape == x.shape == y64.shape):
+            x64 = y64 = None
+        st = _output_stats(x, y, w, x64, y64)
+        scale, change = st["scale"], st["change"]
         rel = change / scale if scale > 0 else (0.0 if change == 0 else math.inf)
         row = {"output": i, "numel": int(x.numel()),
                "depends_on_inputs": not torch.equal(x, y),
                "depends_on_weights": (not torch.equal(x, w)) if n_params else None,
-               "constant": bool(x.numel() > 1 and float(xf[finite].max() - xf[finite].min()) == 0.0)
-               if bool(finite.any()) else True,
-               "rel_change_across_inputs": rel, "weights_rel_change": float((xf - wf)[finite].abs().max()) /
-               scale if scale > 0 and bool(finite.any()) else 0.0}
-        x64, y64 = (oa64[i] if i < len(oa64) else None), (ob64[i] if i < len(ob64) else None)
-        if isinstance(x64, torch.Tensor) and isinstance(y64, torch.Tensor) and x64.shape == x.shape == y64.shape:
-            fin = finite & x64.isfinite() & y64.isfinite()
-            if bool(fin.any()):
-                # the float64 change between the draws, against the rounding error of this dtype's outputs
-                row["change_fp64"] = float((x64.double() - y64.double())[fin].abs().max())
-                row["rounding_error"] = max(float((xf - x64.double())[fin].abs().max()),
-                                            float((yf - y64.double())[fin].abs().max()))
+               "constant": bool(x.numel() > 1 and st["max"] - st["min"] == 0.0) if st["any_finite"] else True,
+               "rel_change_across_inputs": rel,
+               "weights_rel_change": st["wchange"] / scale if scale > 0 and st["any_finite"] else 0.0}
+        if st["any_finite64"]:  # the float64 change between the draws, against this dtype's rounding error
+            row["change_fp64"], row["rounding_error"] = st["change64"], st["error64"]
         outs.append(row)
     return {"ok": True, "outputs": outs}
+
+
+def _output_stats(x: Any, y: Any, w: Any, x64: Any, y64: Any, chunk: int = 1 << 24) -> dict[str, Any]:
+    """Max-abs statistics of one output over its elements where both draws are finite, in float64, a chunk
+    at a time (no float64 copy of a whole large output): scale, change between the input draws, change under
+    the perturbed weights, min/max; with the float64 runs (`x64`, `y64`), their change and the rounding error."""
+    xs, ys, ws = x.reshape(-1), y.reshape(-1), w.reshape(-1)
+    x6, y6 = (x64.reshape(-1), y64.reshape(-1)) if x64 is not None else (None, None)
+    st: dict[str, Any] = {"scale": 0.0, "change": 0.0, "wchange": 0.0, "min": math.inf, "max": -math.inf,
+                          "any_finite": False, "change64": 0.0, "error64": 0.0, "any_finite64": False}
+    for lo in range(0, xs.numel(), chunk):
+        xf, yf = xs[lo:lo + chunk].double(), ys[lo:lo + chunk].double()
+        fin = xf.isfinite() & yf.isfinite()
+        if not bool(fin.any()):
+            continue
+        st["any_finite"] = True
+        xc = xf[fin]
+        st["scale"] = max(st["scale"], float(xc.abs().max()))
+        st["change"] = max(st["change"], float((xc - yf[fin]).abs().max()))
+        st["wchange"] = max(st["wchange"], float((xc - ws[lo:lo + chunk].double()[fin]).abs().max()))
+        st["min"], st["max"] = min(st["min"], float(xc.min())), max(st["max"], float(xc.max()))
+        if x6 is not None and y6 is not None:
+            a6, b6 = x6[lo:lo + chunk].double(), y6[lo:lo + chunk].double()
+            f6 = fin & a6.isfinite() & b6.isfinite()
+            if bool(f6.any()):
+                st["any_finite64"] = True
+                st["change64"] = max(st["change64"], float((a6[f6] - b6[f6]).abs().max()))
+                st["error64"] = max(st["error64"], float((xf[f6] - a6[f6]).abs().max()),
+                                    float((yf[f6] - b6[f6]).abs().max()))
+    return st
 
 
 def _candidates(job: dict[str, Any], module: Any, device: str, seed: int) -> dict[str, Any]:

@@ -168,6 +168,22 @@ def test_probe_skips_float64_for_big_tasks(tmp_path: Path, monkeypatch: pytest.M
     assert not any("rounding noise" in r for r in judge_degeneracy(data, has_parameters=True).reasons)
 
 
+def test_probe_output_stats_are_the_same_chunked() -> None:
+    import torch
+
+    from kstrata.agents.optimize.worker import _output_stats
+
+    g = torch.Generator().manual_seed(3)
+    x, y, w = (torch.randn(7, 13, generator=g) for _ in range(3))
+    x[2, 3], y[5, 1] = float("inf"), float("nan")
+    x64, y64 = x.double() + 1e-9, y.double() - 1e-9
+    whole, chunked = _output_stats(x, y, w, x64, y64), _output_stats(x, y, w, x64, y64, chunk=5)
+    assert whole == chunked and whole["any_finite64"]
+    fin = x.isfinite() & y.isfinite()
+    assert whole["change"] == pytest.approx(float((x - y)[fin].abs().max()))
+    assert whole["error64"] == pytest.approx(1e-9, rel=1e-3)
+
+
 def test_perturbed_weights_keep_shapes_and_dtypes() -> None:
     import torch
 
