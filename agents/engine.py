@@ -269,6 +269,18 @@ class Candidate:
         return cls(str(data["base"]), str(data["level"]), edit_from_json(data["edit"]), data.get("tolerance"),
                    str(data.get("policy", "strict")), Provenance(**(data.get("provenance") or {})))
 
+    @classmethod
+    def task(cls, base: str, source: str = "", *, policy: str = "strict", tolerance: str | None = None,
+             provenance: Provenance | Mapping[str, Any] | None = None, level: str = "task",
+             edit: Any = None) -> Candidate:
+        """A task-level candidate: a complete `ModelNew` source for the task `base` (the optimizer's
+        `TaskCandidate.engine_fields()` fit: `Candidate.task(base, **candidate.engine_fields())`)."""
+        source = edit if isinstance(edit, str) else source
+        if not source or level != "task":
+            raise EngineError("a task candidate needs a ModelNew source, at level task")
+        prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
+        return cls(base, level, ModelNewEdit(source), tolerance, policy, prov)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Results
@@ -483,6 +495,8 @@ class Engine:
         self.stats = EngineStats()
         self._bases: dict[str, BaseRef] = {}
         self._lock = threading.Lock()
+        #: Timings of this session by (original, binary, launches): a duplicate binary is timed once.
+        self._timings: dict[tuple[str, str, tuple[str, ...]], Measurement] = {}
 
     def close(self) -> None:
         if self._own_pool:
@@ -727,6 +741,15 @@ class Engine:
         budget = budget or Budget()
         if built.status != "changed":
             return Measurement("skipped", f"nothing to time: the build is {built.status}")
+        memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches))
+        if memo in self._timings:
+            return self._timings[memo]
+        result = self._measure(original, built, launches, budget)
+        if result.status == "timed":
+            self._timings[memo] = result
+        return result
+
+    def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget) -> Measurement:
         base = self.base(original)
         if base.kind == "task":
             return self._measure_task(base, self.built_entry(built), budget)

@@ -553,7 +553,10 @@ def verify_cmd(
     """
     from rich.markup import escape
 
-    import kstrata.testsuite.kernels.launch  # noqa: F401  (registers the suite kernels' launches)
+    from kstrata.tools.suite import load_suite, suite_names
+
+    if "kstrata" in suite_names():  # the suite's provider registers the suite kernels' launches with verify
+        load_suite()
     from kstrata.backends.verify import (
         Check,
         Verdict,

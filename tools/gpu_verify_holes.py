@@ -67,8 +67,9 @@ def _caught_by(report: dict[str, Any] | None) -> str:
 def step_mutants(work: Path) -> list[dict[str, Any]]:
     from kstrata.ir.target import Target
     from kstrata.passes.pipeline import parse_pipeline, run_pipeline
-    from kstrata.testsuite.kernels import get_kernel
-    from kstrata.testsuite.kernels.build import build_suite
+    from kstrata.tools.suite import load_suite
+
+    get_kernel, build_suite = load_suite().get_kernel, load_suite().build_suite
 
     cache = work / "cache"
     built = build_suite(Target.parse("cuda:90"), cache, [get_kernel(k) for k in ("row_scale", "softmax_onepass")])
@@ -111,7 +112,9 @@ def step_mutants(work: Path) -> list[dict[str, Any]]:
 
 
 def step_planted(work: Path) -> list[dict[str, Any]]:
-    from kstrata.testsuite.planted import CASES
+    from kstrata.tools.suite import load_suite
+
+    CASES = load_suite().planted_cases()
 
     correct = [c.name for c in CASES if c.correct and c.target.startswith("cuda")]
     proc = subprocess.run([sys.executable, "-m", "kstrata.testsuite.planted.run", "--device", "cuda", "--jobs", "4",
