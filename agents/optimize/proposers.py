@@ -4,7 +4,7 @@
 `kstrata.proposers` offers, plus the optional built-ins (`OPTIONAL_BUILTINS`: proposers of other kstrata
 packages, such as the Triton templates of `kstrata.agents.templates`, used by default when that package is
 present even where the entry points are not installed; an absent package is skipped quietly, an entry point
-of the same name takes precedence); a broken plugin is reported (`PluginProblem`) and skipped, never fatal.
+of the same name takes precedence; `plugins=False` leaves them out too); a broken plugin is reported (`PluginProblem`) and skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -122,9 +122,10 @@ def discover_proposers(extra: Iterable[Proposer] = (), *, plugins: bool = True) 
         more, problems = plugin_proposers()
         found += more
     extra = list(extra)
-    opt, opt_problems = optional_proposers({p.name for p in [*found, *extra]})
-    found += opt
-    problems += opt_problems
+    if plugins:  # other packages' proposers: off with the plugins (`--no-plugins`: the optimizer's own only)
+        opt, opt_problems = optional_proposers({p.name for p in [*found, *extra]})
+        found += opt
+        problems += opt_problems
     found += extra
     seen: dict[str, Proposer] = {}
     for p in found:

@@ -293,7 +293,8 @@ def test_optional_builtin_proposers_are_used_when_present() -> None:
     assert optional_proposers({"ir-copy"}, [present]) == ([], [])  # an entry point of that name wins
     _, bad = optional_proposers((), [("x", "kstrata.agents.optimize.proposers:NoSuchClass")])
     assert len(bad) == 1 and "AttributeError" in bad[0].reason  # present but broken: reported
-    names = [p.name for p in discover_proposers(plugins=False)[0]]
+    assert "templates" not in [p.name for p in discover_proposers(plugins=False)[0]]  # --no-plugins
+    names = [p.name for p in discover_proposers(plugins=True)[0]]
     try:
         import kstrata.agents.templates.proposer  # noqa: F401
     except ModuleNotFoundError:
