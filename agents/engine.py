@@ -701,7 +701,9 @@ class Engine:
         reasons: list[str] = []
         for launch in launches:
             payload = {"original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
-                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance}
+                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance,
+                       # the levels the pipeline edited: verify rebuilds below the lowest, not below the highest
+                       "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
             run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
                                 env=tool_env(launch))
             if not run.ok:
@@ -921,7 +923,7 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     original = _load_one(p["original"], p.get("override_key"))
     candidate = _load_one(p["candidate"])
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
-                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent)
+                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"))
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}
