@@ -12,13 +12,21 @@ fresh evaluation), %SOL before/after, the search time, which findings fired, and
 re-evaluation accepted the output. Results: `testsuite/results/optimize-<device>-<date>.{md,json}` (and
 under `$OUT` when set).
 
-The default task list (`DEFAULT_TASKS`) holds the suite's tasks where the 2026-11-30 H200 bench
-(`testsuite/results/bench-2026-11-30-run2`) left headroom that this issue's spaces (library, compiler,
-graph) can reach — convolutions (cuDNN benchmark mode, channels-last), a GEMM + bias + ReLU (cuBLASLt
-epilogue), small-kernel chains (CUDA graphs), a norm (Inductor options) — plus a control at 98% of SOL that
-the planner should skip; the whole suite does not fit 10 minutes of one GPU with three baselines per task.
-(The causal SDPA task is left out: its FLOP count covers the full score matrix, so eager already measures
-above 100% of "SOL" and every faster candidate would be flagged.)
+The default task list: the gap tasks of `testsuite/tasks/gaps/` when that folder exists (issue 19's tasks,
+the ones the Triton templates target: the `triton` space, through the templates proposer that `optimize`
+loads when `kstrata.agents.templates` is present), plus `DEFAULT_TASKS`: tasks where the 2026-11-30 H200
+bench (`testsuite/results/bench-2026-11-30-run2`) left headroom that the library/compiler/graph spaces can
+reach (a GEMM + bias + ReLU for the cuBLASLt epilogue, a norm, a conv3d + GroupNorm + mean that the probe
+flags degenerate). The causal SDPA task is left out: its FLOP count covers the full score matrix, so eager
+already measures above 100% of "SOL" and every faster candidate would be flagged.
+
+Budgets (defaults, `--total-minutes 9`): all tasks run at once (`--parallel-tasks` defaults to the number of
+tasks: one wave, one GPU timing queue), each with a time limit of `PER_TASK_SHARE` (65%) of the total per
+wave, 5.85 minutes at 9; the optimizer starts each task's search by half of that at the latest (2.9 min:
+profiling that would run later is skipped), and the remaining 35% (3.15 min) covers in-flight candidates,
+the fresh final re-evaluation and the reports. Baselines eager and compile only (max-autotune's autotuning
+alone can take a minute a task). The whole command then takes at most `--total-minutes` plus a few seconds
+of reporting: optimize is killed at the total budget, and a killed task is reported as unfinished.
 """
 
 from __future__ import annotations
@@ -45,6 +53,28 @@ DEFAULT_TASKS = (
     "level2/10_conv3d_groupnorm_mean_fp32",  # 22% SOL, launch-bound
     "level1/02_rect_gemm_fp16",  # control: at 98% SOL, the planner should stop
 )
+#: The default list when the gap tasks exist: they plus these (the whole list fits one wave in 9 minutes).
+DEFAULT_WITH_GAPS = (
+    "level1/22_groupnorm_fp16",
+    "level2/01_gemm_bias_relu_fp16",
+    "level2/10_conv3d_groupnorm_mean_fp32",
+)
+#: Each task's time limit, as a share of the total budget per wave of parallel tasks.
+PER_TASK_SHARE = 0.65
+
+
+def default_tasks(suite: Path) -> list[str]:
+    """The gap tasks (when `suite/gaps` holds any) plus `DEFAULT_WITH_GAPS`; `DEFAULT_TASKS` otherwise."""
+    gaps = sorted(p for p in (suite / "gaps").glob("[0-9]*.py")) if (suite / "gaps").is_dir() else []
+    if not gaps:
+        return list(DEFAULT_TASKS)
+    return [f"gaps/{p.stem}" for p in gaps] + list(DEFAULT_WITH_GAPS)
+
+
+def per_task_minutes(total_minutes: float, n_tasks: int, parallel_tasks: int) -> float:
+    """Each task's time limit (`optimize --minutes`): `PER_TASK_SHARE` of the total per wave, at least 0.5."""
+    waves = -(-n_tasks // max(1, parallel_tasks))
+    return max(0.5, total_minutes * PER_TASK_SHARE / max(1, waves))
 
 
 def _task_paths(suite: Path, names: list[str]) -> list[Path]:
@@ -79,12 +109,13 @@ def _fmt(x: Any, spec: str = ".3f", scale: float = 1.0) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kstrata.tools.bench_optimize", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", type=Path, default=REPO / "testsuite" / "tasks")
-    ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task names under --suite ('all': every task)")
+    ap.add_argument("--tasks", default="", help="comma-separated task names under --suite ('all': every task; "
+                    "default: the gap tasks plus a few others, see the docstring)")
     ap.add_argument("--total-minutes", type=float, default=9.0, help="wall-clock budget of the whole benchmark")
-    ap.add_argument("--parallel-tasks", type=int, default=7)
+    ap.add_argument("--parallel-tasks", type=int, default=0, help="tasks at once (default: all of them)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget", type=int, default=6, help="candidates per task beyond the baselines")
-    ap.add_argument("--baselines", default="eager,compile,compile-max-autotune")
+    ap.add_argument("--baselines", default="eager,compile", help="max-autotune alone can take a minute per task")
     ap.add_argument("--precision", default="strict")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None, help="optimize's output directory (default: a temp dir)")
@@ -95,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from kstrata.agents.tasks import find_tasks
 
-    paths = find_tasks(a.suite) if a.tasks == "all" else _task_paths(a.suite, [t for t in a.tasks.split(",") if t])
+    names = default_tasks(a.suite) if not a.tasks else [t for t in a.tasks.split(",") if t]
+    paths = find_tasks(a.suite) if a.tasks == "all" else _task_paths(a.suite, names)
+    if a.parallel_tasks <= 0:
+        a.parallel_tasks = max(1, len(paths))
     stage = Path(a.out) if a.out else Path(os.environ.get("TMPDIR", "/tmp")) / f"kstrata-bench-optimize-{os.getpid()}"
     tasks_dir = stage / "tasks"
     if tasks_dir.exists():
@@ -106,15 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p, dst)
     out = stage / "optimize"
-    waves = -(-len(paths) // max(1, a.parallel_tasks))
-    # Each task's search gets its share of the budget; baselines, profile and the final evaluation need the rest.
-    per_task = max(0.5, (a.total_minutes * 0.85) / waves - 1.5)
+    # Each task's limit (baselines, profile, search) is its share of the budget; the final evaluation needs the rest.
+    per_task = per_task_minutes(a.total_minutes, len(paths), a.parallel_tasks)
     cmd = [sys.executable, "-m", "kstrata.tools.cli", "optimize", str(tasks_dir), "--out", str(out), "--device", a.device,
            "--budget", str(a.budget), "--minutes", f"{per_task:.2f}", "--workers", str(a.workers), "--parallel-tasks",
            str(a.parallel_tasks), "--precision", a.precision, "--baselines", a.baselines, "--ceilings-dir",
            str(a.ceilings_dir), "--json", *([] if not out.exists() else ["--resume"]), *a.extra.split()]
-    print(f"{len(paths)} tasks, {a.parallel_tasks} at a time, {per_task:.1f} min of search each, total budget "
-          f"{a.total_minutes:g} min", flush=True)
+    print(f"{len(paths)} tasks, {a.parallel_tasks} at a time, a {per_task:.2f}-minute limit each, total budget "
+          f"{a.total_minutes:g} min (the search starts by half of each task's limit)", flush=True)
     print("$ " + " ".join(cmd), flush=True)
     start = time.monotonic()
     log = stage / "optimize-log.txt"
@@ -172,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     md = [f"# kstrata optimize benchmark ({a.device}, {date})", "",
           f"Device: {meta.get('gpu', a.device)}; versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) +
           f". Wall time {wall:.0f} s of a {a.total_minutes:g}-minute budget" + (" (killed at the budget)" if killed else "") +
-          f"; {len(paths)} tasks, {a.parallel_tasks} at a time, {per_task:.1f} min of search each, budget {a.budget} "
+          f"; {len(paths)} tasks, {a.parallel_tasks} at a time, a {per_task:.2f}-minute limit each, budget {a.budget} "
           f"candidates, {a.workers} workers per task, policy {a.precision}, baselines {a.baselines}.", "",
           f"Geomean speedup over the best baseline (non-degenerate, finished): {_fmt(g)}; made faster: "
           f"{len(won)} of {len(rows)} ({', '.join(r['name'] for r in won) or 'none'}).", "",

@@ -57,7 +57,7 @@ def optimize_cmd(
     parallel_tasks: Annotated[int, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at once "
                                                                           "(one timing queue).")] = 1,
     no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
-    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only.")] = False,
+    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only (not the entry points, nor other packages' proposers such as the templates).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
     trials: Annotated[int, typer.Option("--trials", help="Correctness trials of each hardened evaluation (>= 5).")] = 6,
     proposer: Annotated[list[str] | None, typer.Option("--proposer", help="Another proposer, MODULE:ATTR (a class, "

@@ -8,10 +8,13 @@ when asked and are then checked with KernelBench's tolerances (the evaluator's `
 the report and the ModelNew header state.
 
 Degenerate tasks (published 16–50x "speedups" came from them) are recognised from three runs of the
-reference (`worker.py probe`): inputs redrawn under another seed, weights redrawn under another seed, and
-the outputs' spread. A task is degenerate when its outputs do not depend on the inputs, or on the weights
-(a model with parameters), or are constant, or near-constant between independent input draws (change by
-less than `NEAR_CONSTANT_REL`). Such a task is optimized like any other but left out of the geomeans.
+reference (`worker.py probe`): inputs redrawn under another seed, floating parameters and buffers replaced
+by random values (`worker.perturb_weights`: redrawing the init seed changes nothing for deterministic inits
+such as GroupNorm's), and the outputs' spread, also computed in float64. A task is degenerate when its
+outputs do not depend on the inputs, or on the weights (a model with floating parameters or buffers; one
+without is not "weight-independent"), or are constant, or near-constant between independent input draws
+(change by less than `NEAR_CONSTANT_REL` of their magnitude, or, in float64, by no more than
+`ROUNDING_NOISE_FACTOR` times their rounding error). Such a task is optimized like any other but left out of the geomeans.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from kstrata.agents.tasks import TaskSpec, TensorSpec
 
 #: Outputs that move by less than this (relative to their magnitude) between input draws are near-constant.
 NEAR_CONSTANT_REL = 1e-3
+#: Outputs whose float64 change between input draws is within this factor of their rounding error (the task's
+#: dtype against float64) are near-constant too: a mean of group-normalized values is 0 up to rounding.
+ROUNDING_NOISE_FACTOR = 4.0
 
 
 def eval_policy_for(policy: str) -> str:
@@ -62,7 +68,21 @@ def judge_degeneracy(probe: dict[str, Any], has_parameters: bool) -> Degeneracy:
         worst = max(o["rel_change_across_inputs"] for o in outs)
         reasons.append(f"outputs are near-constant: they change by {worst:.2g} (relative) between independent "
                        f"input draws (below {NEAR_CONSTANT_REL:g})")
+    elif all(o["depends_on_inputs"] and _rounding_noise(o) for o in outs):
+        worst = max(float(o["change_fp64"]) for o in outs)
+        err = max(float(o["rounding_error"]) for o in outs)
+        reasons.append(f"outputs are near-constant: computed in float64 they change by {worst:.2g} between "
+                       f"independent input draws, within {ROUNDING_NOISE_FACTOR:g}x the rounding error of the "
+                       f"task's own outputs ({err:.2g}): what changes is rounding noise")
     return Degeneracy(bool(reasons), tuple(reasons), probe)
+
+
+def _rounding_noise(o: dict[str, Any]) -> bool:
+    """The output's true (float64) change across input draws is no larger than its rounding error."""
+    change, err = o.get("change_fp64"), o.get("rounding_error")
+    if change is None or err is None or err <= 0:
+        return False
+    return float(change) <= ROUNDING_NOISE_FACTOR * float(err)
 
 
 @dataclass(frozen=True)

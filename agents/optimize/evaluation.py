@@ -211,11 +211,15 @@ class Evaluator:
         env = {"TRITON_CACHE_DIR": str(triton_cache)} if triton_cache else None
         return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, env_extra=env, gated=True)
 
-    def ncu(self, task: Path, candidate: Path, ncu_path: str, launch_count: int = 8,
-            timeout_s: float = 240.0) -> JobResult:
-        """Nsight Compute over one call of the candidate (inside an NVTX range), raw metrics as CSV."""
+    def ncu(self, task: Path, candidate: Path, ncu_path: str, launch_count: int = 1,
+            timeout_s: float = 40.0, kernels: list[str] | None = None) -> JobResult:
+        """Nsight Compute over one call of the candidate (inside an NVTX range), raw metrics as CSV.
+
+        `kernels`: base function names to profile (ncu's `--kernel-name regex:`), one launch each."""
         prefix = [ncu_path, "--target-processes", "all", "--nvtx", "--nvtx-include", f"{NCU_RANGE}/",
                   "--metrics", ",".join(NCU_METRICS), "--csv", "--page", "raw", "--launch-count", str(launch_count)]
+        if kernels:
+            prefix += ["--kernel-name", "regex:^(" + "|".join(kernels) + ")$"]
         # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics.
         r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
                          timeout_s, argv_prefix=prefix)

@@ -1,14 +1,17 @@
 """The proposer interface, its discovery, and the hook for IR passes (see the package docstring).
 
 `discover_proposers()` returns the built-ins (library, compiler, graph) plus what the entry-point group
-`kstrata.proposers` offers; a broken plugin is reported (`PluginProblem`) and skipped, never fatal.
+`kstrata.proposers` offers, plus the optional built-ins (`OPTIONAL_BUILTINS`: proposers of other kstrata
+packages, such as the Triton templates of `kstrata.agents.templates`, used by default when that package is
+present even where the entry points are not installed; an absent package is skipped quietly, an entry point
+of the same name takes precedence; `plugins=False` leaves them out too); a broken plugin is reported (`PluginProblem`) and skipped, never fatal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import metadata
+from importlib import import_module, metadata
 from typing import Any, Protocol, runtime_checkable
 
 from kstrata.agents.optimize.candidate import SPACES, TaskCandidate
@@ -39,6 +42,39 @@ def builtin_proposers() -> list[Proposer]:
     from kstrata.agents.optimize.library import library_proposers
 
     return [*library_proposers(), *compiler_proposers(), *graph_proposers(), IrPassProposer()]
+
+
+#: (name, "module:attribute") of proposers in other kstrata packages, used when the module exists.
+OPTIONAL_BUILTINS: tuple[tuple[str, str], ...] = (("templates", "kstrata.agents.templates.proposer:TemplateProposer"),)
+
+
+def optional_proposers(have: Iterable[str] = (), specs: Iterable[tuple[str, str]] = OPTIONAL_BUILTINS,
+                       ) -> tuple[list[Proposer], list[PluginProblem]]:
+    """The optional built-ins not already in `have` (names); a missing package is no problem, a broken one is."""
+    found: list[Proposer] = []
+    problems: list[PluginProblem] = []
+    taken = set(have)
+    for name, spec in specs:
+        if name in taken:
+            continue
+        mod, _, attr = spec.partition(":")
+        try:
+            objs = _as_proposers(getattr(import_module(mod), attr))
+        except ModuleNotFoundError as exc:
+            if exc.name and (mod == exc.name or mod.startswith(exc.name + ".")):
+                continue  # the package is not there (not merged, not installed): nothing to offer
+            problems.append(PluginProblem(spec, f"{type(exc).__name__}: {exc}"))
+            continue
+        except Exception as exc:
+            problems.append(PluginProblem(spec, f"{type(exc).__name__}: {exc}"))
+            continue
+        for obj in objs:
+            why = _invalid(obj)
+            if why:
+                problems.append(PluginProblem(spec, why))
+            else:
+                found.append(obj)
+    return found, problems
 
 
 def _as_proposers(obj: Any) -> list[Any]:
@@ -85,7 +121,12 @@ def discover_proposers(extra: Iterable[Proposer] = (), *, plugins: bool = True) 
     if plugins:
         more, problems = plugin_proposers()
         found += more
-    found += list(extra)
+    extra = list(extra)
+    if plugins:  # other packages' proposers: off with the plugins (`--no-plugins`: the optimizer's own only)
+        opt, opt_problems = optional_proposers({p.name for p in [*found, *extra]})
+        found += opt
+        problems += opt_problems
+    found += extra
     seen: dict[str, Proposer] = {}
     for p in found:
         if p.name in seen:

@@ -63,6 +63,12 @@ UCT_C = 0.7
 PRUNE_AFTER = 3
 MIN_NOISE = 0.01
 FAILURE_REWARD = -1.0
+#: The search starts no later than this fraction into the task's time limit: profiling that would run past it
+#: is skipped (with a note), so every task gets a guaranteed share of its time for candidates.
+SEARCH_START_FRACTION = 0.5
+#: Below this per-task time limit (minutes) the compile-max-autotune baseline is not built (its autotuning
+#: alone can take a minute); the note says so.
+MAX_AUTOTUNE_MIN_MINUTES = 4.0
 #: Loading and tracing a task touch torch's global state (RNG, default dtype and device), and proposers may
 #: load and trace too: one at a time across the tasks a directory run optimizes in parallel.
 TASK_LOCK = threading.RLock()
@@ -96,6 +102,7 @@ class Options:
     ceilings: Any = None  # roofline.Ceilings (GPU), measured by the caller
     lock_path: Path | None = None
     progress: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic  # a fake one in tests
     #: When set, a timed win is summarized into a skill there, admitted only if it reproduces (fresh
     #: processes, other seeds): kstrata.agents.skills.learn_from_win.
     skills_dir: Path | None = None
@@ -173,7 +180,7 @@ class TaskSearch:
         self.events: list[dict[str, Any]] = []
         self.contract: Contract | None = None
         self.elapsed_offset = 0.0
-        self.start = time.monotonic()
+        self.start = opts.clock()
         self.stop_reason = ""
         self.final: dict[str, Any] | None = None
         self._exhausted_nodes: set[tuple[str, str]] = set()  # (node, space) pairs with nothing left to propose
@@ -183,7 +190,11 @@ class TaskSearch:
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return self.elapsed_offset + time.monotonic() - self.start
+        return self.elapsed_offset + self.opts.clock() - self.start
+
+    def search_start_s(self) -> float:
+        """Elapsed seconds by which the search must start (profiling gives way after that)."""
+        return SEARCH_START_FRACTION * self.opts.minutes * 60
 
     def say(self, msg: str) -> None:
         self.opts.progress(f"[{self.info.name}] {msg}")
@@ -368,6 +379,12 @@ class TaskSearch:
         names = list(self.opts.baselines) if self.ev.timed else ["eager"]
         if "eager" not in names:
             names.insert(0, "eager")
+        if self.ev.timed and "compile-max-autotune" in names and self.opts.minutes < MAX_AUTOTUNE_MIN_MINUTES:
+            names.remove("compile-max-autotune")
+            self.notes["baselines"] = (f"compile-max-autotune not built: the task's time limit "
+                                       f"({self.opts.minutes:g} min) is below {MAX_AUTOTUNE_MIN_MINUTES:g} min and "
+                                       "its autotuning would take the search's time")
+            self.say(self.notes["baselines"])
         if not self.ev.timed and len(self.opts.baselines) > 1:
             self.notes["baselines"] = ("no GPU: nothing is timed, so eager is the incumbent and the compiled baselines "
                                        "were not built")
@@ -433,7 +450,14 @@ class TaskSearch:
 
             ev.roofline = assess(self.info.spec, self.opts.ceilings, inc.timing.median_us * 1e-6).to_json()
             ev.ceilings = self.opts.ceilings.to_json()
-        collect_evidence(ev, self, self.write_candidate(inc.candidate))
+        left = self.search_start_s() - self.elapsed()
+        if left <= 0 and self.ev.timed:
+            ev.profile_note = (f"profiling skipped: {self.elapsed():.0f} s of the task's {self.opts.minutes:g}-minute "
+                               f"limit were used before it, and the search starts by "
+                               f"{100 * SEARCH_START_FRACTION:.0f}% of it (findings from the operators only)")
+        else:
+            collect_evidence(ev, self, self.write_candidate(inc.candidate),
+                             time_left=lambda: self.search_start_s() - self.elapsed())
         self.findings = analyze(ev, discover_analyzers(self.opts.plugins))
         self.evidence_json = {"profile": ev.profile, "profile_note": ev.profile_note, "ncu": ev.ncu,
                               "ncu_note": ev.ncu_note, "sass": ev.sass, "sass_note": ev.sass_note,

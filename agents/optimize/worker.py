@@ -90,39 +90,124 @@ def _wait_for_go(job: dict[str, Any]) -> None:
             time.sleep(0.005)
 
 
+#: The float64 run of the probe is skipped when its input and output copies (both draws) would exceed this.
+FP64_PROBE_MAX_BYTES = 4 << 30
+
+
+def perturb_weights(model: Any, seed: int) -> tuple[Any, int]:
+    """A copy of `model` whose floating parameters and buffers are redrawn at random (same shape and dtype).
+
+    Redrawing the init seed changes nothing for deterministic inits (GroupNorm's ones and zeros), so the
+    values are replaced directly: parameters by N(mean, std) of the originals, or N(0, 1) where the original is
+    constant; buffers (running statistics) scaled by a factor in [0.5, 1.5) per element (uniform [0, 1)
+    where all zero), so variances stay positive. Returns the copy and how many tensors were redrawn."""
+    import copy
+
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return model, 0
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    count = 0
+    with torch.no_grad():
+        for p in other.parameters():
+            if not p.dtype.is_floating_point or p.numel() == 0:
+                continue
+            f = p.detach().double().cpu()
+            std = float(f.std()) if f.numel() > 1 else 0.0
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            new = f.mean() + std * noise if std > 0 and torch.isfinite(torch.tensor(std)) else noise
+            p.copy_(new.to(p.dtype))
+            count += 1
+        for b in other.buffers():
+            if not b.dtype.is_floating_point or b.numel() == 0:
+                continue
+            f = b.detach().double().cpu()
+            u = torch.rand(b.shape, generator=gen, dtype=torch.float64)
+            b.copy_((f * (0.5 + u) if bool((f != 0).any()) else u).to(b.dtype))
+            count += 1
+    return other, count
+
+
 def probe(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from kstrata.agents.eval_worker import _build, _flat_outputs, make_inputs
+    from kstrata.agents.eval_worker import _build, _flat_outputs, _to_double, make_inputs
 
     module, device, seed = _load(job)
     model, _ = _build(module.Model, module, seed, device)
-    other_model, _ = _build(module.Model, module, seed + 1, device)
+    other_model, n_params = perturb_weights(model, seed + 1)
     a = make_inputs(module, 0, seed, device)
     b = make_inputs(module, 0, seed + 1000, device)  # the task's own distribution, another draw
     with torch.no_grad():
         oa = _flat_outputs(model(*a))
         ob = _flat_outputs(model(*b))
         ow = _flat_outputs(other_model(*a))
+    # The same two draws in float64: is the change between them more than the rounding error of computing them?
+    # (Skipped for big tasks: other tasks share the GPU, and float64 copies of everything double the memory.)
+    fp64_bytes = 16 * sum(int(t.numel()) for t in [*a, *oa] if isinstance(t, torch.Tensor) and t.dtype.is_floating_point)
+    try:
+        if fp64_bytes > FP64_PROBE_MAX_BYTES:
+            raise MemoryError(f"{fp64_bytes / 2**30:.1f} GiB of float64 copies")
+        m64, a64 = _to_double(model, a)
+        _, b64 = _to_double(model, b)
+        with torch.no_grad():
+            oa64 = _flat_outputs(m64(*a64))
+            ob64 = _flat_outputs(m64(*b64))
+    except Exception:  # a model that cannot run in float64 (explicit casts, integer paths): no such evidence
+        oa64 = ob64 = [None] * len(oa)
     _sync(device)
     outs = []
     for i, (x, y, w) in enumerate(zip(oa, ob, ow, strict=True)):
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.numel() == 0:
             continue
-        xf, yf, wf = x.double(), y.double(), w.double()
-        finite = xf.isfinite() & yf.isfinite()
-        scale = float(xf[finite].abs().max()) if bool(finite.any()) else 0.0
-        change = float((xf - yf)[finite].abs().max()) if bool(finite.any()) else 0.0
+        x64, y64 = (oa64[i] if i < len(oa64) else None), (ob64[i] if i < len(ob64) else None)
+        if not (isinstance(x64, torch.Tensor) and isinstance(y64, torch.Tensor) and x64.shape == x.shape == y64.shape):
+            x64 = y64 = None
+        st = _output_stats(x, y, w, x64, y64)
+        scale, change = st["scale"], st["change"]
         rel = change / scale if scale > 0 else (0.0 if change == 0 else math.inf)
-        n_params = sum(1 for _ in model.parameters()) if isinstance(model, torch.nn.Module) else 0
-        outs.append({"output": i, "numel": int(x.numel()),
-                     "depends_on_inputs": not torch.equal(x, y),
-                     "depends_on_weights": (not torch.equal(x, w)) if n_params else None,
-                     "constant": bool(x.numel() > 1 and float(xf[finite].max() - xf[finite].min()) == 0.0)
-                     if bool(finite.any()) else True,
-                     "rel_change_across_inputs": rel, "weights_rel_change": float((xf - wf)[finite].abs().max()) /
-                     scale if scale > 0 and bool(finite.any()) else 0.0})
+        row = {"output": i, "numel": int(x.numel()),
+               "depends_on_inputs": not torch.equal(x, y),
+               "depends_on_weights": (not torch.equal(x, w)) if n_params else None,
+               "constant": bool(x.numel() > 1 and st["max"] - st["min"] == 0.0) if st["any_finite"] else True,
+               "rel_change_across_inputs": rel,
+               "weights_rel_change": st["wchange"] / scale if scale > 0 and st["any_finite"] else 0.0}
+        if st["any_finite64"]:  # the float64 change between the draws, against this dtype's rounding error
+            row["change_fp64"], row["rounding_error"] = st["change64"], st["error64"]
+        outs.append(row)
     return {"ok": True, "outputs": outs}
+
+
+def _output_stats(x: Any, y: Any, w: Any, x64: Any, y64: Any, chunk: int = 1 << 24) -> dict[str, Any]:
+    """Max-abs statistics of one output over its elements where both draws are finite, in float64, a chunk
+    at a time (no float64 copy of a whole large output): scale, change between the input draws, change under
+    the perturbed weights, min/max; with the float64 runs (`x64`, `y64`), their change and the rounding error."""
+    xs, ys, ws = x.reshape(-1), y.reshape(-1), w.reshape(-1)
+    x6, y6 = (x64.reshape(-1), y64.reshape(-1)) if x64 is not None else (None, None)
+    st: dict[str, Any] = {"scale": 0.0, "change": 0.0, "wchange": 0.0, "min": math.inf, "max": -math.inf,
+                          "any_finite": False, "change64": 0.0, "error64": 0.0, "any_finite64": False}
+    for lo in range(0, xs.numel(), chunk):
+        xf, yf = xs[lo:lo + chunk].double(), ys[lo:lo + chunk].double()
+        fin = xf.isfinite() & yf.isfinite()
+        if not bool(fin.any()):
+            continue
+        st["any_finite"] = True
+        xc = xf[fin]
+        st["scale"] = max(st["scale"], float(xc.abs().max()))
+        st["change"] = max(st["change"], float((xc - yf[fin]).abs().max()))
+        st["wchange"] = max(st["wchange"], float((xc - ws[lo:lo + chunk].double()[fin]).abs().max()))
+        st["min"], st["max"] = min(st["min"], float(xc.min())), max(st["max"], float(xc.max()))
+        if x6 is not None and y6 is not None:
+            a6, b6 = x6[lo:lo + chunk].double(), y6[lo:lo + chunk].double()
+            f6 = fin & a6.isfinite() & b6.isfinite()
+            if bool(f6.any()):
+                st["any_finite64"] = True
+                st["change64"] = max(st["change64"], float((a6[f6] - b6[f6]).abs().max()))
+                st["error64"] = max(st["error64"], float((xf[f6] - a6[f6]).abs().max()),
+                                    float((yf[f6] - b6[f6]).abs().max()))
+    return st
 
 
 def _candidates(job: dict[str, Any], module: Any, device: str, seed: int) -> dict[str, Any]:

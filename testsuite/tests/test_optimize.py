@@ -71,6 +71,135 @@ def test_degenerate_verdicts() -> None:
     assert near.degenerate and "near-constant" in near.reasons[0]
 
 
+_GROUPNORM_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, groups: int, channels: int):
+        super().__init__()
+        self.gn = nn.GroupNorm(groups, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gn(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 16, 6, 6)]
+
+
+def get_init_inputs():
+    return [4, 16]
+"""
+
+_CONV3D_GN_MEAN_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, cin: int, cout: int, groups: int):
+        super().__init__()
+        self.conv = nn.Conv3d(cin, cout, 3, padding=1)
+        self.norm = nn.GroupNorm(groups, cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x)).mean(dim=(1, 2, 3, 4))
+
+
+def get_inputs():
+    return [torch.randn(4, 3, 4, 6, 6) * 3.0 + 1.0]
+
+
+def get_init_inputs():
+    return [3, 8, 4]
+"""
+
+_NO_PARAMS_SMALL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("name,source,params,degenerate,reason", [
+    ("gn", _GROUPNORM_SMALL, True, False, ""),  # deterministic init (ones/zeros): perturbed, it depends on them
+    ("conv3d_gn_mean", _CONV3D_GN_MEAN_SMALL, True, True, "rounding noise"),  # a mean of normalized values: ~0
+    ("relu", _NO_PARAMS_SMALL, False, False, ""),  # no parameters is not "weight-independent"
+])
+def test_probe_perturbs_weights_and_finds_near_constant_outputs(tmp_path: Path, name: str, source: str,
+                                                                params: bool, degenerate: bool, reason: str) -> None:
+    from kstrata.agents.optimize.worker import probe
+
+    task = tmp_path / f"{name}.py"
+    task.write_text(source)
+    data = probe({"task": str(task), "device": "cpu"})
+    deg = judge_degeneracy(data, has_parameters=params)
+    assert deg.degenerate is degenerate, (deg.reasons, data)
+    out = data["outputs"][0]
+    assert out["depends_on_weights"] is (True if params else None)
+    if reason:
+        assert any(reason in r for r in deg.reasons) and not any("weights" in r for r in deg.reasons)
+    else:
+        assert out["change_fp64"] > 4 * out["rounding_error"]
+
+
+def test_probe_skips_float64_for_big_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import worker
+
+    monkeypatch.setattr(worker, "FP64_PROBE_MAX_BYTES", 1024)
+    task = tmp_path / "c.py"
+    task.write_text(_CONV3D_GN_MEAN_SMALL)
+    data = worker.probe({"task": str(task), "device": "cpu"})
+    assert "change_fp64" not in data["outputs"][0]
+    assert not any("rounding noise" in r for r in judge_degeneracy(data, has_parameters=True).reasons)
+
+
+def test_probe_output_stats_are_the_same_chunked() -> None:
+    import torch
+
+    from kstrata.agents.optimize.worker import _output_stats
+
+    g = torch.Generator().manual_seed(3)
+    x, y, w = (torch.randn(7, 13, generator=g) for _ in range(3))
+    x[2, 3], y[5, 1] = float("inf"), float("nan")
+    x64, y64 = x.double() + 1e-9, y.double() - 1e-9
+    whole, chunked = _output_stats(x, y, w, x64, y64), _output_stats(x, y, w, x64, y64, chunk=5)
+    assert whole == chunked and whole["any_finite64"]
+    fin = x.isfinite() & y.isfinite()
+    assert whole["change"] == pytest.approx(float((x - y)[fin].abs().max()))
+    assert whole["error64"] == pytest.approx(1e-9, rel=1e-3)
+
+
+def test_perturbed_weights_keep_shapes_and_dtypes() -> None:
+    import torch
+
+    from kstrata.agents.optimize.worker import perturb_weights
+
+    m = torch.nn.Sequential(torch.nn.GroupNorm(2, 4).half(), torch.nn.BatchNorm1d(4))
+    other, n = perturb_weights(m, 7)
+    assert n == 4 + 2  # four parameters, two floating buffers (num_batches_tracked is an integer)
+    for (_, a), (_, b) in zip(m.state_dict().items(), other.state_dict().items(), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype.is_floating_point:
+            assert not torch.equal(a, b)
+    assert bool((other[1].running_var > 0).all())  # variances stay positive
+    assert torch.equal(m[0].weight, torch.ones(4, dtype=torch.half))  # the original is untouched
+
+
 def test_contract_layout_problems() -> None:
     ref = [{"shape": [4, 8], "stride": [8, 1], "contiguous": True, "dtype": "float32"}]
     assert output_problems(ref, [{"shape": [4, 8], "stride": [8, 1], "contiguous": True, "dtype": "float32"}]) == []
@@ -152,6 +281,26 @@ def _exec_model_new(source: str, tmp_path: Path, name: str) -> Any:
     p = tmp_path / f"{name}.py"
     p.write_text(source)
     return import_task_module(p)
+
+
+def test_optional_builtin_proposers_are_used_when_present() -> None:
+    from kstrata.agents.optimize.proposers import OPTIONAL_BUILTINS, discover_proposers, optional_proposers
+
+    assert ("templates", "kstrata.agents.templates.proposer:TemplateProposer") in OPTIONAL_BUILTINS
+    present = ("ir-copy", "kstrata.agents.optimize.proposers:IrPassProposer")
+    found, problems = optional_proposers((), [("nope", "kstrata.agents.no_such_package.proposer:P"), present])
+    assert [p.space for p in found] == ["ir"] and problems == []  # an absent package is skipped quietly
+    assert optional_proposers({"ir-copy"}, [present]) == ([], [])  # an entry point of that name wins
+    _, bad = optional_proposers((), [("x", "kstrata.agents.optimize.proposers:NoSuchClass")])
+    assert len(bad) == 1 and "AttributeError" in bad[0].reason  # present but broken: reported
+    assert "templates" not in [p.name for p in discover_proposers(plugins=False)[0]]  # --no-plugins
+    names = [p.name for p in discover_proposers(plugins=True)[0]]
+    try:
+        import kstrata.agents.templates.proposer  # noqa: F401
+    except ModuleNotFoundError:
+        assert "templates" not in names
+    else:
+        assert names.count("templates") == 1
 
 
 def test_config_sources_are_standalone_and_compile(tmp_path: Path) -> None:
@@ -262,7 +411,7 @@ def _rule_us(src: str) -> float:
 
 
 def _search(tmp_path: Path, ev: FakeEvaluator, **kw: Any) -> TaskSearch:
-    opts = Options(budget=kw.pop("budget", 4), device="cuda", spaces=kw.pop("spaces", ("compiler",)), ncu=False,
+    opts = Options(budget=kw.pop("budget", 4), device="cuda", spaces=kw.pop("spaces", ("compiler",)), ncu=kw.pop("ncu", False),
                    plugins=False, progress=lambda m: None, **kw)
     return TaskSearch(TINY / "01_relu_small.py", tmp_path / "out", opts, ev)  # type: ignore[arg-type]
 
@@ -339,6 +488,94 @@ def test_cuda_graph_proposer_fires_on_launch_bound_profile(tmp_path: Path) -> No
     r = s.run()
     assert "launch-bound" in r.findings
     assert s.incumbent.candidate.params.get("cuda_graph") is True and r.chosen_space == "library"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _slow_baselines(tmp_path: Path, clock: _Clock, baseline_s: float) -> FakeEvaluator:
+    """Checking the baselines costs `baseline_s` fake seconds; profile and ncu are recorded."""
+    ev = FakeEvaluator(tmp_path, _rule_us)
+    ev.ncu_calls = []  # type: ignore[attr-defined]
+    profiled: list[bool] = []
+    plain_check, plain_profile = ev.check, ev.profile
+
+    def check(task: Path, cand: Path) -> CheckResult:
+        if not profiled:  # the baselines' checks (two or three of them, in one batch)
+            clock.t += baseline_s / 2
+        return plain_check(task, cand)
+
+    def profile(*a: Any, **k: Any) -> JobResult:
+        profiled.append(True)
+        r = plain_profile(*a, **k)
+        r.data["kernels"] = [{"name": "void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float>(long, "
+                              "float, float const*, float*, float*)", "time_us_per_call": 30.0, "share": 0.35, "launches_per_call": 1},
+                             {"name": "triton_red_fused_0", "time_us_per_call": 50.0, "share": 0.6, "launches_per_call": 1},
+                             {"name": "ampere_sgemm_128x64_nn", "time_us_per_call": 5.0, "share": 0.05, "launches_per_call": 1}]
+        clock.t += 5.0
+        return r
+
+    def ncu(*a: Any, **k: Any) -> JobResult:
+        ev.ncu_calls.append(k)  # type: ignore[attr-defined]
+        clock.t += 10.0
+        return JobResult(False, {}, "fake: ncu reported no kernels", 0.0)
+
+    ev.check, ev.profile, ev.ncu = check, profile, ncu  # type: ignore[method-assign]
+    return ev
+
+
+def test_profiling_is_bounded_and_the_search_keeps_its_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import profile as profile_mod
+    from kstrata.agents.optimize.search import SEARCH_START_FRACTION
+
+    monkeypatch.setenv("KSTRATA_NCU", "/fake/ncu")
+    # 2-minute limit: baselines take 20 s, so profiling runs; ncu on the top 2 kernels, bounded by 40 s
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "a", clock, 20.0)
+    s = _search(tmp_path / "a", ev, minutes=2.0, clock=clock, ncu=True)
+    r = s.run()
+    first = ev.ncu_calls[0]  # type: ignore[attr-defined]
+    assert first["kernels"] == ["triton_red_fused_0", "RowwiseMomentsCUDAKernel"] and first["launch_count"] == 2
+    assert first["timeout_s"] == pytest.approx(min(profile_mod.NCU_TIMEOUT_S, 60 - 25))
+    assert len(ev.ncu_calls) == 2 and ev.ncu_calls[1]["timeout_s"] <= 60 - 35  # type: ignore[attr-defined]
+    assert "compile-max-autotune" not in s.baselines and "below 4 min" in s.notes["baselines"]
+    assert r.candidates > 0 and "time limit" not in s.stop_reason
+
+    # baselines used 70% of the limit: profiling is skipped with a note, the search still runs
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "b", clock, 0.7 * 120)
+    s = _search(tmp_path / "b", ev, minutes=2.0, clock=clock, ncu=True)
+    r = s.run()
+    assert not ev.ncu_calls and "profiling skipped" in s.evidence_json["profile_note"]  # type: ignore[attr-defined]
+    assert f"{100 * SEARCH_START_FRACTION:.0f}%" in s.evidence_json["profile_note"] and r.candidates > 0
+
+    # 40 s limit, 15 s of baselines: 5 s left before the search must start, so ncu is skipped (too short)
+    clock = _Clock()
+    ev = _slow_baselines(tmp_path / "c", clock, 15.0)
+    s = _search(tmp_path / "c", ev, minutes=40 / 60, clock=clock, ncu=True)
+    s.run()
+    assert not ev.ncu_calls and "Nsight Compute skipped" in s.evidence_json["ncu_note"]  # type: ignore[attr-defined]
+
+
+def test_kernel_base_names_for_ncu() -> None:
+    from kstrata.agents.optimize.profile import kernel_base_name, top_kernel_names
+
+    assert kernel_base_name("void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float>(long, float)") \
+        == "RowwiseMomentsCUDAKernel"
+    assert kernel_base_name("void at::reduce_kernel<512, 1, at::ReduceOp<float, at::MeanOps<float, float> > >"
+                            "(at::ReduceOp<float, at::MeanOps<float, float> >)") == "reduce_kernel"
+    assert kernel_base_name("triton_poi_fused_0") == "triton_poi_fused_0"
+    assert kernel_base_name("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize") \
+        == "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize"
+    assert kernel_base_name("Memcpy DtoD (Device -> Device)") is None
+    assert top_kernel_names({"kernels": [{"name": "a", "time_us_per_call": 1}, {"name": "b<int>(int)",
+                                          "time_us_per_call": 3}, {"name": "b<float>(float)", "time_us_per_call": 2}]}) \
+        == ["b", "a"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -501,3 +738,16 @@ def test_timed_code_path_runs_with_a_cpu_wall_clock(tmp_path: Path) -> None:
     assert any(e["type"] == "evidence" and e["evidence"]["profile"] for e in events)
     faster = [n for n in judged if (n.speedup or 0) > 1.01]
     assert len([e for e in events if e["type"] == "guard"]) == len(faster)
+
+
+def test_bench_default_tasks_and_per_task_budget(tmp_path: Path) -> None:
+    from kstrata.tools.bench_optimize import DEFAULT_TASKS, DEFAULT_WITH_GAPS, default_tasks, per_task_minutes
+
+    assert default_tasks(tmp_path) == list(DEFAULT_TASKS)  # no gaps folder
+    (tmp_path / "gaps").mkdir()
+    for n in ("02_b_fp32.py", "01_a_fp32.py", "__init__.py"):
+        (tmp_path / "gaps" / n).write_text("")
+    assert default_tasks(tmp_path) == ["gaps/01_a_fp32", "gaps/02_b_fp32", *DEFAULT_WITH_GAPS]
+    # one wave in 9 minutes: 65% of it per task, the rest for in-flight candidates and the final evaluation
+    assert per_task_minutes(9.0, 9, 9) == pytest.approx(5.85)
+    assert per_task_minutes(9.0, 10, 5) == pytest.approx(2.925) and per_task_minutes(1.0, 9, 1) == 0.5
