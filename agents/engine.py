@@ -269,6 +269,18 @@ class Candidate:
         return cls(str(data["base"]), str(data["level"]), edit_from_json(data["edit"]), data.get("tolerance"),
                    str(data.get("policy", "strict")), Provenance(**(data.get("provenance") or {})))
 
+    @classmethod
+    def task(cls, base: str, source: str = "", *, policy: str = "strict", tolerance: str | None = None,
+             provenance: Provenance | Mapping[str, Any] | None = None, level: str = "task",
+             edit: Any = None) -> Candidate:
+        """A task-level candidate: a complete `ModelNew` source for the task `base` (the optimizer's
+        `TaskCandidate.engine_fields()` fit: `Candidate.task(base, **candidate.engine_fields())`)."""
+        source = edit if isinstance(edit, str) else source
+        if not source or level != "task":
+            raise EngineError("a task candidate needs a ModelNew source, at level task")
+        prov = provenance if isinstance(provenance, Provenance) else Provenance(**(provenance or {}))
+        return cls(base, level, ModelNewEdit(source), tolerance, policy, prov)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Results
@@ -483,6 +495,8 @@ class Engine:
         self.stats = EngineStats()
         self._bases: dict[str, BaseRef] = {}
         self._lock = threading.Lock()
+        #: Timings of this session by (original, binary, launches): a duplicate binary is timed once.
+        self._timings: dict[tuple[str, str, tuple[str, ...]], Measurement] = {}
 
     def close(self) -> None:
         if self._own_pool:
@@ -687,7 +701,9 @@ class Engine:
         reasons: list[str] = []
         for launch in launches:
             payload = {"original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
-                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance}
+                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance,
+                       # the levels the pipeline edited: verify rebuilds below the lowest, not below the highest
+                       "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
             run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
                                 env=tool_env(launch))
             if not run.ok:
@@ -727,6 +743,15 @@ class Engine:
         budget = budget or Budget()
         if built.status != "changed":
             return Measurement("skipped", f"nothing to time: the build is {built.status}")
+        memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches))
+        if memo in self._timings:
+            return self._timings[memo]
+        result = self._measure(original, built, launches, budget)
+        if result.status == "timed":
+            self._timings[memo] = result
+        return result
+
+    def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget) -> Measurement:
         base = self.base(original)
         if base.kind == "task":
             return self._measure_task(base, self.built_entry(built), budget)
@@ -898,7 +923,7 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     original = _load_one(p["original"], p.get("override_key"))
     candidate = _load_one(p["candidate"])
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
-                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent)
+                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"))
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}

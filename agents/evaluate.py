@@ -309,6 +309,8 @@ def compare_output(name: str, ref: Any, out: Any, ref64: Any, *, fp64_note: str 
     elif not strict_ok:
         detail = (f"error against float64 {cand_rel:.3g} relative (bound {bound_rel:.3g}), {cand_abs:.3g} max abs "
                   f"(bound {bound_abs:.3g}); PyTorch's own {dname} error is {ref_rel:.3g} relative, {ref_abs:.3g} max abs")
+        if not kb_ok and st["worst"]:  # where: what a person (or a model refining the candidate) needs
+            detail += "; " + st["worst"]
     elif not kb_ok:
         detail = st["worst"]
     return OutputComparison(name, dname, kb_ok, tol, strict_ok, "float64", max_abs_vs_ref, cand_abs, cand_rel,
@@ -423,7 +425,8 @@ class WorkerProcess:
 
     def __init__(self, role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                  timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-                 policy: str = "strict", lockstep: bool = False, on_progress: Any = None) -> None:
+                 policy: str = "strict", lockstep: bool = False, on_progress: Any = None,
+                 env: dict[str, str] | None = None) -> None:
         import time
 
         workdir.mkdir(parents=True, exist_ok=True)
@@ -441,8 +444,13 @@ class WorkerProcess:
         self._read = 0
         self._pending = ""
         self.ready: list[str] = []
-        env = dict(os.environ)
+        # `env`: a restricted environment (kstrata.agents.llm.sandbox) for generated candidates.
+        env = dict(os.environ) if env is None else dict(env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if device == "cpu":
+            # Without a GPU Triton has no driver ("0 active drivers"): @triton.jit kernels run on CPU tensors
+            # under Triton's interpreter, which reads this before the candidate's kernels are decorated.
+            env["TRITON_INTERPRET"] = "1"
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
         self.timed_out = False
@@ -474,21 +482,33 @@ class WorkerProcess:
     def _kill(self) -> None:
         kill_tree(self.proc)
 
-    def wait_ready(self, what: str) -> bool:
-        """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first."""
+    def wait_ready(self, what: str | None) -> bool:
+        """Wait until the (lockstep) worker is ready for `what`; False when it exited or timed out first.
+        With `what` None, wait until it exits (True) or times out (False)."""
         import time
 
         while True:
             self._poll_log()
-            if what in self.ready:
+            if what is not None and what in self.ready:
                 return True
             if self.proc.poll() is not None:
-                return False
+                self._poll_log()
+                return what is None
             if time.monotonic() > self.deadline:
                 self.timed_out = True
                 self._kill()
                 return False
             time.sleep(0.05)
+
+    def close(self) -> None:
+        """Close the pipes and the log (the process has ended or been killed)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        if not self._log.closed:
+            self._log.close()
 
     def go(self) -> None:
         assert self.proc.stdin is not None
@@ -510,7 +530,7 @@ class WorkerProcess:
                 break
             time.sleep(0.1)
         self._poll_log()
-        self._log.close()
+        self.close()
         elapsed = time.monotonic() - self.start
         tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
         report_path = self.workdir / "report.json"
@@ -525,11 +545,11 @@ class WorkerProcess:
 
 def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, trials: int, seed: int,
                timeout_s: float, timing: bool, runs: int, cuda_graph: bool, workdir: Path,
-               policy: str = "strict", on_progress: Any = None) -> WorkerRun:
+               policy: str = "strict", on_progress: Any = None, env: dict[str, str] | None = None) -> WorkerRun:
     """Spawn `python -m kstrata.agents.eval_worker` for one role and wait for it (or kill it at the timeout)."""
     return WorkerProcess(role, task, candidate, device=device, trials=trials, seed=seed, timeout_s=timeout_s,
                          timing=timing, runs=runs, cuda_graph=cuda_graph, workdir=workdir, policy=policy,
-                         on_progress=on_progress).finish()
+                         on_progress=on_progress, env=env).finish()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -565,6 +585,7 @@ class MemoryPlan:
     host_need_bytes: int  # here, in the chosen mode
     host_available_bytes: int
     device_total_bytes: int | None
+    trial_bytes: int = 0  # one trial of the reference's outputs and their float64 copies, as saved
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -597,10 +618,10 @@ def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
     # All trials: the outputs of every trial (and their float64 copies) in scratch space, then here.
     all_need = 2 * trials * per_trial
     if not avail or all_need <= 0.5 * avail:
-        return MemoryPlan("all-trials", in_b, out_b, f64, dev_need, all_need, avail, total)
+        return MemoryPlan("all-trials", in_b, out_b, f64, dev_need, all_need, avail, total, per_trial)
     lock_need = 3 * per_trial + out_b
     if lock_need <= 0.8 * avail:
-        return MemoryPlan("lockstep", in_b, out_b, f64, dev_need, lock_need, avail, total)
+        return MemoryPlan("lockstep", in_b, out_b, f64, dev_need, lock_need, avail, total, per_trial)
     raise EvalError(f"does not fit in host memory: one trial's outputs and their float64 reference take "
                     f"{_gib(per_trial)}, and judging one needs about {_gib(lock_need)}; {_gib(avail)} available")
 
@@ -619,7 +640,8 @@ def default_device() -> str:
 def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict", trials: int = DEFAULT_TRIALS,
              seed: int = DEFAULT_SEED, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              timing: bool | None = None, runs: int = 100, cuda_graph: bool = False,
-             ceilings: Any = None, on_progress: Any = None, on_plan: Any = None) -> EvalVerdict:
+             ceilings: Any = None, on_progress: Any = None, on_plan: Any = None,
+             env: dict[str, str] | None = None) -> EvalVerdict:
     """Judge `candidate` (a file defining `ModelNew`) against `task` (a KernelBench problem file).
 
     Before anything runs, the task's shapes give a memory plan (`memory_plan`): a task that does not fit
@@ -648,12 +670,12 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     if on_plan is not None:
         on_plan(plan)
     # lockstep: one trial of the reference's outputs (and float64 copies) and one of the candidate's at a time
-    need = 2 * (plan.output_bytes + plan.float64_bytes) if plan.mode == "lockstep" else 0
+    need = plan.trial_bytes + plan.output_bytes if plan.mode == "lockstep" else 0
     scratch = Path(tempfile.mkdtemp(prefix="kstrata-eval-", dir=_scratch_root(need)))
     base = {"task": str(task), "candidate": str(candidate), "policy": policy}
     kw: dict[str, Any] = {"device": device, "trials": trials, "seed": seed, "timeout_s": timeout_s,
                           "timing": timing, "runs": runs, "cuda_graph": cuda_graph, "policy": policy,
-                          "on_progress": on_progress}
+                          "on_progress": on_progress, "env": env}
     extra = {"memory": {"plan": plan.to_json()},
              "timing_note": "" if timing else ("skipped: --device cpu (timing needs a GPU)" if device == "cpu"
                                                else "skipped: timing was turned off")}
@@ -690,7 +712,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
         if not worker.wait_ready(steps[i]):
             return False
         worker.go()
-        return worker.wait_ready(steps[i + 1]) if i + 1 < len(steps) else True
+        return worker.wait_ready(steps[i + 1] if i + 1 < len(steps) else None)
 
     compared: list[tuple[list[Check], list[OutputComparison]] | None] = []
     last_ref: dict[str, Any] | None = None
@@ -701,6 +723,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
                 cand._kill()
                 _reference_ok(ref.finish(), task)
                 raise EvalError(f"the reference stopped before trial {i}", path=task)
+            last_ref = None  # one trial's reference outputs held at a time
             last_ref = _load_trial(ref.workdir, i)
             if not step(cand, i) and not (cand.workdir / f"trial{i}.pt").exists():
                 cand_failed = True
@@ -709,10 +732,19 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
                 compared.append(_compare_trial(last_ref, _load_trial(cand.workdir, i)))
             except Exception:  # unreadable: judged below, as in the all-trials path
                 compared.append(None)
-        if kw["timing"] and not cand_failed:
-            ref.go()
-        ref_run = ref.finish()
-        _reference_ok(ref_run, task)
+        if cand_failed:  # the candidate's failure is the verdict; the reference is told to stop
+            if ref.proc.stdin is not None:
+                ref.proc.stdin.close()
+            ref_run = ref.finish()
+            if ref_run.report is None:
+                import dataclasses
+
+                ref_run = dataclasses.replace(ref_run, report={})
+        else:
+            if kw["timing"]:
+                ref.go()
+            ref_run = ref.finish()
+            _reference_ok(ref_run, task)
         if kw["timing"] and not cand_failed:
             cand.wait_ready("timing")
             cand.go()
@@ -721,6 +753,7 @@ def _lockstep(base: dict[str, Any], spec: Any, task: Path, candidate: Path, tria
         for w in (ref, cand):
             if w.proc.poll() is None:
                 w._kill()
+            w.close()
     return _judge(base, spec, ref_run, [last_ref] if last_ref is not None else [], cand_run, trials, ceilings,
                   compared=compared, extra=extra)
 

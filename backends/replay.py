@@ -110,7 +110,7 @@ def _fill(arg: TensorArg, gen: Any, device: str, mode: str, base_dir: Path | Non
         # tens of GB and seconds per input set. The device generator is seeded from the host one, so a
         # seed still gives the same inputs every time.
         gen = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-    where_ = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
+    where_: dict[str, Any] = {"device": device} if device != "cpu" and numel >= DEVICE_FILL_NUMEL else {}
     if dtype.is_floating_point:
         flat = torch.randn(numel, generator=gen, **where_).to(dtype)
     elif dtype == torch.bool:
@@ -216,9 +216,10 @@ def clone_args(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _storage(t: Any) -> Any:
+    """The whole storage behind `t`, on its device (a launch past 2^31 elements is compared on the GPU)."""
     import torch
 
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).detach().cpu()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage()).detach()
 
 
 def _ordered(bits: Any, width: int) -> Any:
@@ -258,7 +259,7 @@ def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
                     close |= (_ordered(xb, width) - _ordered(yb, width)).abs() <= tolerance.ulp
                 same |= finite & close
         if not bool(same.all()):
-            index = int((~same).nonzero()[0, 0])
+            index = int(torch.argmax((~same).to(torch.uint8)))  # the first mismatch (argmax takes the first maximum)
             diff: dict[str, Any] = {"argument": name, "element": index, "a": x[index].item(), "b": y[index].item()}
             if x.dtype.is_floating_point:
                 diff["a_bits"], diff["b_bits"] = hex(int(xb[index]) & ((1 << width) - 1)), \

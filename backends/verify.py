@@ -552,7 +552,7 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
             raise KstrataError(f"a corrupt kernel entry: {errors[0].message}", path=p)
     except KstrataError as exc:
         if entry_like:
-            raise KstrataError(f"refused: a kernel entry whose files cannot be read ({exc.message})", path=p) from None
+            raise KstrataError(f"refused: a kernel entry whose files cannot be read ({exc})", path=p) from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         if entry_like:
             raise KstrataError(f"refused: a kernel entry whose files cannot be read ({type(exc).__name__}: {exc})",

@@ -22,6 +22,9 @@ from kstrata.backends.tools import naming_user_files
 from kstrata.ir.errors import KstrataError
 from kstrata.tools.cli_eval import ONE_COMMAND, bench_cmd, eval_cmd
 from kstrata.tools.cli_ir import ir_app
+from kstrata.tools.cli_llm import llm_app
+from kstrata.tools.cli_optimize import optimize_app
+from kstrata.tools.cli_skills import skills_app
 from kstrata.tools.cli_task import task_app
 from kstrata.tools.console import emit_json, err, error_line, fail, out
 
@@ -39,7 +42,10 @@ app.add_typer(task_app, name="task")
 # end in a stray `COMMAND [ARGS]...`).
 app.command("eval", help=eval_cmd.__doc__, context_settings=ONE_COMMAND)(eval_cmd)
 app.command("bench", help=bench_cmd.__doc__, context_settings=ONE_COMMAND)(bench_cmd)
+app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
+app.add_typer(skills_app, name="skills")
+app.add_typer(llm_app, name="llm")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 
@@ -617,7 +623,10 @@ def verify_cmd(
     """
     from rich.markup import escape
 
-    import kstrata.testsuite.kernels.launch  # noqa: F401  (registers the suite kernels' launches)
+    from kstrata.tools.suite import load_suite, suite_names
+
+    if "kstrata" in suite_names():  # the suite's provider registers the suite kernels' launches with verify
+        load_suite()
     from kstrata.backends.verify import (
         Check,
         Verdict,

@@ -10,7 +10,7 @@ from typing import Any
 
 from kstrata.backends.tools import ToolError, run_tool
 
-_PYTHON_PACKAGES = ("triton", "torch", "xdsl", "llvmlite", "numpy", "openai", "typer", "rich")
+_PYTHON_PACKAGES = ("triton", "torch", "xdsl", "llvmlite", "numpy", "openai", "bm25s", "typer", "rich")
 
 
 def _package(name: str) -> dict[str, Any]:
@@ -61,6 +61,27 @@ def _gpus() -> dict[str, Any]:
     return info
 
 
+def _llm_endpoint() -> dict[str, Any]:
+    """Whether the configured OpenAI-compatible endpoint answers (never prints the key)."""
+    from kstrata.agents.llm.client import LLMClient
+    from kstrata.agents.llm.config import LLMConfigError, load_config
+
+    try:
+        config = load_config()
+    except LLMConfigError as exc:
+        return {"name": "LLM endpoint", "ok": False, "detail": str(exc)}
+    if config is None:
+        return {"name": "LLM endpoint", "ok": False, "configured": False,
+                "detail": "not configured (KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY; optional: "
+                          "optimize --llm needs it, the built-in proposers do not)"}
+    try:
+        ok, detail = LLMClient(config).ping()
+    except Exception as exc:  # a broken client install: report it, the rest of the doctor still runs
+        ok, detail = False, config.redact(f"{type(exc).__name__}: {exc}")
+    key = "a key is set" if config.api_key else "no key set"
+    return {"name": "LLM endpoint", "ok": ok, "configured": True, "detail": f"{detail} ({key})"}
+
+
 def diagnose() -> dict[str, Any]:
     """The doctor's report as a JSON-ready dict; `ok` is false when something the CPU path needs is missing."""
     components = [{"name": "python", "ok": True, "detail": platform.python_version()}]
@@ -68,6 +89,8 @@ def diagnose() -> dict[str, Any]:
     tools = _tool_rows()
     components += tools
     gpus = _gpus()
+    llm = _llm_endpoint()
+    components.append(llm)
     have = {c["name"]: c["ok"] for c in components}
     nv_gpu = bool(gpus["nvidia"])
     amd_gpu = bool(gpus["amd"])
@@ -82,6 +105,7 @@ def diagnose() -> dict[str, Any]:
         {"name": "Triton interpreter on CPU tensors", "ok": have["triton"] and have["torch"], "why": "TRITON_INTERPRET=1"},
         {"name": "run kernels on an NVIDIA GPU", "ok": nv_gpu,
          "why": ", ".join(gpus["nvidia"]) if nv_gpu else "no NVIDIA GPU visible to torch or nvidia-smi"},
+        {"name": "LLM proposers (optimize --llm)", "ok": llm["ok"], "why": llm["detail"]},
         {"name": "run kernels on an AMD GPU", "ok": amd_gpu,
          "why": ", ".join(gpus["amd"]) if amd_gpu else "no AMD GPU visible (dynamic AMD checks need one)"},
     ]

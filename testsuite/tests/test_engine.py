@@ -161,7 +161,7 @@ def test_time_gpu_reports_median_and_spread() -> None:
 def test_interleaved_rounds_alternate_and_stop_early_when_clearly_slower() -> None:
     calls: list[str] = []
     even = interleaved_ab(_sleeper(0.001, calls, "a"), _sleeper(0.001, calls, "b"), rounds=4, runs=3, warmup=0,
-                          clock=CPU_CLOCK)
+                          margin=100.0, clock=CPU_CLOCK)  # (no early stop: a loaded machine makes sleeps uneven)
     assert even.order == list("ABBAABBA") and even.rounds == 4 and even.stopped_early is None
     slow = interleaved_ab(_sleeper(0.001, [], "a"), _sleeper(0.004, [], "b"), rounds=6, runs=3, warmup=0,
                           clock=CPU_CLOCK)
@@ -219,6 +219,11 @@ def test_unknown_base_and_unsupported_edits_are_clear(add_entry: Path, tmp_path:
         base = engine.add_task(task)
         built = engine.build(Candidate(base, "task", ModelNewEdit("class ModelNew: pass\n")))
         assert built.status == "changed" and Path(built.entry or "").read_text() == "class ModelNew: pass\n"
+        fields = {"level": "task", "edit": "class ModelNew: pass\n", "policy": "strict",
+                  "provenance": {"proposer": "p", "parent": None, "space": "triton"}}  # the optimizer's engine_fields()
+        same = Candidate.task(base, **fields)
+        assert same.key == Candidate(base, "task", ModelNewEdit("class ModelNew: pass\n")).key
+        assert engine.build(same).cached and same.provenance.space == "triton"
 
 
 # ---------------------------------------------------------------------------------------------------

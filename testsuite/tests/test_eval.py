@@ -233,9 +233,57 @@ def test_correct_candidates_are_accepted_on_cpu(tmp_path: Path) -> None:
     v = evaluate(relu, ADVERSARIAL / "correct_torch_ops.py", device="cpu", timeout_s=60)
     assert v.accepted and v.correct_strict and v.correct_kernelbench, v.reason
     assert len(v.trials) == 6 and {t.distribution for t in v.trials} == set(DISTRIBUTIONS)
+    # no timing on the CPU, said as such; precision switches and peak memory of every process reported
+    assert v.candidate_timing is None and v.timing_note == "skipped: --device cpu (timing needs a GPU)"
+    assert v.to_json()["timing_note"] == v.timing_note and v.memory["plan"]["mode"] == "all-trials"
+    assert v.memory["reference"]["peak_host_bytes"] > 0 and v.memory["candidate"]["peak_host_bytes"] > 0
+    assert {"matmul_allow_tf32", "cudnn_allow_tf32", "matmul_fp16_reduced_precision_reduction"} <= \
+        set(v.precision["reference"]) and v.precision["candidate"]
     gemm = shrunk_task(tmp_path, *GEMM)
     v = evaluate(gemm, ADVERSARIAL / "correct_gemm_fp32.py", device="cpu", timeout_s=60, policy="kernelbench")
     assert v.accepted and v.correct_strict, v.reason
+
+
+def test_lockstep_trials_judge_one_trial_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # outputs too large to keep every trial are judged trial by trial: forced here on a small task
+    from kstrata.agents import evaluate as ev
+
+    real = ev.memory_plan
+
+    def lockstep(spec: object, device: str, trials: int) -> ev.MemoryPlan:
+        import dataclasses
+
+        return dataclasses.replace(real(spec, device, trials), mode="lockstep")
+
+    monkeypatch.setattr(ev, "memory_plan", lockstep)
+    relu = shrunk_task(tmp_path, *RELU)
+    seen: list[tuple[str, int]] = []
+    v = ev.evaluate(relu, ADVERSARIAL / "correct_torch_ops.py", device="cpu", timeout_s=120, trials=5,
+                    on_progress=lambda role, done, total, s: seen.append((role, done)))
+    assert v.accepted and len(v.trials) == 5 and v.memory["plan"]["mode"] == "lockstep", v.reason
+    # the two processes alternate: reference trial i, then candidate trial i
+    assert seen == [(role, i) for i in range(1, 6) for role in ("reference", "candidate")], seen
+    wrong = write(tmp_path, "identity.py", "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                           "    def forward(self, x):\n        return x.clone()\n")
+    v = ev.evaluate(relu, wrong, device="cpu", timeout_s=120, trials=5)
+    assert not v.accepted and v.failure == "mismatch" and len(v.trials) == 5, v.reason
+
+
+def test_a_task_too_large_for_the_machine_says_so_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents import evaluate as ev
+    from kstrata.agents.tasks import load_task
+
+    spec = load_task(TASKS_DIR.parent / "tasks_published" / "level1" / "19_ReLU.py").spec
+    assert spec.inputs[0].shape == (4096, 393216) and spec.outputs[0].bytes == 4096 * 393216 * 4
+    monkeypatch.setattr(ev, "_host_available", lambda: 32 << 30)
+    with pytest.raises(EvalError, match=r"too large for the CPU: .*6\.0 GiB.*32\.0 GiB available"):
+        ev.memory_plan(spec, "cpu", 6)
+    # on a GPU host with 128 GB: every trial's outputs and float64 copies (2 x 6 x 18 GiB) do not fit, one does
+    monkeypatch.setattr(ev, "_host_available", lambda: 128 << 30)
+    assert ev.memory_plan(spec, "cuda", 6).mode == "lockstep"
+    monkeypatch.setattr(ev, "_host_available", lambda: 40 << 30)
+    with pytest.raises(EvalError, match="does not fit in host memory"):
+        ev.memory_plan(spec, "cuda", 6)
 
 
 def test_eval_cli_exit_codes_and_json(tmp_path: Path) -> None:
@@ -321,6 +369,9 @@ def test_bench_worker_runs_tasks_on_cpu(tmp_path: Path) -> None:
                            "--runs", "5", "--device", "cpu", str(task)], capture_output=True, text=True, timeout=120)
     rows = [json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(rows) == 1 and rows[0]["ok"] and rows[0]["correct"] and rows[0]["timing"]["runs"] == 5
+    # judged against float64 (eager's own error is the scale), with the precision switches it ran under
+    assert rows[0]["errors"][0]["judged_by"] == "float64" and rows[0]["kernelbench_vs_eager"]
+    assert "cudnn_allow_tf32" in rows[0]["precision"] and rows[0]["memory"]["peak_host_bytes"] > 0
 
 
 def test_bench_driver_resumes_and_reports_on_cpu(tmp_path: Path) -> None:
@@ -355,6 +406,7 @@ GPU_ADVERSARIAL = [
     ("patched_timer", RELU_GPU, "timer-integrity"),
     ("reference_result", RELU_GPU, None),
     ("constant_output", ("level1/34_kl_div_fp32.py", {}), None),
+    ("wrong_after_warmup", RELU_GPU, "correct-after-timing"),
 ]
 
 
@@ -368,7 +420,7 @@ def _gpu_task(tmp_path: Path, task: tuple[str, dict[str, int]]) -> Path:
 def test_adversarial_candidates_are_rejected_on_gpu(tmp_path: Path, name: str, task: tuple[str, dict[str, int]],
                                                     check: str | None) -> None:
     v = evaluate(_gpu_task(tmp_path, task), ADVERSARIAL / f"{name}.py", device="cuda", timeout_s=300,
-                 timing=name == "patched_timer", runs=100)
+                 timing=name in ("patched_timer", "wrong_after_warmup"), runs=100)
     print(f"VERDICT {name}: accepted={v.accepted} strict={v.correct_strict} kernelbench={v.correct_kernelbench} "
           f"kernelbench_task_inputs={v.correct_kernelbench_task_inputs} failure={v.failure} reason={v.reason}")
     assert not v.accepted and not v.correct_strict, v.reason

@@ -1,0 +1,153 @@
+"""Configuration candidates: one renderer from a parameter dict to a standalone ModelNew source.
+
+The baselines, the library space, the compiler space and the graph space all describe a candidate as a
+*configuration* of the task's own model, so refinements compose (a graph rewrite, compiled with some
+Inductor options, under cudnn.benchmark, replayed through a CUDA graph). Parameters (all optional):
+
+- `compile`: None (eager) or {"mode": str | None, "options": {inductor option: value}}
+- `graph_forward`: a rewritten `def forward(self, ...)` (torch.fx code; see graph.py), `graph_rewrites`: names
+- `cudnn_benchmark`, `channels_last`, `cuda_graph`, `tf32`: bool
+- `sdpa`: None or an SDPBackend name (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)
+- `autocast`: None, "bfloat16" or "float16" (outputs cast back to the reference's dtypes)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kstrata.agents.optimize.candidate import TaskCandidate
+from kstrata.agents.optimize.codegen import GRAPH_PRELUDE, wrapper_source
+from kstrata.agents.optimize.state import TaskInfo
+from kstrata.agents.tasks import TensorSpec
+
+_HELPERS = '''
+def _kstrata_map(value, fn):
+    """Apply fn to every tensor in a (nested) output."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_kstrata_map(v, fn) for v in value)
+    return value
+'''.strip("\n").splitlines()
+
+
+def baseline_params(name: str) -> dict[str, Any]:
+    if name == "eager":
+        return {}
+    if name == "compile":
+        return {"compile": {"mode": None, "options": {}}}
+    if name == "compile-max-autotune":
+        return {"compile": {"mode": "max-autotune", "options": {}}}
+    raise ValueError(f"unknown baseline {name!r}")
+
+
+def _compile_args(c: dict[str, Any]) -> str:
+    parts = []
+    if c.get("mode"):
+        parts.append(f"mode={c['mode']!r}")
+    if c.get("options"):
+        parts.append(f"options={json.dumps(c['options'], sort_keys=True)}".replace("true", "True").replace("false", "False"))
+    return ", ".join(parts)
+
+
+def describe(params: dict[str, Any]) -> str:
+    parts = []
+    if params.get("graph_rewrites"):
+        parts.append("fx: " + "+".join(params["graph_rewrites"]))
+    c = params.get("compile")
+    if c is None:
+        parts.append("eager")
+    else:
+        s = "torch.compile"
+        if c.get("mode"):
+            s += f" mode={c['mode']}"
+        if c.get("options"):
+            s += " " + ",".join(f"{k}={v}" for k, v in sorted(c["options"].items()))
+        parts.append(s)
+    for flag in ("cudnn_benchmark", "channels_last", "cuda_graph", "tf32"):
+        if params.get(flag):
+            parts.append(flag.replace("_", "-"))
+    if params.get("sdpa"):
+        parts.append(f"sdpa={params['sdpa']}")
+    if params.get("autocast"):
+        parts.append(f"autocast={params['autocast']}")
+    return "; ".join(parts)
+
+
+def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str, policy: str = "strict",
+           description: str | None = None, parent: str | None = None) -> TaskCandidate:
+    init: list[str] = []
+    helpers: list[str] = list(_HELPERS)
+    if params.get("graph_forward"):
+        helpers = [*GRAPH_PRELUDE, "", *helpers]
+        helpers += ["", "", "class _Rewritten(Model):", *["    " + ln if ln else "" for ln in
+                                                          params["graph_forward"].strip("\n").splitlines()]]
+        init.append("self.model.__class__ = _Rewritten  # the same module, with the rewritten forward")
+    if params.get("cudnn_benchmark"):
+        init.append("torch.backends.cudnn.benchmark = True")
+    if params.get("tf32"):
+        init += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
+    else:
+        # IEEE fp32, as the strict policy's reference runs: PyTorch's default makes fp32 convolutions TF32.
+        init += ["torch.backends.cuda.matmul.allow_tf32 = False", "torch.backends.cudnn.allow_tf32 = False"]
+    if params.get("channels_last"):
+        init.append("self.model = self.model.to(memory_format=torch.channels_last)")
+    fwd: list[str] = []
+    if params.get("channels_last"):
+        fwd.append("inputs = tuple(x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) "
+                   "and x.dim() == 4 else x for x in inputs)")
+    c = params.get("compile")
+    if c is None:
+        fwd.append("call = self.model")
+    else:
+        fwd += ["call = self._state.get('fn')", "if call is None:",
+                f"    call = self._state['fn'] = torch.compile(self.model{', ' + _compile_args(c) if _compile_args(c) else ''})"]
+    wrap: list[str] = []  # context managers around the call
+    if params.get("sdpa"):
+        helpers = ["from torch.nn.attention import SDPBackend, sdpa_kernel", "", *helpers]
+        wrap.append(f"sdpa_kernel(SDPBackend.{params['sdpa']})")
+    if params.get("autocast"):
+        wrap.append(f"torch.autocast(device_type=self._state.setdefault('dev', next((x.device.type for x in inputs "
+                    f"if isinstance(x, torch.Tensor)), 'cuda')), dtype=torch.{params['autocast']})")
+    body: list[str]
+    if params.get("cuda_graph"):
+        body = ["st = self._state",
+                "key = tuple((tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in inputs)",
+                "if st.get('graph_key') != key:",
+                "    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]",
+                "    side = torch.cuda.Stream()",
+                "    side.wait_stream(torch.cuda.current_stream())",
+                "    with torch.cuda.stream(side):",
+                "        for _ in range(3):",
+                "            call(*static)",
+                "    torch.cuda.current_stream().wait_stream(side)",
+                "    graph = torch.cuda.CUDAGraph()",
+                "    with torch.cuda.graph(graph):",
+                "        st['graph_out'] = call(*static)",
+                "    st.update(graph=graph, graph_key=key, static=static)",
+                "for s, x in zip(st['static'], inputs):",
+                "    if isinstance(s, torch.Tensor):",
+                "        s.copy_(x)",
+                "st['graph'].replay()",
+                "out = _kstrata_map(st['graph_out'], lambda t: t.clone())  # the graph's buffers are reused next call"]
+    else:
+        body = ["out = call(*inputs)"]
+    if wrap:
+        fwd.append(f"with {', '.join(wrap)}:")
+        fwd += ["    " + ln for ln in body]
+    else:
+        fwd += body
+    if params.get("autocast"):
+        dtype = next((o.dtype for o in task.spec.outputs if isinstance(o, TensorSpec)), "float32")
+        fwd.append(f"out = _kstrata_map(out, lambda t: t.to(torch.{dtype}) if t.is_floating_point() else t)")
+    if params.get("channels_last"):
+        fwd.append("out = _kstrata_map(out, lambda t: t.contiguous())  # the reference's layout")
+    if c is not None and (c.get("mode") in ("reduce-overhead", "max-autotune") or c.get("options", {}).get("triton.cudagraphs")):
+        fwd.append("out = _kstrata_map(out, lambda t: t.clone())  # cudagraph trees reuse output buffers")
+    fwd.append("return out")
+    desc = description or describe(params)
+    src = wrapper_source(task.name, task.source, policy=policy, space=space, proposer=proposer, description=desc,
+                         params={k: v for k, v in params.items() if k != "graph_forward"}, forward=fwd, init=init,
+                         helpers=helpers)
+    return TaskCandidate(src, space, proposer, desc, dict(params), policy, parent)

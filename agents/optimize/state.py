@@ -1,0 +1,160 @@
+"""What the search knows, as typed values: nodes of the tree, the per-task memory, and `SearchState`,
+the read-only view a proposer gets (see the package docstring for the proposer interface)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kstrata.agents.optimize.candidate import TaskCandidate
+
+if TYPE_CHECKING:
+    from kstrata.agents.optimize.contract import Contract
+    from kstrata.agents.optimize.findings import Finding
+    from kstrata.agents.tasks import TaskSpec
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The hardened evaluator's verdict on one candidate (correctness and integrity; no timing)."""
+
+    ok: bool
+    reason: str
+    failure: str | None  # evaluate's failure kind: crash, timeout, import, integrity, mismatch, shape, flagged
+    eval_policy: str  # the evaluator's policy that decided: strict, or kernelbench for tf32/bf16/fp16 runs
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reason": self.reason, "failure": self.failure, "eval_policy": self.eval_policy,
+                "seconds": round(self.seconds, 3)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CheckResult:
+        return cls(d["ok"], d["reason"], d.get("failure"), d.get("eval_policy", "strict"), d.get("seconds", 0.0))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate's time in an interleaved measurement: the median over rounds of per-round medians."""
+
+    median_us: float
+    rounds_us: tuple[float, ...]  # per-round medians, in the order measured
+    runs_per_round: int
+    spread: float  # relative half-range of the round medians: this candidate's own noise
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_us": self.median_us, "rounds_us": list(self.rounds_us), "runs_per_round": self.runs_per_round,
+                "spread": self.spread}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Measurement:
+        return cls(d["median_us"], tuple(d["rounds_us"]), d["runs_per_round"], d["spread"])
+
+
+@dataclass
+class Node:
+    """One candidate in the search tree."""
+
+    candidate: TaskCandidate
+    index: int  # order of creation within the task
+    depth: int
+    elapsed_s: float  # seconds since the task started, when it was judged
+    check: CheckResult | None = None
+    timing: Measurement | None = None
+    speedup: float | None = None  # over the best baseline (the starting incumbent), from interleaved rounds
+    sol_fraction: float | None = None
+    reward: float = 0.0
+    visits: int = 0
+    children: list[str] = field(default_factory=list)
+    status: str = "pending"  # pending, rejected, correct (not timed), measured, incumbent, skipped
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.candidate.key
+
+    @property
+    def space(self) -> str:
+        return self.candidate.space
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a worker learned, shared with the others (never the candidate itself)."""
+
+    space: str
+    proposer: str
+    what: str  # the edit, in words
+    outcome: str  # "faster", "no gain", "slower", "failed", "correct (not timed)"
+    speedup: float | None = None
+    detail: str = ""
+
+    def text(self) -> str:
+        s = f"{self.space}: {self.what}: {self.outcome}"
+        if self.speedup is not None:
+            s += f" ({self.speedup:.3f}x)"
+        return s + (f" — {self.detail}" if self.detail else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"space": self.space, "proposer": self.proposer, "what": self.what, "outcome": self.outcome,
+                "speedup": self.speedup, "detail": self.detail}
+
+
+class SearchMemory:
+    """The per-task memory: conclusions, and per space how often it failed or gained (for pruning)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.conclusions: list[Conclusion] = []
+        self.failures: dict[str, int] = {}
+        self.consecutive_failures: dict[str, int] = {}
+        self.wins: dict[str, int] = {}
+
+    def add(self, c: Conclusion) -> None:
+        with self._lock:
+            self.conclusions.append(c)
+            if c.outcome == "failed":
+                self.failures[c.space] = self.failures.get(c.space, 0) + 1
+                self.consecutive_failures[c.space] = self.consecutive_failures.get(c.space, 0) + 1
+            else:
+                self.consecutive_failures[c.space] = 0
+            if c.outcome == "faster":
+                self.wins[c.space] = self.wins.get(c.space, 0) + 1
+
+    def about(self, space: str) -> list[Conclusion]:
+        with self._lock:
+            return [c for c in self.conclusions if c.space == space]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    path: Path
+    name: str
+    source: str  # the task file's text
+    spec: TaskSpec
+
+
+@dataclass
+class SearchState:
+    """The view a proposer gets. Proposers read it; only `note` writes (a reason the report shows)."""
+
+    task: TaskInfo
+    contract: Contract
+    policy: str
+    device: str
+    findings: list[Finding]
+    incumbent: Node
+    baselines: dict[str, Node]
+    memory: SearchMemory
+    tried: frozenset[str]
+    parent: Node | None = None
+    space: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def note(self, proposer: str, why: str) -> None:
+        self.notes[proposer] = why
+
+    def finding(self, kind: str) -> Finding | None:
+        return next((f for f in self.findings if f.kind == kind), None)

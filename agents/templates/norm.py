@@ -1,0 +1,283 @@
+"""Normalizations over contiguous segments: LayerNorm over any number of trailing dims and GroupNorm on a
+contiguous (N, C, *spatial) tensor, with the pointwise ops before (fused into the loads) and after (fused
+into the store), after at most one library op.
+
+Two strategies (`strategy` in the schedule):
+- `fused`: a segment fits in registers; a program normalizes BLOCK_M whole segments, reading the input once
+  (mean, then the centered variance, from registers: exact two-pass statistics).
+- `split`: few, wide segments (LayerNorm over (64, 256, 256) with 16 rows: 16 segments of 4M elements) are
+  split across SPLIT programs each. A first kernel computes per-chunk Welford partials (count, mean, M2)
+  lane-wise; a second kernel, one program per chunk again, combines its row's partials (Chan's formula)
+  and normalizes its chunk. The input is read twice and written once, by all SMs, where one program per
+  row would leave most of the GPU idle; with GROUP_ROWS > 0 both kernels run per group of rows, so the
+  second read of a group that fits in L2 does not go to DRAM.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kstrata.agents.templates.base import Params, cdiv, next_pow2
+from kstrata.agents.templates.codegen import (
+    ExprEmitter,
+    Kernel,
+    check_shapes,
+    head_code,
+    index_type,
+    launch,
+    leaf_kernel_args,
+    root_load,
+    tl_dtype,
+)
+from kstrata.agents.templates.graph import Chain, Node, describe
+
+NAME = "norm"
+#: Largest segment the fused strategy keeps in registers.
+FUSED_MAX = 16384
+
+def _combine_lines(n: str, mean: str, m2: str, out: str) -> list[str]:
+    """Kernel lines combining per-lane (count, mean, M2) vectors into the totals `{out}n, {out}mean, {out}m2`.
+
+    Chan's parallel formula over all lanes at once: M2 = sum(M2_i) + sum(n_i (mean_i - mean)^2), with
+    three plain sums (tree reductions on the GPU, vectorized in the interpreter) instead of a custom
+    pairwise `tl.reduce`.
+    """
+    return [f"{out}n = tl.sum({n}, axis=0)",
+            f"{out}mean = tl.sum({n} * {mean}, axis=0) / tl.maximum({out}n, 1.0)",
+            f"{out}dm = tl.where({n} > 0, {mean} - {out}mean, 0.0)",
+            f"{out}m2 = tl.sum({m2}, axis=0) + tl.sum({n} * {out}dm * {out}dm, axis=0)"]
+
+
+
+
+def geometry(chain: Chain) -> tuple[int, int, str]:
+    """(rows, segment length, how a parameter is indexed) of the chain's norm."""
+    core = chain.core
+    assert core is not None
+    s = chain.core_shape
+    if core.op == "layer_norm":
+        d = math.prod(core.attrs["normalized_shape"])
+        return math.prod(s) // d, d, "col"
+    g = core.attrs["num_groups"]
+    c = s[1]
+    hw = math.prod(s[2:])
+    return s[0] * g, (c // g) * hw, f"(row % {g}) * {c // g} + col // {hw}" if hw > 1 else f"(row % {g}) * {c // g} + col"
+
+
+def applies(chain: Chain) -> str | None:
+    core = chain.core
+    if core is None or core.op not in ("layer_norm", "group_norm"):
+        return "the graph has no LayerNorm or GroupNorm"
+    if chain.core_shape != chain.out_shape:
+        return "the output's shape differs from the norm's"
+    s = chain.core_shape
+    if core.op == "layer_norm":
+        ns = tuple(core.attrs["normalized_shape"])
+        if tuple(s[len(s) - len(ns):]) != ns:
+            return f"normalized_shape {ns} is not the trailing dims of {s}"
+    else:
+        if len(s) < 2 or s[1] % core.attrs["num_groups"]:
+            return f"GroupNorm of {core.attrs['num_groups']} groups on shape {s}"
+    for w in core.args[1:3]:
+        if w is not None and not isinstance(w, Node):
+            return "a norm weight that is not a tensor"
+    return None
+
+
+def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
+    m, d, _ = geometry(chain)
+    fused = d <= FUSED_MAX
+    strategies = ("fused", "split") if fused else ("split",)
+    sp: list[tuple[str, tuple[object, ...]]] = [("strategy", strategies)]
+    sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
+    sp.append(("BLOCK", (1024, 2048, 4096)))
+    sp.append(("SPLIT", (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    sp.append(("GROUP_ROWS", (0, 1, 2, 4, 8) if m > 1 else (0,)))
+    sp.append(("num_warps", (4, 8, 16)))
+    if fused:
+        default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(d))), "BLOCK": 1024, "SPLIT": 1,
+                   "GROUP_ROWS": 0,
+                   "num_warps": 4 if d <= 1024 else 8}
+    else:
+        split = max(1, min(256, next_pow2(cdiv(4 * 132, m))))
+        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8}
+    return tuple(sp), tuple(default.items())
+
+
+def hints(chain: Chain) -> list[Params]:
+    """Row groups of wide segments that fit in L2, each split over enough programs to fill the GPU."""
+    m, d, _ = geometry(chain)
+    if d <= FUSED_MAX or m <= 1:
+        return []
+    out = []
+    for g in (1, 2, 4, 8):
+        if g < m and 2 * g * 4 * d <= 48 << 20:
+            out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(256, next_pow2(cdiv(512, g)))),
+                        "BLOCK": 2048, "num_warps": 8})
+    return out
+
+
+def valid(chain: Chain, p: Params) -> bool:
+    m, d, _ = geometry(chain)
+    if p["strategy"] == "fused":
+        return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
+                    and next_pow2(d) * p["BLOCK_M"] <= 32768)
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m)
+
+
+def description(chain: Chain) -> str:
+    assert chain.core is not None
+    m, d, _ = geometry(chain)
+    head = f"{chain.head.op} (PyTorch), then " if chain.head else ""
+    return (f"{head}{chain.core.op} over {m} segments of {d} (prologue {describe(chain.prologue)}, epilogue "
+            f"{describe(chain.epilogue)}) in Triton")
+
+
+def _affine(chain: Chain, em: ExprEmitter, y: str, widx: str, mask: str) -> str:
+    core = chain.core
+    assert core is not None
+    w, b = core.args[1], core.args[2]
+    if w is not None:
+        em.lines.append(f"aw = tl.load(w_ptr + ({widx}), mask={mask}, other=0.0).to(tl.float32)")
+        em.lines.append(f"{y} = {y} * aw")
+    if b is not None:
+        em.lines.append(f"ab = tl.load(b_ptr + ({widx}), mask={mask}, other=0.0).to(tl.float32)")
+        em.lines.append(f"{y} = {y} + ab")
+    return y
+
+
+def _norm_args(chain: Chain) -> tuple[list[str], list[str]]:
+    core = chain.core
+    assert core is not None
+    vals = []
+    for a in core.args[1:3]:
+        vals.append("h" if a is None else (f"self.{a.target}.contiguous()" if a.op == "param" else f"{a.name}.contiguous()"))
+    return ["w_ptr", "b_ptr"], vals
+
+
+def _shift(chain: Chain, s: tuple[int, ...]) -> str:
+    """Kernel lines giving `x0`, the segment's first value after the prologue (the statistics' shift)."""
+    em = ExprEmitter("s")
+    em.lines.append(root_load(chain, s, "base", "None", var="xs"))
+    v = em.emit(chain.prologue, "xs", "base", s, "None")
+    em.lines.append(f"x0 = {v}")
+    return "\n".join("    " + line for line in em.lines)
+
+
+def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
+    core = chain.core
+    assert core is not None
+    m, d, widx = geometry(chain)
+    eps = float(core.attrs["eps"])
+    s = chain.core_shape
+    it = index_type(s, chain.root.shape)
+    out_t = tl_dtype(chain.out_dtype)
+    leaf_names, leaf_vals = leaf_kernel_args(chain)
+    norm_names, norm_vals = _norm_args(chain)
+    sig = ", ".join(["h_ptr", "out_ptr", *norm_names, *leaf_names])
+    srcs: list[str] = []
+    fwd = check_shapes(chain) + head_code(chain)
+    fwd.append(f"out = torch.empty({chain.out_shape!r}, device=h.device, dtype=torch.{chain.out_dtype})")
+    meta_common = {"num_warps": params["num_warps"]}
+    if params["strategy"] == "fused":
+        bm, bd = params["BLOCK_M"], next_pow2(d)
+        em = ExprEmitter()
+        lines = [f"    row = tl.program_id(0).to({it}) * BLOCK_M + tl.arange(0, BLOCK_M).to({it})[:, None]",
+                 f"    col = tl.arange(0, BLOCK_D).to({it})[None, :]",
+                 f"    mask = (row < {m}) & (col < {d})",
+                 f"    idx = row * {d} + col",
+                 "    " + root_load(chain, s, "idx", "mask")]
+        v = em.emit(chain.prologue, "x", "idx", s, "mask")
+        # shifted by the segment's first value: the mean of the shifted values is small, so its rounding is
+        # an ULP of the deviations rather than of the mean (GroupNorm of near-constant sigmoid outputs)
+        em.lines += [f"x0 = tl.sum(tl.where(col == 0, {v}, 0.0), axis=1)",
+                     f"v = tl.where(mask, {v} - x0[:, None], 0.0)",
+                     f"mean = tl.sum(v, axis=1) / {d}",
+                     "dv = tl.where(mask, v - mean[:, None], 0.0)",
+                     f"var = tl.sum(dv * dv, axis=1) / {d}",
+                     f"rstd = 1.0 / tl.sqrt_rn(var + {eps!r})",
+                     "y = dv * rstd[:, None]"]
+        y = _affine(chain, em, "y", widx, "mask")
+        r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
+        em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+        lines += ["    " + line for line in em.lines]
+        srcs.append("\n".join(["", "@triton.jit", f"def _norm_fused_kernel({sig}, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):",
+                               *lines]))
+        fwd.append(launch("_norm_fused_kernel", f"(triton.cdiv({m}, {bm}),)", ["h", "out", *norm_vals, *leaf_vals],
+                          {"BLOCK_M": bm, "BLOCK_D": bd, **meta_common}))
+    else:
+        block = params["BLOCK"]
+        split = params["SPLIT"]
+        chunk = cdiv(cdiv(d, split), block) * block
+        split = cdiv(d, chunk)
+        sp2 = next_pow2(split)
+        # kernel 1: lane-wise Welford partials of one chunk of one segment
+        shift = _shift(chain, s)
+        em = ExprEmitter()
+        em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
+                     root_load(chain, s, "idx", "mask")]
+        v = em.emit(chain.prologue, "x", "idx", s, "mask")
+        em.lines += ["cnt = n + mask.to(tl.float32)", f"delta = ({v} - x0) - mean",
+                     "mean = mean + tl.where(mask, delta / tl.maximum(cnt, 1.0), 0.0)",
+                     f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)", "n = cnt"]
+        body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
+        stats = "\n".join("    " + line for line in _combine_lines("n", "mean", "m2", "t"))
+        combine = "\n".join("    " + line for line in _combine_lines("pn", "pmean", "pm2", "t"))
+        srcs.append(f'''
+@triton.jit
+def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
+    c = tl.program_id(1).to({it})
+    base = row * {d}
+{shift}
+    n = tl.zeros([BLOCK], tl.float32)
+    mean = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
+    for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{body}
+{stats}
+    p = part_ptr + (row * {split} + c) * 3
+    tl.store(p, tn)
+    tl.store(p + 1, tmean)
+    tl.store(p + 2, tm2)
+''')
+        # kernel 2: combine the row's partials, normalize this chunk
+        em = ExprEmitter()
+        em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
+                     "col = cols", root_load(chain, s, "idx", "mask")]
+        v = em.emit(chain.prologue, "x", "idx", s, "mask")
+        em.lines += [f"y = (({v} - x0) - tmean) * rstd"]
+        y = _affine(chain, em, "y", widx, "mask")
+        r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
+        em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+        body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
+        srcs.append(f'''
+@triton.jit
+def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
+    c = tl.program_id(1).to({it})
+    base = row * {d}
+    j = tl.arange(0, {sp2})
+    pm = j < {split}
+    pp = part_ptr + row * {split * 3} + j * 3
+    pn = tl.load(pp, mask=pm, other=0.0)
+    pmean = tl.load(pp + 1, mask=pm, other=0.0)
+    pm2 = tl.load(pp + 2, mask=pm, other=0.0)
+{combine}
+    rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})
+{shift}
+    for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{body}
+''')
+        fwd.append(f"part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
+        # GROUP_ROWS > 0: statistics then normalization per group of rows, so that the second read of a
+        # group can come from L2 (a group must fit in it: LayerNorm's 16 MB rows, one or two at a time)
+        g = params["GROUP_ROWS"] or m
+        fwd.append(f"for row0 in range(0, {m}, {g}):")
+        fwd.append(f"    rows = min({g}, {m} - row0)")
+        fwd.append("    " + launch("_norm_stats_kernel", f"(rows, {split})", ["h", "part", *leaf_vals, "row0"],
+                                    {"BLOCK": block, **meta_common}))
+        fwd.append("    " + launch("_norm_apply_kernel", f"(rows, {split})",
+                                    ["h", "out", *norm_vals, *leaf_vals, "part", "row0"], {"BLOCK": block, **meta_common}))
+    fwd.append("return out")
+    return Kernel(NAME, policy, description(chain), params, srcs, fwd)

@@ -1,0 +1,245 @@
+"""GPU benchmark of the Triton templates on the gap tasks (testsuite/tasks/gaps): eager, torch.compile and the
+best template schedule (autotuned over its space), with speedup and fraction of speed of light.
+
+    python -m kstrata.tools.bench_templates [--tasks 01,03] [--tune-s 35] [--runs 30] [--no-tf32]
+
+Per task, under `strict` (TF32 off for cuBLAS and cuDNN, as the hardened eval's reference):
+  1. the model and inputs are built on the GPU under a seed (never on the host: inputs reach 6.4 GB);
+  2. eager and `torch.compile` (default mode) are timed by the project's GPU timer (L2 flushed per run,
+     CUDA events, median);
+  3. the task's template is autotuned (`kstrata.agents.templates.tune.autotune`, coordinate descent from
+     the default schedule, `--tune-s` seconds) and its best schedule timed again like the baselines;
+  4. correctness on the GPU: eager and the template against the float64 model (the strict bound of
+     `kstrata eval`: max abs and relative L2 error within 4x eager's own plus 8 ULPs).
+Then, labelled `tf32`, the same with TF32 allowed (only tasks with a convolution or GEMM differ): eager,
+compile and the template rendered for `tf32` with the strict-tuned schedule.
+%SOL is `kstrata.agents.roofline.assess` with the device's measured ceilings. Results go to
+testsuite/results/templates-bench-<date>.{json,md} and, when $OUT is set, to $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GAPS = ROOT / "testsuite" / "tasks" / "gaps"
+RESULTS = ROOT / "testsuite" / "results"
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: bool, cache_dir: Path,
+               deadline: float) -> dict[str, Any]:
+    import torch
+
+    from kstrata.agents.evaluate import STRICT_FACTOR, STRICT_FLOOR_EPS
+    from kstrata.agents.roofline import assess
+    from kstrata.agents.tasks import load_task
+    from kstrata.agents.templates import analyse
+    from kstrata.agents.templates.tune import TaskOnDevice, autotune, errors, set_policy
+    from kstrata.backends.timing import time_gpu
+
+    task = load_task(path)
+    spec = task.spec
+    entry: dict[str, Any] = {"task": path.stem, "flops": spec.flops, "min_bytes": spec.min_bytes, "strict": {}, "tf32": {}}
+    a = analyse(task)
+    if not a.matches:
+        entry["error"] = "no template: " + "; ".join(f"{r.template}: {r.reason}" for r in a.rejected)
+        return entry
+    m = a.matches[0]
+    entry["template"] = m.template
+    entry["description"] = m.description
+
+    def timed(fn: Any) -> float:
+        with torch.no_grad():
+            return float(time_gpu(fn, runs=runs, warmup=3).median_us)
+
+    def point(us: float, base_us: float | None = None) -> dict[str, Any]:
+        r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us)
+        return {"median_us": round(us, 2), "sol_fraction": round(r.fraction, 4), "flags": list(r.flags)}
+
+    env = TaskOnDevice(m)  # strict: model, inputs and eager output on the GPU
+    strict: dict[str, Any] = entry["strict"]
+    eager_us = timed(lambda: env.model(*env.inputs))
+    strict["eager"] = point(eager_us)
+    _say(f"  eager {eager_us:.1f} us ({strict['eager']['sol_fraction']:.0%} SOL)")
+    torch._dynamo.reset()
+    compiled = torch.compile(env.model)
+    t0 = time.monotonic()
+    with torch.no_grad():
+        compiled(*env.inputs)  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize()
+    compile_s = time.monotonic() - t0
+    compile_us = timed(lambda: compiled(*env.inputs))  # type: ignore[no-untyped-call]
+    strict["compile"] = {**point(compile_us), "compile_s": round(compile_s, 1)}
+    _say(f"  compile {compile_us:.1f} us ({strict['compile']['sol_fraction']:.0%} SOL; compiled in {compile_s:.0f} s)")
+    budget = max(5.0, min(tune_s, deadline - time.monotonic() - 30))
+    tuned = autotune(m, budget_s=budget, cache_dir=cache_dir, runs=max(5, runs // 3), use_cache=False, prepared=env,
+                     on_progress=_say)
+    new = env.build(m.render(tuned.params), "best")
+    best_base = min(eager_us, compile_us)
+    tmpl_us = timed(lambda: new(*env.inputs))
+    strict["template"] = {**point(tmpl_us, best_base), "params": tuned.params, "tried": len(tuned.trials),
+                          "failed": sum(1 for t in tuned.trials if t.median_us is None), "tune_s": round(tuned.seconds, 1),
+                          "speedup_vs_best_baseline": round(best_base / tmpl_us, 3),
+                          "speedup_vs_eager": round(eager_us / tmpl_us, 3), "speedup_vs_compile": round(compile_us / tmpl_us, 3)}
+    # correctness against float64 (on the GPU; the errors in chunks)
+    with torch.no_grad():
+        out = new(*env.inputs)
+        truth = env.truth()  # float64, computed once by the tuner's screen
+        ref_abs, ref_rel = errors(env.ref, truth)
+        out_abs, out_rel = errors(out, truth)
+        scale = float(truth.abs().max())
+    del out
+    eps = torch.finfo(env.ref.dtype).eps
+    ok = (out_abs <= STRICT_FACTOR * ref_abs + STRICT_FLOOR_EPS * eps * scale
+          and out_rel <= STRICT_FACTOR * ref_rel + STRICT_FLOOR_EPS * eps)
+    strict["template"]["correct_strict"] = ok
+    strict["template"]["errors_vs_fp64"] = {"template_max_abs": out_abs, "template_rel_l2": out_rel,
+                                            "eager_max_abs": ref_abs, "eager_rel_l2": ref_rel}
+    _say(f"  template {tmpl_us:.1f} us ({strict['template']['sol_fraction']:.0%} SOL), "
+         f"{best_base / tmpl_us:.2f}x over the best baseline, correct under strict: {ok}, params {tuned.params}")
+    has_library_op = m.chain.head is not None
+    if tf32 and has_library_op and time.monotonic() < deadline - 20:
+        set_policy("tf32")
+        t = entry["tf32"]
+        e_us = timed(lambda: env.model(*env.inputs))
+        t["eager"] = point(e_us)
+        torch._dynamo.reset()
+        comp = torch.compile(env.model)
+        with torch.no_grad():
+            comp(*env.inputs)  # type: ignore[no-untyped-call]
+        c_us = timed(lambda: comp(*env.inputs))  # type: ignore[no-untyped-call]
+        t["compile"] = point(c_us)
+        new32 = env.build(m.render(tuned.params, "tf32"), "best_tf32")
+        n_us = timed(lambda: new32(*env.inputs))
+        t["template"] = {**point(n_us, min(e_us, c_us)), "params": tuned.params,
+                         "speedup_vs_best_baseline": round(min(e_us, c_us) / n_us, 3)}
+        _say(f"  tf32: eager {e_us:.1f} us, compile {c_us:.1f} us, template {n_us:.1f} us "
+             f"({min(e_us, c_us) / n_us:.2f}x)")
+        set_policy("strict")
+    elif not has_library_op:
+        entry["tf32"] = {"note": "no convolution or GEMM: TF32 changes nothing, same as strict"}
+    else:
+        entry["tf32"] = {"note": "skipped: out of time"}
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return entry
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _speedup(x: float) -> str:
+    """A speedup as the table shows it; below 1 it says so (the optimizer's guard keeps the baseline then)."""
+    return f"{x:.2f}x" if x >= 1 else f"{x:.2f}x (slower than the baseline)"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"# Templates on the gap tasks — {results['device']}, {results['date']}", "",
+             f"torch {results['versions']['torch']}, Triton {results['versions']['triton']}, CUDA {results['versions']['cuda']}; "
+             f"ceilings: copy {results['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s. Times: median us (L2 flushed per run).",
+             "", "## strict (TF32 off)", "",
+             "| task | template | eager us (SOL) | compile us (SOL) | template us (SOL) | speedup vs best | correct | schedule |",
+             "|---|---|---|---|---|---|---|---|"]
+    speed = []
+    for e in results["tasks"]:
+        s = e.get("strict", {})
+        if "template" not in s:
+            lines.append(f"| {e['task']} | — | | | | | | {e.get('error', '')} |")
+            continue
+        t = s["template"]
+        speed.append(t["speedup_vs_best_baseline"])
+        lines.append(f"| {e['task']} | {e['template']} | {s['eager']['median_us']:.0f} ({s['eager']['sol_fraction']:.0%}) | "
+                     f"{s['compile']['median_us']:.0f} ({s['compile']['sol_fraction']:.0%}) | {t['median_us']:.0f} "
+                     f"({t['sol_fraction']:.0%}) | {_speedup(t['speedup_vs_best_baseline'])} | {t['correct_strict']} | "
+                     f"`{json.dumps(t['params'], sort_keys=True)}` |")
+    g = _geomean(speed)
+    lines += ["", f"Geomean speedup over the best of eager/compile: {g:.3f}x" if g else "", "",
+              "## tf32 (labelled: TF32 allowed in cuBLAS/cuDNN; not admitted under strict)", "",
+              "| task | eager us | compile us | template us | speedup vs best |", "|---|---|---|---|---|"]
+    for e in results["tasks"]:
+        t = e.get("tf32", {})
+        if "template" in t:
+            lines.append(f"| {e['task']} | {t['eager']['median_us']:.0f} | {t['compile']['median_us']:.0f} | "
+                         f"{t['template']['median_us']:.0f} | {_speedup(t['template']['speedup_vs_best_baseline'])} |")
+        else:
+            lines.append(f"| {e['task']} | | | | {t.get('note', e.get('error', ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default="", help="comma-separated task number prefixes (default: all gap tasks)")
+    p.add_argument("--tune-s", type=float, default=35.0, help="autotuning budget per task, seconds")
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--total-s", type=float, default=300.0, help="stop starting new work after this many seconds")
+    p.add_argument("--no-tf32", action="store_true")
+    p.add_argument("--results", default=str(RESULTS))
+    ns = p.parse_args(argv)
+
+    import torch
+    import triton
+
+    from kstrata.agents.roofline import load_or_measure
+    from kstrata.agents.templates.tune import set_policy
+
+    if not torch.cuda.is_available():
+        print("bench_templates: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    deadline = start + ns.total_s
+    set_policy("strict")
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    results_dir = Path(ns.results)
+    ceilings, cpath = load_or_measure(out_dir or results_dir)
+    _say(f"ceilings ({cpath.name}): copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, fp32 "
+         f"{ceilings.matmul_flops_per_s['float32'] / 1e12:.1f} TFLOP/s")
+    wanted = [t for t in ns.tasks.split(",") if t]
+    paths = [q for q in sorted(GAPS.glob("[0-9]*.py")) if not wanted or any(q.name.startswith(w) for w in wanted)]
+    results: dict[str, Any] = {
+        "schema": "kstrata.templates-bench/1", "device": torch.cuda.get_device_name(), "date": dt.date.today().isoformat(),
+        "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda)},
+        "ceilings": ceilings.to_json(), "tune_s": ns.tune_s, "runs": ns.runs, "tasks": []}
+    for i, path in enumerate(paths):
+        remaining = len(paths) - i
+        task_deadline = time.monotonic() + (deadline - time.monotonic()) / remaining
+        _say(f"[{i + 1}/{len(paths)}] {path.stem}")
+        if time.monotonic() > deadline:
+            results["tasks"].append({"task": path.stem, "error": "skipped: out of time"})
+            continue
+        try:
+            results["tasks"].append(bench_task(path, ceilings, tune_s=min(ns.tune_s, task_deadline - time.monotonic() - 20),
+                                               runs=ns.runs, tf32=not ns.no_tf32, cache_dir=out_dir or results_dir,
+                                               deadline=task_deadline))
+        except Exception as e:  # one task's failure is a row of the report, not the end of the run
+            results["tasks"].append({"task": path.stem, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+            _say(f"  failed: {type(e).__name__}: {str(e)[:400]}")
+            torch.cuda.empty_cache()
+    results["seconds"] = round(time.monotonic() - start, 1)
+    md = markdown(results)
+    stem = f"templates-bench-{results['date']}"
+    for d in [results_dir, *([out_dir] if out_dir else [])]:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+        (d / f"{stem}.md").write_text(md)
+    print(md)
+    _say(f"total {results['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

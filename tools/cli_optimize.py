@@ -1,0 +1,145 @@
+"""`kstrata optimize`: the optimizer loop (kstrata.agents.optimize) on a task file or a directory of tasks.
+
+Exit codes: 0 every task done with an accepted output; 1 a task failed (its report says why); 2 a user
+error (a bad task file, an --out holding a previous run without --resume, bad options), one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kstrata.ir.errors import KstrataError
+from kstrata.tools.console import JsonFlag, emit_json, err, out
+
+optimize_app = typer.Typer(help="Make a KernelBench task faster: baselines, profile, findings, planner, search, "
+                                "a verified model_new.py.", add_completion=False, pretty_exceptions_enable=False,
+                           context_settings={"allow_interspersed_args": True})
+
+
+def _load_proposer(spec: str) -> list[Any]:
+    """`MODULE:ATTR` -> proposers; a bad one is a user error naming it."""
+    import importlib
+
+    from kstrata.agents.optimize.proposers import _as_proposers, _invalid
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise KstrataError(f"--proposer {spec!r}: write MODULE:ATTR")
+    try:
+        objs = _as_proposers(getattr(importlib.import_module(module), attr))
+    except Exception as exc:
+        raise KstrataError(f"--proposer {spec}: {type(exc).__name__}: {exc}") from None
+    for obj in objs:
+        why = _invalid(obj)
+        if why:
+            raise KstrataError(f"--proposer {spec}: {why}")
+    return objs
+
+
+@optimize_app.callback(invoke_without_command=True)
+def optimize_cmd(
+    target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
+    budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
+    minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
+    precision: Annotated[str, typer.Option("--precision", help="strict (default), tf32, bf16 or fp16.")] = "strict",
+    workers: Annotated[int, typer.Option("--workers", help="Strategy workers per task (parallel checks).")] = 1,
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = "",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed or finished run in --out.")] = False,
+    as_json: JsonFlag = False,
+    baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")]
+    = "eager,compile,compile-max-autotune",
+    spaces: Annotated[str, typer.Option("--spaces", help="Only these spaces (comma-separated; default: all).")] = "",
+    parallel_tasks: Annotated[int, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at once "
+                                                                          "(one timing queue).")] = 1,
+    no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
+    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only (not the entry points, nor other packages' proposers such as the templates).")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
+    trials: Annotated[int, typer.Option("--trials", help="Correctness trials of each hardened evaluation (>= 5).")] = 6,
+    proposer: Annotated[list[str] | None, typer.Option("--proposer", help="Another proposer, MODULE:ATTR (a class, "
+                                                       "factory or instance; repeatable), without packaging it.")] = None,
+    ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
+    llm: Annotated[bool, typer.Option("--llm", help="Add LLM proposers (an OpenAI-compatible endpoint: "
+                                                    "KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY).")] = False,
+    llm_spaces: Annotated[str, typer.Option("--llm-spaces", help="Spaces the LLM proposes in (comma-separated).")]
+    = "triton,graph",
+    llm_config: Annotated[Path | None, typer.Option("--llm-config", help="LLM config file (JSON).")] = None,
+    llm_budget_tokens: Annotated[int | None, typer.Option("--llm-budget-tokens", help="Stop asking after this many "
+                                                                                     "tokens.")] = None,
+    llm_turns: Annotated[int | None, typer.Option("--llm-turns", help="Refinement turns per conversation.")] = None,
+    learn_skills: Annotated[Path | None, typer.Option("--learn-skills", help="Skill library to add timed wins to "
+                                                      "(only after they reproduce on other seeds).")] = None,
+) -> None:
+    """Optimize TARGET; see the README's optimizer section."""
+    from kstrata.agents.optimize.candidate import POLICIES
+    from kstrata.agents.optimize.search import BASELINES, Options, optimize
+
+    if precision not in POLICIES:
+        raise KstrataError(f"--precision {precision!r}: choose one of {', '.join(POLICIES)}")
+    names = tuple(b.strip() for b in baselines.split(",") if b.strip())
+    bad = [b for b in names if b not in BASELINES]
+    if bad:
+        raise KstrataError(f"--baselines: unknown {', '.join(bad)}; choose from {', '.join(BASELINES)}")
+    if budget < 0 or workers < 1 or minutes <= 0 or trials < 5:
+        raise KstrataError("--budget must be >= 0, --workers >= 1, --minutes > 0 and --trials >= 5")
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev not in ("cuda", "cpu"):
+        raise KstrataError(f"--device {dev!r}: choose cuda or cpu")
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise KstrataError("--device cuda: no CUDA GPU here (use --device cpu for a correctness-only run)")
+    ceilings = None
+    if dev == "cuda":
+        from kstrata.agents.roofline import load_or_measure
+
+        ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
+    stream = err if as_json else out
+    tty = stream.is_terminal
+
+    def progress(msg: str) -> None:
+        if tty:
+            stream.print(msg, highlight=False, markup=False, soft_wrap=True)
+        else:  # plain lines when not a terminal
+            print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    extra = [_load_proposer(spec) for spec in proposer or []]
+    llm_extra: tuple[Any, ...] = ()
+    if llm:
+        from kstrata.agents.llm.proposer import llm_proposers
+
+        llm_extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
+                                        options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                                        config_file=llm_config))
+    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+                   baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
+                   ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
+                   trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
+                   skills_dir=learn_skills)
+    results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
+    payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
+                               "tasks": [r.to_json() for r in results]}
+    if llm_extra:  # tokens and cost of the LLM proposers (they share one client); never the key
+        payload["llm"] = {"config": llm_extra[0].client.config.to_json(), "usage": llm_extra[0].client.ledger.to_json()}
+    if as_json:
+        emit_json(payload)
+    else:
+        for r in results:
+            if r.status != "done":
+                out.print(f"[red]FAILED[/] {r.task}: {r.error}", highlight=False)
+                continue
+            sp = f"{r.speedup:.3f}x over the best baseline ({r.incumbent_baseline})" if r.speedup else "not timed"
+            out.print(f"{r.task}: {sp}; space {r.chosen_space}; final {'ok' if r.final_ok else 'REJECTED'} -> "
+                      f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
+        if not opts.device == "cuda":
+            out.print("nothing was timed (no GPU): correctness only", highlight=False)
+        if llm_extra:
+            u = payload["llm"]["usage"]
+            out.print(f"LLM: {u['requests']} requests, {u['retries']} retries, {u['tokens']} tokens"
+                      + (" (estimated)" if u["tokens_estimated"] else "") + f", ${u['cost_usd']:.4f}", highlight=False)
+    if any(r.status != "done" or not r.final_ok for r in results):
+        raise typer.Exit(1)
