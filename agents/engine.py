@@ -713,6 +713,17 @@ class Engine:
             verdicts.append(run.value["verdict"])
             reasons += run.value["reasons"]
         if not launches:
+            # no launch record: the symbolic checker (kstrata.ir.symbolic) gates TTIR/TTGIR edits before any GPU
+            # time; a proof is evidence, a counterexample the interpreter confirmed is a difference
+            # the job finds the levels that differ; PTX- or option-only edits give no symbolic check
+            run = self.pool.run("kstrata.agents.engine:symbolic_check_job",
+                                {"original": base.path, "override_key": base.override_key,
+                                 "candidate": self.built_entry(built), "tolerance": tolerance}, timeout=timeout)
+            if run.ok:
+                evidence += [Evidence(**e) for e in run.value["checks"]]
+            else:
+                evidence.append(Evidence("symbolic", "ttir", "skipped", f"the symbolic check could not run: "
+                                         f"{run.error if run.status == 'error' else run.reason()}"))
             return _verdict_of(evidence)
         # `kstrata verify`'s own verdict per launch record (backends/verify.py), combined over the records
         if Verdict.DIFFERENT.value in verdicts:
@@ -801,7 +812,7 @@ def _verdict_of(evidence: list[Evidence]) -> CheckResult:
     if failed:
         f = failed[0]
         return CheckResult(Verdict.DIFFERENT, f"{f.name} at {f.level}: {f.detail}", tuple(evidence))
-    dynamic = [e for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu"))]
+    dynamic = [e for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu", "symbolic"))]
     if dynamic:
         return CheckResult(Verdict.EQUIVALENT, f"{len(dynamic)} dynamic checks equivalent", tuple(evidence))
     return CheckResult(Verdict.UNPROVEN, "static checks only (no dynamic evidence: give a launch record)",
@@ -927,6 +938,16 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}
+
+
+def symbolic_check_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker: the symbolic checks (backends/verify_symbolic.py) of the TTIR/TTGIR levels that differ."""
+    from kstrata.backends.verify_symbolic import symbolic_checks
+
+    original = _load_one(p["original"], p.get("override_key"))
+    candidate = _load_one(p["candidate"])
+    return {"checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
+                       for c in symbolic_checks(original, candidate, p.get("tolerance"))]}
 
 
 def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
