@@ -603,18 +603,21 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
         if build.status == "changed":
             if build.first_changed in ("ttir", "ttgir"):
                 record = matched[entry]
-                if record is None:
+                if record is None:  # no launch: the engine's symbolic check (kstrata.ir.symbolic) decides
                     o.checks["interpreter"] = ("not run: no launch record for this kernel "
                                                "(run-passes --launches DIR from kstrata record)")
-                else:
-                    verdict = engine.check(bases[entry], build, [record], device="cpu", seeds=1,
-                                           tolerance=tolerance.spelling() if tolerance else None)
+                verdict = engine.check(bases[entry], build, [record] if record else [], device="cpu", seeds=1,
+                                       tolerance=tolerance.spelling() if tolerance else None)
+                if record is not None:
                     o.checks["interpreter"] = _interpreter_summary(verdict)
-                    if verdict.verdict in (Verdict.DIFFERENT, Verdict.ERROR):
-                        o.status, o.error = "failed", (f"kernel {build.name}: the check finds the rewrite "
-                                                       f"{verdict.verdict.value}: {verdict.reason}")
-                    elif verdict.verdict is Verdict.UNPROVEN:  # written, and said: no dynamic evidence
-                        o.checks["verdict"] = f"unproven: {verdict.reason}"
+                sym = [e for e in verdict.evidence if e.name == "symbolic"]
+                if sym:
+                    o.checks["symbolic"] = "; ".join(f"{e.level}: {e.verdict}: {e.detail}"[:300] for e in sym)
+                if verdict.verdict in (Verdict.DIFFERENT, Verdict.ERROR):
+                    o.status, o.error = "failed", (f"kernel {build.name}: the check finds the rewrite "
+                                                   f"{verdict.verdict.value}: {verdict.reason}")
+                elif verdict.verdict is Verdict.UNPROVEN:  # written, and said: no dynamic evidence
+                    o.checks["verdict"] = f"unproven: {verdict.reason}"
             if o.status == "changed" and keys.get(entry):
                 bundle = _load_built(engine.built_entry(build), load_any)
                 bundle.override_key = keys[entry]
