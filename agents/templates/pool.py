@@ -15,6 +15,7 @@ PyTorch's max_pool2d also writes an int64 index per output, which this does not.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from kstrata.agents.templates.base import Params
 from kstrata.agents.templates.codegen import (
@@ -98,19 +99,25 @@ def _divisor(chain: Chain, oh: str, ow: str) -> list[str]:
     return [*lines, "acc = acc / (hc * wc).to(tl.float32)"]
 
 
-def _rows(chain: Chain, params: Params, policy: str) -> Kernel:
+def _geometry(chain: Chain) -> tuple[Any, ...]:
+    """What both pooling kernels read from the chain: window, stride, padding, dilation, shapes, the index
+    and output types, and the extra (leaf) kernel arguments with their signature text."""
     core = chain.core
     assert core is not None
     a = core.attrs
-    (kh, kw), (_, sw), (ph, pw), (_, dw) = a["kernel"], a["stride"], a["padding"], a["dilation"]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a["kernel"], a["stride"], a["padding"], a["dilation"]
     n, c, h, w = chain.core_shape
     oh, ow = chain.out_shape[2], chain.out_shape[3]
-    is_max = core.op == "max_pool2d"
     s = chain.core_shape
-    it = index_type(s, chain.out_shape, chain.root.shape)
-    out_t = tl_dtype(chain.out_dtype)
     leaf_names, leaf_vals = leaf_kernel_args(chain)
-    lsig = "".join(x + ", " for x in leaf_names)
+    return (kh, kw, sh, sw, ph, pw, dh, dw, n, c, h, w, oh, ow, core.op == "max_pool2d", s,
+            index_type(s, chain.out_shape, chain.root.shape), tl_dtype(chain.out_dtype), leaf_names, leaf_vals,
+            "".join(x + ", " for x in leaf_names))
+
+
+def _rows(chain: Chain, params: Params, policy: str) -> Kernel:
+    (kh, kw, _sh, sw, ph, pw, _dh, dw, n, c, h, w, oh, ow, is_max, s, it, out_t, _names, leaf_vals,
+     lsig) = _geometry(chain)
     init = "tl.full([BLOCK_W], float('-inf'), tl.float32)" if is_max else "tl.zeros([BLOCK_W], tl.float32)"
     inner = ExprEmitter()
     inner.lines += [f"iw = ow * {sw} + (kw * {dw} - {pw})",
@@ -168,18 +175,8 @@ def _pool2d_rows_kernel(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl
 
 
 def _direct(chain: Chain, params: Params, policy: str) -> Kernel:
-    core = chain.core
-    assert core is not None
-    a = core.attrs
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a["kernel"], a["stride"], a["padding"], a["dilation"]
-    n, c, h, w = chain.core_shape
-    oh, ow = chain.out_shape[2], chain.out_shape[3]
-    is_max = core.op == "max_pool2d"
-    s = chain.core_shape
-    it = index_type(s, chain.out_shape, chain.root.shape)
-    out_t = tl_dtype(chain.out_dtype)
-    leaf_names, leaf_vals = leaf_kernel_args(chain)
-    lsig = "".join(x + ", " for x in leaf_names)
+    (kh, kw, sh, sw, ph, pw, dh, dw, n, c, h, w, oh, ow, is_max, s, it, out_t, _names, leaf_vals,
+     lsig) = _geometry(chain)
     inner = ExprEmitter()
     inner.lines += [f"iw = ow * {sw} + (kw * {dw} - {pw})",
                     f"m = omask & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
