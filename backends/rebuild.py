@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,45 @@ from kstrata.ir.triton_layout import base32_key, load_cache_entry
 _NOT_OPTIONS = frozenset({"extern_libs", "arch", "backend_name", "hash", "target", "name", "shared", "tmem_size",
                           "global_scratch_size", "global_scratch_align", "profile_scratch_size",
                           "profile_scratch_align", "tensordesc_meta", "triton_version"})
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Capture what native code (LLVM's assembler, LLD, ptxas through Triton) writes to file descriptor 2
+    while the block runs; the list gets the text. A corrupt AMDGCN text makes LLVM print one diagnostic per
+    bad line (hundreds of KB): the caller puts the first lines in its error instead. Small output of a
+    successful block is passed on to the real stderr."""
+    captured: list[str] = []
+    with _STDERR_LOCK, tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        ok = False
+        try:
+            yield captured
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read(1 << 20).decode(errors="replace")
+            captured.append(text)
+            if ok and text.strip() and len(text) < 4096:
+                sys.stderr.write(text)
+
+
+def _diagnostics(captured: list[str], lines: int = 8) -> str:
+    """The first `lines` non-empty lines of captured native output, each cut, with a count of the rest."""
+    text = "".join(captured)
+    rows = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if not rows:
+        return ""
+    more = f"\n... ({len(rows) - lines} more lines of diagnostics)" if len(rows) > lines else ""
+    return "\n" + "\n".join(cut_text(ln, 200) for ln in rows[:lines]) + more
 
 
 def _backend(bundle: KernelBundle) -> Any:
@@ -94,11 +136,12 @@ def _rebuild_with_triton(bundle: KernelBundle, new: KernelBundle, level: str, sr
         path = Path(srcdir) / f"{bundle.name}.{level}"
         path.write_text(src)
         try:
-            compiled = triton.compile(str(path), target=bundle.target.to_triton(), options=opts)
+            with _native_stderr() as native:
+                compiled = triton.compile(str(path), target=bundle.target.to_triton(), options=opts)
         except Exception as exc:
             raise CompileError(f"kernel {bundle.name}: Triton could not compile the new {level}: "
-                               f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}",
-                               path=bundle.origin) from exc
+                               f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                               + _diagnostics(native), path=bundle.origin) from exc
         rebuilt = load_cache_entry(Path(root) / base32_key(compiled.hash))
     below = bundle.target.levels[bundle.target.levels.index(level) + 1:]
     for lv in below:
@@ -118,6 +161,12 @@ def _rebuild_with_stages(bundle: KernelBundle, new: KernelBundle, level: str, sr
     # Triton initializes LLVM's targets in its LLVM IR stage; starting below it, do it here (without it
     # LLVM's code generation crashes).
     llvm.init_targets()
+    if bundle.target.backend == "cuda":
+        # Triton's LLVM IR stage also sets NVPTX's 32-bit shared-memory pointers, a process-wide LLVM option;
+        # without it a rebuild from LLVM IR in a fresh process gives different (64-bit shared address) PTX.
+        from triton._C.libtriton import nvidia
+
+        nvidia.set_short_ptr()
     backend = _backend(bundle)
     options = backend.parse_options(compile_options(bundle, option_overrides))
     stages: dict[str, Any] = {}
@@ -125,14 +174,17 @@ def _rebuild_with_stages(bundle: KernelBundle, new: KernelBundle, level: str, sr
     metadata: dict[str, Any] = dict(bundle.metadata)
     order = bundle.target.levels
     module: Any = src
+    native: list[str] = []
     try:
-        for lv in order[order.index(level) + 1:]:
-            module = stages[lv](module, metadata)
-            new.levels[lv] = module
+        with _native_stderr() as native:
+            for lv in order[order.index(level) + 1:]:
+                module = stages[lv](module, metadata)
+                new.levels[lv] = module
     except Exception as exc:
-        # Keep the tool's own log (Triton puts ptxas's stderr after its first line), not only the headline.
+        # Keep the tool's own log (Triton puts ptxas's stderr after its first line), not only the headline,
+        # and the first diagnostics LLVM's assembler or LLD wrote to stderr.
         lines = str(exc).strip().splitlines()
         detail = "\n".join(cut_text(ln, 300) for ln in lines[:1] + [ln for ln in lines[1:] if ln.strip()][:12])
         raise CompileError(f"kernel {bundle.name}: rebuilding from {level} failed at the {lv} stage: "
-                           f"{type(exc).__name__}: {detail}", path=bundle.origin) from exc
+                           f"{type(exc).__name__}: {detail}{_diagnostics(native)}", path=bundle.origin) from exc
     new.metadata.update({k: v for k, v in (option_overrides or {}).items()})

@@ -307,3 +307,20 @@ def test_verify_of_an_entry_with_deeply_nested_ttgir(tmp_path: Path, entry: Path
     proc = kstrata("verify", str(entry), str(broken), "--device", "cpu")  # Triton's parser: SIGSEGV
     assert proc.returncode in (1, 2, 3) and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
     assert "nested too deeply" in proc.stderr + proc.stdout
+
+
+def test_verify_of_a_corrupt_amdgcn_candidate_quotes_a_few_diagnostics(tmp_path: Path) -> None:
+    """LLVM's in-process assembler writes one diagnostic per bad line straight to stderr (about 180 KB for
+    a text corrupted throughout); the error names the user's file and quotes the first few."""
+    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.testsuite.kernels.build import build_suite
+
+    built = build_suite(Target.parse("hip:gfx942"), tmp_path / "cache", [get_kernel("vector_add")])
+    entry = Path(built.bundles["vector_add"].origin or "")
+    amdgcn = next(entry.glob("*.amdgcn")).read_text()
+    cand = tmp_path / "cand.amdgcn"
+    cand.write_text(amdgcn.replace("\ts_", "\ts[").replace("\tv_", "\tv["))
+    proc = kstrata("verify", str(entry), str(cand), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith(f"error: {cand}:"), proc.stderr[:500]
+    assert "more lines of diagnostics" in proc.stderr and len(proc.stderr) < 4000, len(proc.stderr)
