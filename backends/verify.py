@@ -72,8 +72,9 @@ CHECK_VERDICTS = ("pass", "fail", "skipped", "n/a")
 
 #: The dynamic checks, by evidence group: a group is evidence when every check of it passed (or does not apply).
 _EVIDENCE_GROUPS = {"interpreter": ("interpreter",), "differential": ("differential", "determinism"),
-                    "symbolic": ("symbolic",)}
-_DYNAMIC_PREFIXES = ("interpreter", "differential", "determinism", "symbolic", "compute-sanitizer", "dynamic")
+                    "symbolic": ("symbolic",), "identical binary": ("identical binary",)}
+_DYNAMIC_PREFIXES = ("interpreter", "differential", "determinism", "symbolic", "compute-sanitizer", "dynamic",
+                     "identical binary")
 
 
 @dataclass
@@ -165,6 +166,9 @@ def _add(report: VerifyReport, name: str, level: str, fn: Any) -> None:
         report.checks.append(Check(name, level, "pass", detail or ""))
     except ToolNotFound as exc:  # a check this machine cannot run says so; it is not the candidate's fault
         report.checks.append(Check(name, level, "skipped", f"cannot run here: {exc}"))
+    except ImportError as exc:  # kstrata's own install is incomplete: the check could not run, nothing was caught
+        report.checks.append(Check(name, level, "skipped", f"cannot run here: {type(exc).__name__}: {exc} "
+                                   "(an incomplete install: `make setup` installs every dependency)"))
     except Exception as exc:  # a failed check is a verdict, not a crash
         report.checks.append(Check(name, level, "fail", f"{type(exc).__name__}: {exc}"))
 
@@ -537,7 +541,8 @@ def load_candidate(path: str | Path, original: KernelBundle) -> KernelBundle:
             from kstrata.ir.triton_ir import parse_triton
 
             parse_triton(text, p, verify=False)
-        candidate = rebuild(original, level, text)
+        # errors of the rebuild name the candidate's file, not the original's entry
+        candidate = rebuild(dataclasses.replace(original, origin=str(p)), level, text)
         return dataclasses.replace(candidate, origin=str(p))
     # A directory with Triton's metadata or group file is a cache or dump entry: it loads whole or not at
     # all (read as an override directory, its corrupt metadata would silently become the original's).
@@ -724,6 +729,9 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
                                    + (f" ({tol.why})" if tol.why else "")))
     if not report.differing_levels:
         return report
+    if (same := _same_binary(original, candidate, report)) is not None:
+        report.checks.append(same)  # the code that runs is the original's: evidence without a launch
+        return report
     if static_only:
         report.static_only = True
         report.notes.append("static evidence accepted explicitly (--static-only): no dynamic check was run")
@@ -742,6 +750,25 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
     if symbolic and report.verdict is Verdict.UNPROVEN:
         symbolic_evidence(report, original, candidate, launch, timeout)
     return report
+
+
+def _same_binary(original: KernelBundle, candidate: KernelBundle, report: VerifyReport) -> Check | None:
+    """A passing check when the candidate's higher levels differ but its binary, rebuilt from them, is
+    byte-identical to the original's and launches with the same metadata (e.g. an LLVM attribute that
+    changes no instruction): the GPU runs exactly the original's code. None otherwise."""
+    binary = original.target.binary_level
+    if binary in report.differing_levels or binary not in original.levels or binary not in candidate.levels:
+        return None
+    if binary not in report.rebuilt_levels or any(c.verdict != "pass" for c in report.checks):
+        return None  # only a binary kstrata rebuilt from the candidate's truth counts, and only after clean statics
+    launch_keys = ("num_warps", "num_ctas", "shared", "cluster_dims", "maxnreg", "tmem_size", "global_scratch_size",
+                   "profile_scratch_size", "name")
+    changed = [k for k in launch_keys if original.metadata.get(k) != candidate.metadata.get(k)]
+    if changed:
+        return None
+    return Check("identical binary", binary, "pass",
+                 f"the {binary} rebuilt from the candidate's {report.differing_levels[0]} is byte-identical to the "
+                 f"original's and launches with the same metadata: the same code runs")
 
 
 def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBundle, launch: LaunchRecordT,

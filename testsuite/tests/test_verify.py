@@ -491,3 +491,43 @@ def test_redzones_catch_writes_outside_a_buffer() -> None:
     assert compare_outputs(args, other, ["out"], redzone=True) is None
     out[3, 99] = 5.0
     assert compare_outputs(args, other, ["out"], redzone=True)["element"] == 399
+
+
+def test_an_llir_change_that_leaves_the_binary_identical_is_equivalent(entry: Path, tmp_path: Path) -> None:
+    """The rebuilt cubin is byte-identical to the original's: the GPU runs the same code, which is evidence
+    without a launch (noalias changes no instruction here: Triton's loads are inline asm). An edit that
+    changes an instruction still needs dynamic evidence. The rebuild from LLVM IR runs in this process,
+    where no Triton compile set NVPTX's short shared pointers first (they used to be missed)."""
+    from kstrata.backends.verify import verify
+    from kstrata.ir.triton_layout import load_any
+
+    original = load_any(entry)[0][0]
+    noalias = run_pipeline(original, parse_pipeline("llir(noalias-args{assume=true})")).bundle.text("llir")
+    assert " fmul " in noalias
+    for name, llir, same_binary in (("noalias", noalias, True),
+                                    ("fmul-to-fadd", noalias.replace(" fmul ", " fadd ", 1), False)):
+        single = tmp_path / name / f"{original.name}.llir"  # only the LLVM IR: verify rebuilds below it
+        single.parent.mkdir()
+        single.write_text(llir)
+        report = verify(original, load_candidate(single, original), device="cpu", find_launch=False)
+        same = [c for c in report.checks if c.name == "identical binary"]
+        assert "llir" in report.differing_levels and "cubin" in report.rebuilt_levels, report.to_json()
+        if same_binary:
+            assert report.differing_levels == ["llir"] and same and same[0].verdict == "pass"
+            assert report.verdict is Verdict.EQUIVALENT, report.to_json()
+        else:
+            assert "cubin" in report.differing_levels and not same and report.verdict is Verdict.UNPROVEN
+
+
+def test_a_check_that_cannot_import_its_module_is_skipped_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incomplete install (xdsl missing) must not count as catching a candidate."""
+    from kstrata.backends import verify as verify_mod
+
+    report = VerifyReport("k", "cuda:90", ["ttir"], [])
+
+    def missing() -> str:
+        raise ModuleNotFoundError("No module named 'xdsl'")
+
+    verify_mod._add(report, "accepted", "ttir", missing)
+    assert report.checks[0].verdict == "skipped" and "xdsl" in report.checks[0].detail
+    assert report.verdict is Verdict.UNPROVEN
