@@ -209,7 +209,7 @@ def check(original_text: str, candidate_text: str, level: str, *, launch: Any | 
                     if not confirm:
                         result.counterexample = cex
                         return _done(result, "counterexample", cex.summary(), start)
-                    rep = replay(parsed_o.module, parsed_c.module, cex, seeds=2)
+                    rep = replay(parsed_o.module, parsed_c.module, cex, seeds=2, deadline=start + budget)
                     cex.confirmed, cex.replay = rep.confirmed, rep.detail
                     if rep.confirmed:
                         result.counterexample = cex

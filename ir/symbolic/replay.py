@@ -21,6 +21,9 @@ from kstrata.ir.dialects.tt import PointerType, pointee_of
 #: Buffer sizes tried, in elements: from this many, doubling up to MAX_ELEMENTS.
 FIRST_ELEMENTS = 1 << 14
 MAX_ELEMENTS = 1 << 22
+#: The interpreter runs every program of a grid: a model whose program id is large (a grid of 10^5
+#: programs) would take hours, so such a model is not replayed (it stays unconfirmed, never a difference).
+MAX_PROGRAMS = 1024
 
 
 @dataclass
@@ -81,15 +84,23 @@ def _entry(module: Any) -> Any:
     return (public or funcs)[0]
 
 
-def replay(original: Any, candidate: Any, cex: Any, *, seeds: int = 3) -> ReplayOutcome:
-    """Run both parsed modules on launches built from `cex`; confirmed when they differ."""
+def replay(original: Any, candidate: Any, cex: Any, *, seeds: int = 3, deadline: float | None = None) -> ReplayOutcome:
+    """Run both parsed modules on launches built from `cex`; confirmed when they differ. A launch of more
+    than `MAX_PROGRAMS` programs is not run; past `deadline` (`time.perf_counter()`) no new launch starts."""
+    import time
+
     from kstrata.ir.interp import Buffer, InterpError, run_kernel
 
     last = "no launch could be built"
     for seed in range(seeds):
         elements = FIRST_ELEMENTS
         while True:
+            if deadline is not None and time.perf_counter() > deadline:
+                return ReplayOutcome(False, last + "; the time budget ran out before the next replay")
             grid, args, names = concrete_launch(original, cex, seed, elements)
+            if grid[0] * grid[1] * grid[2] > MAX_PROGRAMS:
+                return ReplayOutcome(False, f"the model's launch has grid {grid} ({grid[0] * grid[1] * grid[2]} "
+                                            f"programs), more than the {MAX_PROGRAMS} the interpreter replays")
             before = [a.storage.copy() if isinstance(a, Buffer) else a for a in args]
             try:
                 run_kernel(original, grid, args)

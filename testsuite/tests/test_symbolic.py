@@ -214,3 +214,16 @@ def test_symbolic_checks_for_the_engine_gate_each_differing_ir_level_and_respect
     (skipped,) = symbolic_checks(original, wrong, "ulp=2", timeout=2)
     assert skipped.verdict == "skipped" and "tolerance" in skipped.detail
     assert symbolic_checks(original, original) == []
+
+
+def test_a_model_with_a_huge_grid_is_not_replayed() -> None:
+    """The interpreter runs every program: a model whose program id is 10^5 (it once hung the test run after
+    other z3 queries changed the models the solver returns) stays unconfirmed instead of running for hours."""
+    from kstrata.ir.symbolic import Counterexample, _parse
+    from kstrata.ir.symbolic.replay import MAX_PROGRAMS, replay
+
+    mod = _parse(ADD, "original").module
+    cex = Counterexample("claim", None, {"n": 1 << 30}, (1, 1, 1), (100_000, 0, 0), (0,), {},
+                         ["x_ptr", "out_ptr", "n"])
+    out = replay(mod, mod, cex, seeds=1)
+    assert not out.confirmed and f"more than the {MAX_PROGRAMS}" in out.detail, out.detail
