@@ -628,7 +628,8 @@ def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
 
 def _load_trial(workdir: Path, index: int) -> dict[str, Any]:
     path = workdir / f"trial{index}.pt"
-    data: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    # mapped, not read: a trial of a published-size task is 19 GB (outputs and their float64 copies)
+    data: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     path.unlink()
     return data
 

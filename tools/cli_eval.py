@@ -74,7 +74,7 @@ def eval_cmd(
     try:
         verdict = evaluate(task, candidate, policy=policy, trials=trials, seed=seed, device=dev, timeout_s=timeout,
                            timing=False if no_timing else None, runs=runs, cuda_graph=cuda_graph, ceilings=ceilings,
-                           on_progress=None if as_json else on_progress, on_plan=None if as_json else on_plan)
+                           on_progress=on_progress, on_plan=on_plan)  # on stderr, with --json too
     except EvalError as exc:
         raise KstrataError(str(exc)) from None
     if as_json:
