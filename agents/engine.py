@@ -21,8 +21,9 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   base digest, level, edit, tolerance and policy, plus the Triton, ptxas, LLVM and kstrata versions
   (`tool_versions()`), so a tool upgrade never reuses a stale build.
 - `Engine.build(c)` -> `BuildResult`: runs the edit in a worker process (a pipeline with lower levels
-  rebuilt by Triton's stages, an option re-lowering, an assembly patch; a `ModelNew` source is written
-  as a file), runs the static checks (signature, launch ABI) and stores the rebuilt kernel as a Triton
+  rebuilt by Triton's stages, an option re-lowering, an assembly patch, a Triton kernel source compiled
+  for the base's target with its options and runtime parameter types (`backends/triton_source.py`; a
+  source with other runtime parameters is refused); a `ModelNew` source is written as a file), runs the static checks (signature, launch ABI) and stores the rebuilt kernel as a Triton
   cache entry under `CACHE/builds/<key>/`. Cached on disk by key (a rerun, or another driver, gets it
   back without a process), and deduplicated by binary digest: a build whose cubin/hsaco (or source)
   equals an earlier one's names it in `duplicate_of`, and its checks and timings are the earlier
@@ -45,8 +46,8 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
   caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU.
 
-Not built yet: `TritonSourceEdit` (a Triton kernel source for a kernel base) is accepted as a value but
-`build` reports it unsupported; task-level candidates carry their Triton kernels inside a `ModelNewEdit`.
+Task-level candidates carry their Triton kernels inside a `ModelNewEdit`; a `TritonSourceEdit` is one
+kernel's `@triton.jit` function for a kernel base (its constexpr values given with it).
 """
 
 from __future__ import annotations
@@ -192,10 +193,17 @@ class ModelNewEdit:
 
 @dataclass(frozen=True)
 class TritonSourceEdit:
-    """A Triton kernel source replacing a kernel base's `@triton.jit` function."""
+    """A Triton kernel source replacing a kernel base's `@triton.jit` function (`backends/triton_source.py`):
+    compiled for the base's target with its options and runtime parameter types; `constexprs` gives the
+    values of the source's constexpr parameters (folded into the base's IR, they cannot be read back)."""
 
     source: str
+    constexprs: tuple[tuple[str, str | int | float | bool], ...] = ()
     kind: str = "triton-source"
+
+    @staticmethod
+    def of(source: str, constexprs: Mapping[str, str | int | float | bool] | None = None) -> TritonSourceEdit:
+        return TritonSourceEdit(source, tuple(sorted((constexprs or {}).items())))
 
 
 Edit = PipelineEdit | AsmPatchEdit | OptionsEdit | ModelNewEdit | TritonSourceEdit
@@ -210,6 +218,8 @@ def edit_to_json(edit: Edit) -> dict[str, Any]:
     data = asdict(edit)
     if isinstance(edit, OptionsEdit):
         data["overrides"] = [list(p) for p in edit.overrides]
+    if isinstance(edit, TritonSourceEdit):
+        data["constexprs"] = [list(p) for p in edit.constexprs]
     return data
 
 
@@ -219,6 +229,8 @@ def edit_from_json(data: Mapping[str, Any]) -> Edit:
         raise EngineError(f"unknown edit kind {kind!r}; kinds: {', '.join(_EDITS)}")
     if kind == "options":
         return OptionsEdit(tuple((str(k), v) for k, v in data["overrides"]))
+    if kind == "triton-source":
+        return TritonSourceEdit(str(data["source"]), tuple((str(k), v) for k, v in data.get("constexprs") or ()))
     fields = {k: v for k, v in data.items() if k != "kind"}
     edit: Edit = _EDITS[kind](**fields)
     return edit
@@ -592,14 +604,16 @@ class Engine:
         start = time.perf_counter()
         if base.kind == "task":
             result = self._build_task(candidate, base, out)
-        elif isinstance(candidate.edit, (ModelNewEdit, TritonSourceEdit)):
-            result = BuildResult(key, "failed", error=f"a {candidate.edit.kind} edit cannot be built for a kernel "
-                                 "base yet; give a ModelNew source for the task (level task), or a pipeline, "
-                                 "options or assembly patch for the kernel")
+        elif isinstance(candidate.edit, ModelNewEdit):
+            result = BuildResult(key, "failed", error="a model-new edit is for a task base (level task); a kernel "
+                                 "base takes a pipeline, options, an assembly patch or a Triton source")
         else:
             payload = {"base": base.path, "override_key": base.override_key, "edit": edit_to_json(candidate.edit),
                        "level": candidate.level, "out": str(out / "entry"), "key": key,
-                       "repro_dir": str(repro_dir) if repro_dir is not None else None}
+                       "repro_dir": str(repro_dir) if repro_dir is not None else None,
+                       "sources": str(self.cache_dir / "sources")}
+            if isinstance(candidate.edit, TritonSourceEdit):  # @triton.jit must compile, not interpret
+                env = {k: v for k, v in (env if env is not None else os.environ).items() if k != "TRITON_INTERPRET"}
             run = self.pool.run("kstrata.agents.engine:build_kernel_job", payload, timeout=self.build_timeout, env=env)
             if run.ok:
                 result = BuildResult.from_json({**run.value, "key": key})
@@ -904,6 +918,18 @@ def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 
             new = patch_bundle(bundle, AsmPatch.from_text(edit.text)).bundle
             first_changed = p["level"] if new.levels != bundle.levels else None
+        elif isinstance(edit, TritonSourceEdit):
+            from kstrata.backends.triton_source import compile_source
+
+            # the source's file is named by its content, so one source compiles to one binary (line tables
+            # name the file) and two candidates with the same source are deduplicated by binary digest
+            where = Path(p["sources"]) / _digest(f"{edit.source}\0{bundle.name}")[:24]
+            try:
+                new = compile_source(bundle, edit.source, dict(edit.constexprs), where)
+            except KstrataError as exc:
+                return {**out, "status": "failed", "error": str(exc), "seconds": time.perf_counter() - start}
+            first_changed = next((lv for lv in bundle.target.levels[1:] if lv in bundle.levels
+                                  and bundle.levels[lv] != new.levels.get(lv)), None)
     except PassFailure as exc:
         return {**out, "status": "failed", "error": str(exc), "repro": exc.repro,
                 "passes": [exc.record.__dict__], "seconds": time.perf_counter() - start}

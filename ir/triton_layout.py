@@ -423,9 +423,14 @@ def _describe_failure(exc: BaseException, fn: Any) -> str:
     where = ""
     node = getattr(exc, "node", None)
     if node is not None and hasattr(node, "lineno"):
-        first_line = getattr(getattr(fn, "fn", None), "__code__", None)
-        line = node.lineno + (first_line.co_firstlineno - 1 if first_line else 0)
-        where = f"line {line}: "
+        # the node's line counts from the `def` line (Triton drops the decorators from the source it parses)
+        try:
+            from triton.runtime.jit import get_jit_fn_file_line
+
+            first = int(get_jit_fn_file_line(fn)[1])
+        except Exception:  # not a JIT function Triton knows: the line within the function
+            first = 1
+        where = f"line {node.lineno + first - 1}: "
     reason: BaseException = exc
     while getattr(reason, "error_message", None) is None and reason.__cause__ is not None:
         reason = reason.__cause__

@@ -352,3 +352,78 @@ def test_patched_cache_runs_the_rewritten_binary_on_the_gpu(tmp_path: Path) -> N
     second = _run_program(program, Path(report.patched_cache))
     patched = hashlib.sha256(next(Path(report.kernels[0]["patched_entry"]).glob("*.cubin")).read_bytes()).hexdigest()
     assert second["ok"] and second["cache_hit"] == [True] and second["cubins"] == [patched]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton-source candidates: a @triton.jit function compiled for a kernel base
+# ---------------------------------------------------------------------------------------------------
+SAME_ADD = '''
+@triton.jit
+def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # the same kernel written differently: one expression, the mask inline, the operands swapped
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(y_ptr + offs, mask=offs < n) + tl.load(x_ptr + offs, mask=offs < n),
+             mask=offs < n)
+'''
+
+
+def _source_candidate(base: str, source: str, **kw: Any) -> Candidate:
+    from kstrata.agents.engine import TritonSourceEdit
+
+    return Candidate(base, "triton", TritonSourceEdit.of(source, {"BLOCK": 1024}), **kw)
+
+
+def test_a_triton_source_is_built_for_the_base_cached_and_deduplicated(add_entry: Path, tmp_path: Path) -> None:
+    with Engine(tmp_path / "engine", jobs=2) as engine:
+        base = engine.add_kernel(add_entry)
+        same = _source_candidate(base, SAME_ADD)
+        loose = _source_candidate(base, SAME_ADD, tolerance="ulp=1")  # another key, the same binary
+        first, second = sorted(engine.build_many([same, loose]), key=lambda b: b.duplicate_of is not None)
+        assert first.status == second.status == "changed", (first.error, second.error)
+        assert first.first_changed == "ttir" and first.static_checks["signature"] == "unchanged"
+        assert second.duplicate_of == first.key and engine.stats.deduplicated == 1
+        assert not first.same_binary_as_base  # another source file: other line tables
+        from kstrata.ir.triton_layout import load_any
+
+        built = load_any(first.entry or "")[0][0]
+        assert built.name == "vector_add_kernel" and built.num_warps == 4  # the base's options
+        assert engine.build(same).cached
+        # the round trip of the edit keeps the constexprs (the key is the same after JSON)
+        assert Candidate.from_json(json.loads(json.dumps(same.to_json()))).key == same.key
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("@triton.jit\ndef vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):\n    offs = (\n",
+     "does not parse: line 3"),
+    (SAME_ADD.replace("n, BLOCK", "n_elements, BLOCK").replace("< n)", "< n_elements)"),
+     "runtime parameters (x_ptr, y_ptr, out_ptr, n_elements) differ from kernel vector_add_kernel's "
+     "(x_ptr, y_ptr, out_ptr, n)"),
+    (SAME_ADD.replace("def vector_add_kernel", "def add"), "no @triton.jit function named vector_add_kernel "
+                                                            "(it defines: add)"),
+    (SAME_ADD.replace("tl.load(y_ptr", "tl.lod(y_ptr"), "line 6: CompilationError: AttributeError(\"module 'triton.language' has no attribute 'lod'"),
+])
+def test_a_bad_triton_source_is_one_clear_error(add_entry: Path, tmp_path: Path, source: str, message: str) -> None:
+    with Engine(tmp_path / "engine") as engine:
+        base = engine.add_kernel(add_entry)
+        built = engine.build(_source_candidate(base, source))
+        assert built.status == "failed" and message in (built.error or ""), built.error
+        assert "Traceback" not in (built.error or "") and "\n" not in (built.error or "")
+        assert engine.check(base, built).verdict is Verdict.ERROR
+
+
+@pytest.mark.slow
+def test_a_triton_source_is_checked_like_any_kernel_candidate(add_entry: Path, tmp_path: Path) -> None:
+    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    launch = suite_launch_record(get_kernel("vector_add"), "cuda:90").save(tmp_path / "launch" / "add-0.json")
+    with Engine(tmp_path / "engine", jobs=2) as engine:
+        base = engine.add_kernel(add_entry)
+        good, wrong = engine.build_many([_source_candidate(base, SAME_ADD),
+                                         _source_candidate(base, SAME_ADD.replace(") + tl.load", ") - tl.load"))])
+        assert good.status == wrong.status == "changed", (good.error, wrong.error)
+        ok = engine.check(base, good, [launch], device="cpu", seeds=1)
+        assert ok.verdict is Verdict.EQUIVALENT, ok.reason
+        assert any(e.name.startswith("interpreter") and e.verdict == "pass" for e in ok.evidence)
+        bad = engine.check(base, wrong, [launch], device="cpu", seeds=1)
+        assert bad.verdict is Verdict.DIFFERENT and "interpreter" in bad.reason, bad.reason
