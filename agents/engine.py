@@ -137,6 +137,40 @@ def entry_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def bundle_digest(bundle: Any) -> str:
+    """Content digest of a loaded kernel (`KernelBundle`): its name, target, metadata and every level."""
+    h = hashlib.sha256(json.dumps({"name": bundle.name, "target": str(bundle.target), "metadata": bundle.metadata},
+                                  sort_keys=True, default=str).encode())
+    for level in sorted(bundle.levels):
+        h.update(f"\0{level}\0{bundle.digest(level)}".encode())
+    return h.hexdigest()
+
+
+def _snapshot_digests(record_path: str) -> list[str]:
+    """Digests of the input snapshots a launch record names (relative to its directory): part of a check's key."""
+    data = _read_json(Path(record_path))
+    args = data.get("args") if isinstance(data, dict) else None
+    out = []
+    for arg in args if isinstance(args, list) else []:
+        snap = arg.get("snapshot") if isinstance(arg, dict) else None
+        if snap:
+            f = Path(record_path).parent / snap
+            out.append(_digest(f.read_bytes()) if f.is_file() else f"missing {snap}")
+    return out
+
+
+def _gpu_visible() -> str:
+    """Which GPU a check on `auto`/`cuda` would use (a check's verdict depends on it)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, hip {torch.version.hip})"
+    except ImportError:
+        return "no torch"
+    return "none"
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
@@ -359,19 +393,58 @@ class CheckResult:
     evidence: tuple[Evidence, ...] = ()
     seconds: float = 0.0
     cached: bool = False
+    #: The whole report of the check, as JSON: `kstrata verify`'s (`VerifyReport.to_json()`) for a check
+    #: with `VerifyOptions`, the evaluator's (`EvalVerdict.to_json()`) for a task check with `TaskOptions`.
+    report: dict[str, Any] | None = field(default=None, compare=False)
+    #: The evaluator's verdict itself (this process only; not cached): what `kstrata eval` prints.
+    task_verdict: Any = field(default=None, compare=False, repr=False)
 
     @property
     def accepted(self) -> bool:
         return self.verdict is Verdict.EQUIVALENT
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict.value, "reason": self.reason, "evidence": [asdict(e) for e in self.evidence],
+        data = {"verdict": self.verdict.value, "reason": self.reason, "evidence": [asdict(e) for e in self.evidence],
                 "seconds": self.seconds}
+        return {**data, "report": self.report} if self.report is not None else data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], cached: bool = False) -> CheckResult:
         return cls(Verdict(data["verdict"]), str(data["reason"]), tuple(Evidence(**e) for e in data["evidence"]),
-                   float(data.get("seconds", 0.0)), cached)
+                   float(data.get("seconds", 0.0)), cached, data.get("report"))
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a task candidate is evaluated, `kstrata eval`'s options (`agents/evaluate.py` `evaluate`): the
+    evaluator's policy (strict or kernelbench), trials, seed, timed runs, a CUDA graph, timing (None: on a
+    GPU), and, not part of a check's identity, measured ceilings (roofline) and progress callbacks."""
+
+    policy: str = "strict"
+    trials: int = 6
+    seed: int = 42
+    runs: int = 100
+    cuda_graph: bool = False
+    timing: bool | None = None
+    ceilings: Any = field(default=None, compare=False)
+    on_progress: Callable[..., None] | None = field(default=None, compare=False)
+    on_plan: Callable[[Any], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How a kernel candidate is checked, `kstrata verify`'s options (`backends/verify.py` `verify`): random
+    input sets per dynamic check, the device (auto, cpu, cuda), the compute-sanitizer tool (auto, none,
+    memcheck, …), seconds per dynamic run, static evidence accepted explicitly, the symbolic check when the
+    verdict would be unproven, and whether a launch kstrata knows (a suite kernel's) stands in for none."""
+
+    seeds: int = 2
+    device: str = "auto"
+    sanitizer: str = "auto"
+    timeout: float = 120.0
+    static_only: bool = False
+    symbolic: bool = False
+    find_launch: bool = True
 
 
 @dataclass(frozen=True)
@@ -509,6 +582,9 @@ class Engine:
         self._lock = threading.Lock()
         #: Timings of this session by (original, binary, launches): a duplicate binary is timed once.
         self._timings: dict[tuple[str, str, tuple[str, ...]], Measurement] = {}
+        #: Kernels loaded by the caller (`add_bundle`) and candidates made outside the engine (`adopt`).
+        self._bundles: dict[str, Any] = {}
+        self._adopted: dict[str, tuple[Any, list[str] | None]] = {}
 
     def close(self) -> None:
         if self._own_pool:
@@ -540,6 +616,48 @@ class Engine:
         with self._lock:
             self._bases[digest] = BaseRef("task", str(path.resolve()))
         return digest
+
+    def add_bundle(self, bundle: Any) -> str:
+        """Register a kernel the caller has loaded (a `KernelBundle`: a cache or dump entry, or an IR file
+        compiled for its target) as a base; returns its content digest (`bundle_digest`)."""
+        digest = bundle_digest(bundle)
+        with self._lock:
+            self._bases[digest] = BaseRef("kernel", str(bundle.origin or bundle.name), bundle.override_key)
+            self._bundles[digest] = bundle
+        return digest
+
+    def adopt(self, base: str, bundle: Any, *, edited: Sequence[str] | None = None) -> BuildResult:
+        """A kernel candidate made outside the engine (a user's override entry, cache entry or IR file, loaded
+        as `kstrata verify` loads it) as a build the engine checks. Its digest is its content (every level
+        and the metadata, `bundle_digest`): a candidate checked before with the same content, by this
+        engine or by an earlier run on the same cache, gets that check back. `edited`: the levels its
+        pipeline edits on purpose (`kstrata-candidate.json`), which decide what verify rebuilds."""
+        original = self._bundles.get(base)
+        if original is None:
+            self.base(base)  # unknown: the clear error
+            raise EngineError("adopt takes a base registered with add_bundle (a loaded kernel)")
+        digest = bundle_digest(bundle)
+        levels = sorted(edited) if edited else None
+        key = _digest(json.dumps({"base": base, "adopted": digest, "edited": levels,
+                                  "versions": dict(tool_versions())}, sort_keys=True))[:32]
+        with self._lock:
+            self._adopted[key] = (bundle, levels)
+        return BuildResult(key, "changed", name=bundle.name, target=str(bundle.target), entry=bundle.origin,
+                           binary_digest=digest, same_binary_as_base=digest == base)
+
+    def adopt_task(self, base: str, model_new: str | Path, *, policy: str = "strict") -> BuildResult:
+        """A task candidate in the user's own file (`kstrata eval TASK CANDIDATE`): the build of
+        `Candidate.task(base, its source)`, evaluated where it is (a ModelNew may import files beside it)."""
+        ref = self.base(base)
+        if ref.kind != "task":
+            raise EngineError("adopt_task takes a task base (add_task)")
+        path = Path(model_new)
+        if not path.is_file():
+            raise EngineError("no such candidate file", path=path)
+        source = path.read_bytes()
+        key = Candidate.task(base, source.decode(errors="replace"), policy=policy).key
+        return BuildResult(key, "changed", "task", name=Path(ref.path).stem, target="task", first_changed="task",
+                           entry=str(path), binary_digest=_digest(source))  # as given: the verdict names it
 
     def base(self, digest: str) -> BaseRef:
         try:
@@ -672,8 +790,21 @@ class Engine:
     # -- check ------------------------------------------------------------------------------------
     def check(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (), *, device: str = "cpu",
               seeds: int = 1, tolerance: str | None = None, policy: str = "strict",
-              timeout: float = 900.0) -> CheckResult:
-        """A verdict on `built` against the base `original`, with evidence (see the module docstring)."""
+              timeout: float = 900.0, verify: VerifyOptions | None = None,
+              on_check: Callable[[Any], None] | None = None, use_cache: bool = True,
+              task: TaskOptions | None = None) -> CheckResult:
+        """A verdict on `built` against the base `original`, with evidence (see the module docstring).
+
+        A candidate from `adopt` is checked by `kstrata verify`'s pipeline in this process, with `verify`'s
+        options (its own rebuilds and dynamic runs are child processes), `on_check(check)` called as each
+        dynamic check ends; the result carries the whole report (`report`). Its verdict is cached unless a
+        check could not run (that may be this machine's: decided again next time); `use_cache=False`
+        decides it again anyway.
+
+        A task candidate checked with `task` options (`kstrata eval`) is evaluated with them, in this
+        process's call of the evaluator (each role in its own process), and never served from the cache: its
+        verdict carries this run's memory peaks, and timings when it timed, which `measure` then returns
+        instead of evaluating again. The result carries the evaluator's verdict (`task_verdict`, `report`)."""
         if built.status == "failed":
             return CheckResult(Verdict.ERROR, f"the build failed: {built.error}")
         if built.status == "unchanged":
@@ -681,28 +812,64 @@ class Engine:
                                (Evidence("identical", "all", "pass", "no level changed"),))
         base = self.base(original)
         launch_paths = [str(Path(p).resolve()) for p in launches]
-        ident = {"original": original, "binary": built.binary_digest, "device": device, "seeds": seeds,
-                 "tolerance": tolerance, "policy": policy,
-                 "launches": [_digest(Path(p).read_bytes()) for p in launch_paths]}
+        adopted = self._adopted.get(built.key)
+        ident: dict[str, Any] = {"original": original, "binary": built.binary_digest, "device": device,
+                                 "seeds": seeds, "tolerance": tolerance, "policy": policy,
+                                 "launches": [_digest(Path(p).read_bytes()) for p in launch_paths]}
+        if adopted is not None:
+            options = verify or VerifyOptions()
+            ident = {**ident, "device": options.device, "seeds": options.seeds, "verify": asdict(options),
+                     "edited": adopted[1], "snapshots": [_snapshot_digests(p) for p in launch_paths],
+                     "gpu": _gpu_visible() if options.device != "cpu" else None,
+                     "versions": dict(tool_versions())}
         cache = self.cache_dir / "checks" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
-        data = _read_json(cache)
-        if isinstance(data, dict):
+        if task is not None and base.kind == "task":
+            return self._evaluate_task(original, base, built, device, timeout, task)
+        data = _read_json(cache) if use_cache else None
+        if isinstance(data, dict) and (adopted is None or isinstance(data.get("report"), dict)):
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 result = CheckResult.from_json(data, cached=True)
                 with self._lock:
                     self.stats.check_cache_hits += 1
                 return result
         start = time.perf_counter()
-        if base.kind == "task":
+        if adopted is not None:
+            result = self._check_adopted(original, adopted, launch_paths, tolerance, verify or VerifyOptions(),
+                                         on_check)
+        elif base.kind == "task":
             result = self._check_task(base, self.built_entry(built), device, policy, timeout)
         else:
             result = self._check_kernel(base, built, launch_paths, device, seeds, tolerance, timeout)
-        result = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start)
-        if result.verdict is not Verdict.ERROR:  # an error may be the machine's: decide it again next time
+        result = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
+                             report=result.report)
+        skipped = adopted is not None and any(e.verdict == "skipped" for e in result.evidence)
+        if result.verdict is not Verdict.ERROR and not skipped:  # an error may be the machine's: decide it again
             _write_json(cache, result.to_json())
         with self._lock:
             self.stats.checks += 1
         return result
+
+    def _check_adopted(self, original: str, adopted: tuple[Any, list[str] | None], launches: list[str],
+                       tolerance: str | None, options: VerifyOptions,
+                       on_check: Callable[[Any], None] | None) -> CheckResult:
+        """`kstrata verify` of an adopted candidate against a loaded base, on the first launch record (or the
+        launch kstrata knows for the kernel); raises `KstrataError` for what the user must fix."""
+        from kstrata.backends.verify import verify
+        from kstrata.ir.launch import LaunchRecord
+
+        record = LaunchRecord.load(launches[0]) if launches else None
+        report = verify(self._bundles[original], adopted[0], record, seeds=options.seeds, device=options.device,
+                        tolerance=tolerance, sanitizer=options.sanitizer, timeout=options.timeout,
+                        launch_dir=Path(launches[0]).parent if launches else None, on_check=on_check,
+                        static_only=options.static_only, find_launch=options.find_launch,
+                        symbolic=options.symbolic, edited=adopted[1])
+        evidence = tuple(Evidence(c.name, c.level, c.verdict, c.detail) for c in report.checks)
+        verdict = Verdict(report.verdict.value)
+        failed = next((c for c in report.checks if c.verdict == "fail"), None)
+        reason = (f"{failed.name} at {failed.level}: {failed.detail}" if failed is not None else
+                  "; ".join(report.unproven_reasons()) if verdict is Verdict.UNPROVEN else
+                  ", ".join(report.evidence()) or "identical code")
+        return CheckResult(verdict, reason, evidence, report=report.to_json())
 
     def _check_kernel(self, base: BaseRef, built: BuildResult, launches: list[str], device: str, seeds: int,
                       tolerance: str | None, timeout: float) -> CheckResult:
@@ -748,18 +915,34 @@ class Engine:
                                f"({dynamic} dynamic checks passed)", tuple(evidence))
         return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))
 
+    def _evaluate_task(self, original: str, base: BaseRef, built: BuildResult, device: str, timeout: float,
+                       options: TaskOptions) -> CheckResult:
+        from kstrata.agents.evaluate import evaluate
+
+        start = time.perf_counter()
+
+        def run() -> Any:
+            return evaluate(base.path, self.built_entry(built), policy=options.policy, trials=options.trials,
+                            seed=options.seed, device=device or None, timeout_s=timeout, timing=options.timing,
+                            runs=options.runs, cuda_graph=options.cuda_graph, ceilings=options.ceilings,
+                            on_progress=options.on_progress, on_plan=options.on_plan)
+
+        # an evaluation that may time goes through the GPU queue: two timings never share a GPU
+        v = run() if device == "cpu" or options.timing is False else self.pool.on_gpu(run)
+        result = _task_result(v, options.policy)
+        with self._lock:
+            self.stats.checks += 1
+            if v.reference_timing is not None and v.candidate_timing is not None:
+                self._timings[(original, built.binary_digest or "", ())] = _task_measurement(v)
+        return CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
+                           report=v.to_json(), task_verdict=v)
+
     def _check_task(self, base: BaseRef, model_new: str, device: str, policy: str, timeout: float) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
 
         eval_policy = "strict" if policy != "kernelbench" else policy
         v = evaluate(base.path, model_new, policy=eval_policy, device=device, timing=False, timeout_s=timeout)
-        evidence = tuple(Evidence(f"trial {t.index} ({t.distribution})", "task",
-                                  "pass" if t.passes(eval_policy) else "fail", "") for t in v.trials)
-        if v.accepted:
-            return CheckResult(Verdict.EQUIVALENT, v.reason, evidence)
-        if v.failure in ("mismatch", "shape", "integrity", "flagged"):
-            return CheckResult(Verdict.DIFFERENT, v.reason, evidence)
-        return CheckResult(Verdict.ERROR, v.reason, evidence)
+        return _task_result(v, eval_policy)
 
     # -- measure ----------------------------------------------------------------------------------
     def measure(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (),
@@ -812,13 +995,29 @@ class Engine:
                                               runs=budget.runs * budget.rounds, timeout_s=budget.timeout_s))
         with self._lock:
             self.stats.measured += 1
-        if v.reference_timing is None or v.candidate_timing is None:
-            return Measurement("failed", v.reason)
-        before, after = v.reference_timing.median_us, v.candidate_timing.median_us
-        return Measurement("timed", "" if v.accepted else v.reason, before, after, v.speedup,
-                           {"device": v.device, "versions": v.versions, "reference": v.reference_timing.to_json(),
-                            "candidate": v.candidate_timing.to_json(), "accepted": v.accepted},
-                           tuple(v.flags))
+        return _task_measurement(v)
+
+
+def _task_result(v: Any, policy: str) -> CheckResult:
+    """The evaluator's verdict `v` as a check: accepted is equivalent, a wrong result different, else error."""
+    evidence = tuple(Evidence(f"trial {t.index} ({t.distribution})", "task", "pass" if t.passes(policy) else "fail",
+                              "") for t in v.trials)
+    if v.accepted:
+        return CheckResult(Verdict.EQUIVALENT, v.reason, evidence)
+    if v.failure in ("mismatch", "shape", "integrity", "flagged"):
+        return CheckResult(Verdict.DIFFERENT, v.reason, evidence)
+    return CheckResult(Verdict.ERROR, v.reason, evidence)
+
+
+def _task_measurement(v: Any) -> Measurement:
+    """The evaluator's timings of a task candidate as a measurement."""
+    if v.reference_timing is None or v.candidate_timing is None:
+        return Measurement("failed", v.reason)
+    before, after = v.reference_timing.median_us, v.candidate_timing.median_us
+    return Measurement("timed", "" if v.accepted else v.reason, before, after, v.speedup,
+                       {"device": v.device, "versions": v.versions, "reference": v.reference_timing.to_json(),
+                        "candidate": v.candidate_timing.to_json(), "accepted": v.accepted},
+                       tuple(v.flags))
 
 
 def _verdict_of(evidence: list[Evidence]) -> CheckResult:

@@ -157,6 +157,13 @@ class VerifyReport:
                 "launch_source": self.launch_source, "notes": self.notes,
                 "checks": [c.__dict__ for c in self.checks]}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> VerifyReport:
+        """The report `to_json` gave (a cached check's); verdict, evidence and reasons follow from the checks."""
+        return cls(str(data["kernel"]), str(data["target"]), list(data["differing_levels"]),
+                   [Check(**c) for c in data["checks"]], list(data.get("rebuilt_levels") or []),
+                   data.get("launch_source"), list(data.get("notes") or []), bool(data.get("static_only")))
+
 
 def _add(report: VerifyReport, name: str, level: str, fn: Any) -> None:
     from .tools import ToolNotFound

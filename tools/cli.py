@@ -614,12 +614,18 @@ def verify_cmd(
                                   help="Prove a TTIR/TTGIR candidate for every launch with z3, or find a "
                                        "counterexample the interpreter confirms, when the verdict would be "
                                        "unproven (default: on when no --launch is given)."),
+    engine_cache: Path = typer.Option(None, "--engine-cache", help="The engine's cache, where verdicts are kept "
+                                      "(default $KSTRATA_ENGINE_CACHE or ~/.cache/kstrata/engine)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Decide again: do not take a verdict from the cache."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every equivalence check that applies to the levels in which CANDIDATE differs from ORIGINAL.
 
     Verdict and exit status: equivalent 0 (dynamic evidence, or identical code), different 1, unproven 3
     (only static checks ran, or a check could not run; 0 with --static-only), 2 for a file that cannot be used.
+    The check goes through the candidate engine: a candidate with the same content, checked before with
+    the same options and launch, gets its verdict from the engine's cache (a verdict where a check could
+    not run is never kept).
     """
     from rich.markup import escape
 
@@ -627,14 +633,15 @@ def verify_cmd(
 
     if "kstrata" in suite_names():  # the suite's provider registers the suite kernels' launches with verify
         load_suite()
+    from kstrata.agents.engine import Engine, VerifyOptions
     from kstrata.backends.verify import (
         Check,
         Verdict,
+        VerifyReport,
         declared_tolerance,
         edited_levels,
         load_candidate,
         load_original,
-        verify,
     )
     from kstrata.ir.launch import LaunchRecord
 
@@ -649,10 +656,20 @@ def verify_cmd(
         if not as_json:
             err.print(f"  [{colours[check.verdict]}]{check.verdict}[/] {check.level} {check.name}", highlight=False)
 
-    report = verify(base, cand, record, seeds=seeds, device=device, tolerance=tolerance or declared_tolerance(candidate),
-                    sanitizer=sanitizer, timeout=timeout, launch_dir=launch.parent if launch is not None else None,
-                    on_check=progress, static_only=static_only, edited=edited_levels(candidate),
-                    symbolic=_symbolic_on(symbolic, launch))
+    del record  # loaded above for its errors (exit 2); the engine's check loads it again
+    options = VerifyOptions(seeds=seeds, device=device, sanitizer=sanitizer, timeout=timeout, static_only=static_only,
+                            symbolic=_symbolic_on(symbolic, launch))
+    with Engine(engine_cache) as engine:
+        original_digest = engine.add_bundle(base)
+        built = engine.adopt(original_digest, cand, edited=edited_levels(candidate))
+        checked = engine.check(original_digest, built, [launch] if launch is not None else [],
+                               tolerance=tolerance or declared_tolerance(candidate), verify=options, on_check=progress,
+                               use_cache=not no_cache)
+    assert checked.report is not None
+    report = VerifyReport.from_json(checked.report)
+    if checked.cached and not as_json:
+        err.print(f"  (verdict from the engine cache {engine.cache_dir}: this candidate was checked before with "
+                  "these options; --no-cache decides again)", highlight=False, markup=False)
     if as_json:
         _emit_json(report.to_json())
     else:

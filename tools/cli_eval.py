@@ -44,7 +44,8 @@ def eval_cmd(
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Where measured ceilings are cached.")] = None,
 ) -> None:
     """Run the reference and the candidate in separate processes and judge the candidate."""
-    from kstrata.agents.evaluate import EvalError, evaluate
+    from kstrata.agents.engine import Engine, TaskOptions
+    from kstrata.agents.evaluate import EvalError
 
     ceilings = None
     dev = device or None
@@ -71,10 +72,16 @@ def eval_cmd(
         err.print(f"  {role}: trial {done}/{total} done, {seconds:.1f} s so far"
                   + (f", about {left:.0f} s left" if done < total else ""), highlight=False)
 
+    # through the candidate engine: the candidate is `Candidate.task(TASK, its source)`, evaluated in place
+    options = TaskOptions(policy=policy, trials=trials, seed=seed, runs=runs, cuda_graph=cuda_graph,
+                          timing=False if no_timing else None, ceilings=ceilings, on_progress=on_progress,
+                          on_plan=on_plan)  # progress on stderr, with --json too
     try:
-        verdict = evaluate(task, candidate, policy=policy, trials=trials, seed=seed, device=dev, timeout_s=timeout,
-                           timing=False if no_timing else None, runs=runs, cuda_graph=cuda_graph, ceilings=ceilings,
-                           on_progress=on_progress, on_plan=on_plan)  # on stderr, with --json too
+        with Engine() as engine:  # a missing task or candidate file: one line naming it (EngineError)
+            base = engine.add_task(task)
+            checked = engine.check(base, engine.adopt_task(base, candidate), device=dev or "", timeout=timeout,
+                                   task=options)
+        verdict = checked.task_verdict
     except EvalError as exc:
         raise KstrataError(str(exc)) from None
     if as_json:

@@ -451,3 +451,30 @@ def test_correct_candidates_are_accepted_on_gpu(tmp_path: Path, name: str, task:
     assert v.candidate_timing is not None and v.candidate_timing.runs >= 100
     assert v.speedup is not None and math.isfinite(v.speedup)
     assert v.accepted, v.reason
+
+
+@pytest.mark.slow
+def test_eval_goes_through_the_engine_with_its_options(tmp_path: Path) -> None:
+    """`kstrata eval`'s path: the candidate as `Candidate.task`, checked by the engine with the evaluator's
+    options, the verdict and its report carried back, never served from the cache (it holds this run's
+    memory peaks); `measure` has nothing to reuse on the CPU."""
+    from kstrata.agents.engine import Candidate, Engine, TaskOptions, Verdict
+
+    relu = shrunk_task(tmp_path, *RELU)
+    seen: list[tuple[str, int]] = []
+    options = TaskOptions(trials=5, seed=3, on_progress=lambda role, done, total, s: seen.append((role, done)))
+    with Engine(tmp_path / "engine") as engine:
+        base = engine.add_task(relu)
+        built = engine.adopt_task(base, ADVERSARIAL / "correct_torch_ops.py")
+        assert built.key == Candidate.task(base, (ADVERSARIAL / "correct_torch_ops.py").read_text()).key
+        first = engine.check(base, built, device="cpu", timeout=60, task=options)
+        assert first.verdict is Verdict.EQUIVALENT and first.task_verdict.accepted, first.reason
+        assert first.report == first.task_verdict.to_json() and len(first.report["trials"]) == 5
+        assert first.task_verdict.candidate == str(ADVERSARIAL / "correct_torch_ops.py")  # evaluated in place
+        assert ("candidate", 5) in seen and ("reference", 5) in seen
+        wrong = engine.check(base, engine.adopt_task(base, ADVERSARIAL / "input_zeroing.py"), device="cpu",
+                             timeout=60, task=options)
+        assert wrong.verdict is Verdict.DIFFERENT and "inputs-unchanged" in wrong.reason and not wrong.cached
+        assert engine.stats.checks == 2 and engine.stats.check_cache_hits == 0
+        if not has_cuda():
+            assert engine.measure(base, built).status == "skipped"  # nothing timed on the CPU, nothing to reuse

@@ -531,3 +531,36 @@ def test_a_check_that_cannot_import_its_module_is_skipped_not_failed(monkeypatch
     verify_mod._add(report, "accepted", "ttir", missing)
     assert report.checks[0].verdict == "skipped" and "xdsl" in report.checks[0].detail
     assert report.verdict is Verdict.UNPROVEN
+
+
+@pytest.mark.slow
+def test_verify_goes_through_the_engine_cache(entry: Path, tmp_path: Path) -> None:
+    """`kstrata verify` is the engine's check of the candidate against its base: the same candidate content,
+    options and launch get the kept verdict (same JSON, same exit code); other options, `--no-cache`, or a
+    verdict where a check could not run are decided again."""
+    from kstrata.ir.triton_layout import load_any, write_override
+
+    original = load_any(entry)[0][0]
+    new = run_pipeline(original, parse_pipeline("ptx(cache-hints)")).bundle
+    override = write_override(new, tmp_path / "o", levels=["ptx", "cubin"])
+    cache = tmp_path / "engine"
+    args = (str(entry), str(override), "--static-only", "--engine-cache", str(cache))
+    first = _cli(*args, "--json")
+    assert first.returncode == 0, first.stderr
+    assert len(list((cache / "checks").glob("*.json"))) == 1
+    again = _cli(*args, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout) == json.loads(first.stdout)
+    human = _cli(*args)
+    assert human.returncode == 0 and "verdict from the engine cache" in human.stderr, human.stderr
+    assert "verdict: unproven (static evidence accepted: --static-only)" in human.stdout
+    fresh = _cli(*args, "--no-cache")
+    assert fresh.returncode == 0 and "engine cache" not in fresh.stderr
+    # the same candidate copied elsewhere is the same content: deduplicated, served from the cache
+    copy = Path(shutil.copytree(override, tmp_path / "copy"))
+    assert "verdict from the engine cache" in _cli(str(entry), str(copy), *args[2:]).stderr
+    # without --static-only and with no launch record the dynamic check cannot run: never kept
+    unproven = _cli(str(entry), str(override), "--engine-cache", str(cache), "--no-symbolic", "--seeds", "1",
+                    "--device", "cpu")
+    again = _cli(str(entry), str(override), "--engine-cache", str(cache), "--no-symbolic", "--seeds", "1",
+                 "--device", "cpu")
+    assert unproven.returncode == again.returncode and "engine cache" not in again.stderr
