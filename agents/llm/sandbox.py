@@ -25,12 +25,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kstrata.backends.child import run_child
 
 #: Variables copied into the child when set (everything else is dropped).
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONPATH",
@@ -196,19 +196,10 @@ def run_python(script: str, workdir: Path, *, args: tuple[str, ...] = (), limits
     env["KSTRATA_SANDBOX_RESULT"] = str(result_path)
     main = workdir / "main.py"
     main.write_text(script)
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(main), *args], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    timed_out = False
-    try:
-        out, err = proc.communicate(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
+    # the one child protocol (backends/child.py): a new session, killed with everything it started on a
+    # timeout, and its grandchildren after it exits; output to files, so a chatty script cannot block
+    run = run_child([sys.executable, str(main), *args], timeout=limits.timeout_s, env=env, cwd=workdir)
+    timed_out = run.status == "timeout"
     result = None
     if result_path.is_file() and not timed_out:
         try:
@@ -216,5 +207,4 @@ def run_python(script: str, workdir: Path, *, args: tuple[str, ...] = (), limits
             result = loaded if isinstance(loaded, dict) else None
         except (OSError, json.JSONDecodeError):
             result = None
-    return SandboxRun(proc.returncode, timed_out, out.decode(errors="replace")[-8000:],
-                      err.decode(errors="replace")[-8000:], time.monotonic() - start, result)
+    return SandboxRun(run.returncode, timed_out, run.stdout, run.stderr, run.seconds, result)
