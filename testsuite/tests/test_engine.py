@@ -427,3 +427,35 @@ def test_a_triton_source_is_checked_like_any_kernel_candidate(add_entry: Path, t
         assert any(e.name.startswith("interpreter") and e.verdict == "pass" for e in ok.evidence)
         bad = engine.check(base, wrong, [launch], device="cpu", seeds=1)
         assert bad.verdict is Verdict.DIFFERENT and "interpreter" in bad.reason, bad.reason
+
+
+def test_an_adopted_candidate_is_checked_by_verify_and_its_report_cached(add_entry: Path, tmp_path: Path) -> None:
+    """`kstrata verify`'s path through the engine, in process: the loaded original and candidate
+    registered by content, the whole verify report carried back, kept, and served to an equal candidate."""
+    import dataclasses as dc
+
+    from kstrata.agents.engine import VerifyOptions
+    from kstrata.ir.triton_layout import load_any
+
+    original = load_any(add_entry)[0][0]
+    ptx = original.text("ptx")
+    edited = dc.replace(original, levels={**original.levels, "ptx": ptx.replace("\tret;", "\t// kstrata\n\tret;")})
+    assert edited.text("ptx") != ptx
+    with Engine(tmp_path / "engine") as engine:
+        base = engine.add_bundle(original)
+        same = engine.adopt(base, dc.replace(original))
+        assert same.same_binary_as_base and same.binary_digest == base
+        identical = engine.check(base, same, verify=VerifyOptions(device="cpu"))
+        assert identical.verdict is Verdict.EQUIVALENT and identical.report is not None
+        assert identical.report["differing_levels"] == [] and identical.report["verdict"] == "equivalent"
+        options = VerifyOptions(device="cpu", static_only=True)
+        first = engine.check(base, engine.adopt(base, edited), verify=options)
+        assert first.verdict is Verdict.UNPROVEN and not first.cached and first.report is not None
+        assert first.report["accepted"] and first.report["differing_levels"][0] == "ptx"
+        assert first.report["rebuilt_levels"] == ["cubin"]  # the stale cubin: rebuilt from the edited PTX
+        again = engine.check(base, engine.adopt(base, dc.replace(edited, origin="elsewhere")), verify=options)
+        assert again.cached and again.report == first.report and engine.stats.check_cache_hits == 1
+        fresh = engine.check(base, engine.adopt(base, edited), verify=options, use_cache=False)
+        assert not fresh.cached and fresh.report == first.report
+        with pytest.raises(EngineError, match="unknown base"):
+            engine.adopt(DIGEST, edited)
