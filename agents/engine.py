@@ -23,8 +23,9 @@ A **candidate** is one change to one base (a kernel or a task), described by val
 - `Engine.build(c)` -> `BuildResult`: runs the edit in a worker process (a pipeline with lower levels
   rebuilt by Triton's stages, an option re-lowering, an assembly patch, a Triton kernel source compiled
   for the base's target with its options and runtime parameter types (`backends/triton_source.py`; a
-  source with other runtime parameters is refused); a `ModelNew` source is written as a file), runs the static checks (signature, launch ABI) and stores the rebuilt kernel as a Triton
-  cache entry under `CACHE/builds/<key>/`. Cached on disk by key (a rerun, or another driver, gets it
+  source with other runtime parameters is refused); a `ModelNew` source is written as a file), runs
+  the static checks (signature, launch ABI) and stores the rebuilt kernel as a Triton cache entry under
+  `CACHE/builds/<key>/`. Cached on disk by key (a rerun, or another driver, gets it
   back without a process), and deduplicated by binary digest: a build whose cubin/hsaco (or source)
   equals an earlier one's names it in `duplicate_of`, and its checks and timings are the earlier
   one's (`Engine.stats.deduplicated` counts them; reports print it). `build_many` builds in parallel.
@@ -32,9 +33,23 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   dynamic evidence or identical code, `DIFFERENT` with the first difference, `UNPROVEN` with static
   evidence only, `ERROR` when it could not be decided) and the `evidence` (every check with its level,
   verdict and detail). Kernel candidates: the static checks of the build plus `kstrata verify` on each
-  launch record, in a worker process (an LLVM abort is a verdict). Task candidates: the hardened
-  evaluator (`agents/evaluate.py`, each role in its own process). Cached by (original, built binary,
-  launch records, device, tolerance).
+  launch record, in a worker process (an LLVM abort is a verdict); `VerifyOptions` passes verify's own
+  options (device, seeds, sanitizer, seconds per run, static evidence accepted). Task candidates: the
+  hardened evaluator (`agents/evaluate.py`, each role in its own process); `TaskOptions` passes eval's
+  (policy, trials, seed, timing, progress), and such a check is never cached (it carries this run's
+  memory peaks and timings, which `measure` then returns). Cached by (original, built binary, launch
+  records, device, tolerance, options).
+- Candidates made outside the engine: `add_bundle(bundle)` registers a kernel the caller loaded (as
+  `kstrata verify` loads an entry or an IR file) and `adopt(base, bundle)` a candidate loaded the same
+  way, both by content digest; `check` of an adopted candidate is `kstrata verify` itself, in this
+  process (its rebuilds and dynamic runs are child processes), with progress (`on_check`) and the whole
+  `VerifyReport` in `CheckResult.report`, cached unless a check could not run. `adopt_task(base, file)` is
+  `kstrata eval`'s candidate: `Candidate.task` of the user's file, evaluated where it is.
+- Clients: `run-passes` (`agents/run_passes.py`), `kstrata verify` (`add_bundle`, `adopt`, `check` with
+  `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`).
+  `kstrata bench` times baselines (the task's own `Model`, eager and under torch.compile), which are not
+  candidates: it shares the timer (`backends/timing.py`) and the child protocol, not the engine. The
+  `torch.compile` backend rewrites inside Triton's stage hook, where no complete base kernel exists yet.
 - `Engine.measure(original, built, launches, budget)` -> `Measurement`: kernel candidates are timed
   against the original on replays of the launch record, outputs first compared byte for byte, then
   interleaved A/B rounds (`backends/timing.py`: CUDA events, device synchronize, L2 flush, warm-up,
@@ -816,10 +831,11 @@ class Engine:
         ident: dict[str, Any] = {"original": original, "binary": built.binary_digest, "device": device,
                                  "seeds": seeds, "tolerance": tolerance, "policy": policy,
                                  "launches": [_digest(Path(p).read_bytes()) for p in launch_paths]}
-        if adopted is not None:
+        if adopted is not None or (verify is not None and base.kind == "kernel"):
             options = verify or VerifyOptions()
             ident = {**ident, "device": options.device, "seeds": options.seeds, "verify": asdict(options),
-                     "edited": adopted[1], "snapshots": [_snapshot_digests(p) for p in launch_paths],
+                     "edited": adopted[1] if adopted is not None else None,
+                     "snapshots": [_snapshot_digests(p) for p in launch_paths],
                      "gpu": _gpu_visible() if options.device != "cpu" else None,
                      "versions": dict(tool_versions())}
         cache = self.cache_dir / "checks" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
@@ -839,7 +855,7 @@ class Engine:
         elif base.kind == "task":
             result = self._check_task(base, self.built_entry(built), device, policy, timeout)
         else:
-            result = self._check_kernel(base, built, launch_paths, device, seeds, tolerance, timeout)
+            result = self._check_kernel(base, built, launch_paths, device, seeds, tolerance, timeout, verify)
         result = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
                              report=result.report)
         skipped = adopted is not None and any(e.verdict == "skipped" for e in result.evidence)
@@ -872,7 +888,7 @@ class Engine:
         return CheckResult(verdict, reason, evidence, report=report.to_json())
 
     def _check_kernel(self, base: BaseRef, built: BuildResult, launches: list[str], device: str, seeds: int,
-                      tolerance: str | None, timeout: float) -> CheckResult:
+                      tolerance: str | None, timeout: float, options: VerifyOptions | None = None) -> CheckResult:
         evidence = [Evidence(f"static: {name}", "launch", "pass", str(detail))
                     for name, detail in built.static_checks.items() if not isinstance(detail, list)]
         if built.same_binary_as_base:
@@ -881,10 +897,14 @@ class Engine:
         verdicts: list[str] = []
         reasons: list[str] = []
         for launch in launches:
-            payload = {"original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
-                       "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance,
-                       # the levels the pipeline edited: verify rebuilds below the lowest, not below the highest
-                       "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
+            payload: dict[str, Any] = {
+                "original": base.path, "override_key": base.override_key, "candidate": self.built_entry(built),
+                "launch": launch, "device": device, "seeds": seeds, "tolerance": tolerance,
+                # the levels the pipeline edited: verify rebuilds below the lowest, not below the highest
+                "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
+            if options is not None:  # verify's own options: the device, seeds, sanitizer, time per run
+                payload.update({"device": options.device, "seeds": options.seeds, "sanitizer": options.sanitizer,
+                                "run_timeout": options.timeout, "static_only": options.static_only})
             run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
                                 env=tool_env(launch))
             if not run.ok:
@@ -1159,7 +1179,9 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     original = _load_one(p["original"], p.get("override_key"))
     candidate = _load_one(p["candidate"])
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
-                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"))
+                    tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"),
+                    sanitizer=p.get("sanitizer", "auto"), timeout=p.get("run_timeout", 120.0),
+                    static_only=bool(p.get("static_only")))
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}

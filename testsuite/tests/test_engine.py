@@ -427,6 +427,12 @@ def test_a_triton_source_is_checked_like_any_kernel_candidate(add_entry: Path, t
         assert any(e.name.startswith("interpreter") and e.verdict == "pass" for e in ok.evidence)
         bad = engine.check(base, wrong, [launch], device="cpu", seeds=1)
         assert bad.verdict is Verdict.DIFFERENT and "interpreter" in bad.reason, bad.reason
+        # verify's own options reach the check's worker: static evidence only, so no dynamic run
+        from kstrata.agents.engine import VerifyOptions
+
+        static = engine.check(base, wrong, [launch], verify=VerifyOptions(device="cpu", seeds=1, static_only=True))
+        assert static.verdict is Verdict.UNPROVEN and not any(e.name.startswith("interpreter")
+                                                              for e in static.evidence), static.evidence
 
 
 def test_an_adopted_candidate_is_checked_by_verify_and_its_report_cached(add_entry: Path, tmp_path: Path) -> None:
