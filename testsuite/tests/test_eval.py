@@ -453,6 +453,35 @@ def test_correct_candidates_are_accepted_on_gpu(tmp_path: Path, name: str, task:
     assert v.accepted, v.reason
 
 
+def test_device_hash_sees_every_word_and_position() -> None:
+    """The hash that replaces host sha256 for large GPU inputs (13 s per 6.4 GB input, twice per trial):
+    exact integer arithmetic, so equal bytes give equal values in any process; one changed bit, two
+    swapped elements or a trailing byte change it."""
+    from kstrata.agents.eval_worker import device_hash
+
+    x = torch.randn(100_003)
+    h = device_hash(x)
+    assert h == device_hash(x.clone()) and h.startswith("dev:") and len(h) == 20
+    flipped = x.clone()
+    flipped.view(torch.int32)[777] ^= 1
+    swapped = x.clone()
+    swapped[[5, 6]] = x[[6, 5]]
+    assert len({h, device_hash(flipped), device_hash(swapped)}) == 3
+    b = torch.arange(7, dtype=torch.uint8)
+    b2 = b.clone()
+    b2[6] = 9
+    assert device_hash(b) != device_hash(b2)  # the padded last word counts
+
+
+@gpu
+def test_device_hash_is_the_same_on_the_gpu_and_the_cpu() -> None:
+    from kstrata.agents.eval_worker import DEVICE_HASH_BYTES, device_hash
+
+    x = torch.randn(DEVICE_HASH_BYTES // 4 + 5)
+    assert device_hash(x) == device_hash(x.cuda())
+    assert digest([x.cuda()]) == digest([x.cuda().clone()]) != digest([x])  # large GPU tensors: device hash
+
+
 @pytest.mark.slow
 def test_eval_goes_through_the_engine_with_its_options(tmp_path: Path) -> None:
     """`kstrata eval`'s path: the candidate as `Candidate.task`, checked by the engine with the evaluator's
