@@ -588,7 +588,11 @@ class Engine:
     def __init__(self, cache_dir: str | Path | None = None, pool: WorkerPool | None = None, *, jobs: int = 1,
                  build_timeout: float = 600.0) -> None:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EngineError(f"the engine's cache directory cannot be created: {exc.strerror or exc}",
+                              path=self.cache_dir, hint="give --engine-cache DIR, or set KSTRATA_ENGINE_CACHE") from None
         self._own_pool = pool is None
         self.pool = pool or WorkerPool(jobs)
         self.build_timeout = build_timeout
