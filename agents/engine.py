@@ -43,7 +43,8 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   `kstrata verify` loads an entry or an IR file) and `adopt(base, bundle)` a candidate loaded the same
   way, both by content digest; `check` of an adopted candidate is `kstrata verify` itself, in this
   process (its rebuilds and dynamic runs are child processes), with progress (`on_check`) and the whole
-  `VerifyReport` in `CheckResult.report`, cached unless a check could not run. `adopt_task(base, file)` is
+  `VerifyReport` in `CheckResult.report`, cached unless it is unproven because a check could not run
+  (a GPU or a tool this machine lacks, decided again next time). `adopt_task(base, file)` is
   `kstrata eval`'s candidate: `Candidate.task` of the user's file, evaluated where it is.
 - Clients: `run-passes` (`agents/run_passes.py`), `kstrata verify` (`add_bundle`, `adopt`, `check` with
   `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`).
@@ -816,8 +817,9 @@ class Engine:
 
         A candidate from `adopt` is checked by `kstrata verify`'s pipeline in this process, with `verify`'s
         options (its own rebuilds and dynamic runs are child processes), `on_check(check)` called as each
-        dynamic check ends; the result carries the whole report (`report`). Its verdict is cached unless a
-        check could not run (that may be this machine's: decided again next time); `use_cache=False`
+        dynamic check ends; the result carries the whole report (`report`). Its verdict is cached unless it
+        is unproven and a check could not run (the machine's lack: decided again next time; a GPU run
+        skipped under --device cpu is the caller's choice, part of the key); `use_cache=False`
         decides it again anyway.
 
         A task candidate checked with `task` options (`kstrata eval`) is evaluated with them, in this
@@ -862,7 +864,9 @@ class Engine:
             result = self._check_kernel(base, built, launch_paths, device, seeds, tolerance, timeout, verify)
         result = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
                              report=result.report)
-        skipped = adopted is not None and any(e.verdict == "skipped" for e in result.evidence)
+        # equivalent (evidence) and different (a failure found) stand; unproven for want of a check may not
+        skipped = adopted is not None and result.verdict is Verdict.UNPROVEN and \
+            any(e.verdict == "skipped" for e in result.evidence)
         if result.verdict is not Verdict.ERROR and not skipped:  # an error may be the machine's: decide it again
             _write_json(cache, result.to_json())
         with self._lock:

@@ -624,8 +624,8 @@ def verify_cmd(
     Verdict and exit status: equivalent 0 (dynamic evidence, or identical code), different 1, unproven 3
     (only static checks ran, or a check could not run; 0 with --static-only), 2 for a file that cannot be used.
     The check goes through the candidate engine: a candidate with the same content, checked before with
-    the same options and launch, gets its verdict from the engine's cache (a verdict where a check could
-    not run is never kept).
+    the same options and launch, gets its verdict from the engine's cache (an unproven verdict where a
+    check could not run is never kept).
     """
     from rich.markup import escape
 

@@ -541,7 +541,7 @@ def test_a_check_that_cannot_import_its_module_is_skipped_not_failed(monkeypatch
 def test_verify_goes_through_the_engine_cache(entry: Path, tmp_path: Path) -> None:
     """`kstrata verify` is the engine's check of the candidate against its base: the same candidate content,
     options and launch get the kept verdict (same JSON, same exit code); other options, `--no-cache`, or a
-    verdict where a check could not run are decided again."""
+    unproven verdict where a check could not run are decided again."""
     from kstrata.ir.triton_layout import load_any, write_override
 
     original = load_any(entry)[0][0]
@@ -568,3 +568,15 @@ def test_verify_goes_through_the_engine_cache(entry: Path, tmp_path: Path) -> No
     again = _cli(str(entry), str(override), "--engine-cache", str(cache), "--no-symbolic", "--seeds", "1",
                  "--device", "cpu")
     assert unproven.returncode == again.returncode and "engine cache" not in again.stderr
+    # an equivalent verdict stands although the GPU run was skipped (--device cpu is the caller's choice): kept
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    launch = suite_launch_record(get_kernel("softmax_online"), "cuda:90").save(tmp_path / "launch" / "s.json")
+    good = write_override(run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle, tmp_path / "good")
+    cpu = (str(entry), str(good), "--launch", str(launch), "--seeds", "1", "--device", "cpu", "--engine-cache",
+           str(cache))
+    first = _cli(*cpu)
+    assert first.returncode == 0 and "engine cache" not in first.stderr, first.stdout + first.stderr
+    kept = _cli(*cpu)
+    assert kept.returncode == 0 and "verdict from the engine cache" in kept.stderr
+    assert "verdict: equivalent" in kept.stdout and "skipped cubin  differential" in kept.stdout
