@@ -485,10 +485,10 @@ class GpuWorkerActor:
         return {"host": socket.gethostname(), "pid": os.getpid(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
-    def run(self, target: str, payload: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    def run(self, target: str, payload: dict[str, Any], env: dict[str, str], index: int, label: str) -> dict[str, Any]:
         pin = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
         try:
-            return resolve(target)(payload, JobContext({**env, **pin}, _ray_workdir()))
+            return resolve(target)(payload, JobContext({**env, **pin}, _ray_workdir(), GpuDevice(index, label)))
         except Exception as exc:
             return _failure(target, exc, fault=fault_in(str(exc)))
 
@@ -562,7 +562,8 @@ class RayWorkers:
 
         def attempt(device: GpuDevice) -> dict[str, Any]:
             try:
-                out: dict[str, Any] = self.ray.get(self._actors[device.index].run.remote(target, payload, env))
+                actor = self._actors[device.index]
+                out: dict[str, Any] = self.ray.get(actor.run.remote(target, payload, env, device.index, device.label))
                 return out
             except Exception as exc:  # the actor's node was lost beyond its restarts
                 return _failure(target, exc, fault=True)
