@@ -195,6 +195,13 @@ class GpuScheduler:
             state.busy += 1
             return state
 
+    def bind(self, affinity: str, index: int) -> None:
+        """Send the jobs of `affinity` to device `index` (a caller that names its GPU) while it is healthy."""
+        if index not in self.states:
+            raise WorkersError(f"no GPU worker {index}; the workers have {', '.join(map(str, self.states))}")
+        with self._lock:
+            self._affinity.setdefault(affinity, index)
+
     def device_for(self, affinity: str) -> int | None:
         """The device an affinity is bound to (None before its first job)."""
         return self._affinity.get(affinity)
@@ -326,6 +333,9 @@ def call_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     fault = ctx.device is not None and (died or (run.status == "error" and fault_in(run.error or "")))
     return {"ok": run.ok, "child": asdict(run), "device_fault": fault,
             "error": "" if run.ok else run.reason()}
+
+
+CALL_JOB = "kstrata.agents.workers:call_job"
 
 
 def child_result(out: Mapping[str, Any]) -> Any:

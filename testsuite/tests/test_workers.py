@@ -158,3 +158,23 @@ def test_cli_workers_and_gpus_errors_are_one_line(tmp_path: Path) -> None:
     b = _cli("bench", str(task.parent), "--out", str(tmp_path / "b"), "--gpus", "3", "--json")
     lines = b.stderr.strip().splitlines()
     assert b.returncode == 2 and len(lines) == 1 and "--gpus 3" in lines[0], b.stderr
+
+
+def test_engine_pool_gpu_jobs_go_through_the_scheduler(tmp_path: Path) -> None:
+    """The engine's WorkerPool: GPU jobs pinned per device, a GPU whose processes cannot start quarantined, its
+    jobs retried on the other; an explicit `gpu=` is honoured."""
+    from kstrata.agents.engine import WorkerPool
+
+    pool = WorkerPool(cpu_workers=1, gpus=fake_gpus(2, broken=(1,)))
+    try:
+        results = [pool.run(WHERE, {}, timeout=60, kind="gpu") for _ in range(4)]
+        assert all(r.ok for r in results), [r.reason() for r in results]
+        assert {r.value["cuda_visible_devices"] for r in results} == {"0"}
+        assert list(pool.scheduler.quarantined()) == [1]
+    finally:
+        pool.close()
+    healthy = WorkerPool(cpu_workers=1, gpus=fake_gpus(2))
+    try:
+        assert healthy.run(WHERE, {}, timeout=60, kind="gpu", gpu=1).value["cuda_visible_devices"] == "1"
+    finally:
+        healthy.close()
