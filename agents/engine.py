@@ -427,7 +427,7 @@ class WorkerPool:
     def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | Sequence[GpuDevice] | None = None) -> None:
         self.cpu_workers = max(1, cpu_workers)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_workers, thread_name_prefix="kstrata-cpu")
-        self._gpu_spec = list(gpus) if gpus is not None else None
+        self._gpu_spec: list[int | GpuDevice] | None = list(gpus) if gpus is not None else None
         self._workers: LocalWorkers | None = None
         self._gpu_threads: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -435,10 +435,8 @@ class WorkerPool:
     def _gpu_workers(self) -> LocalWorkers:
         with self._lock:
             if self._workers is None:
-                spec = self._gpu_spec
-                if spec is None:
-                    count = visible_gpu_count()
-                    spec = list(range(count)) or [0]
+                spec: list[int | GpuDevice] = self._gpu_spec if self._gpu_spec is not None else \
+                    [*range(visible_gpu_count())] or [0]
                 devices = [d if isinstance(d, GpuDevice) else GpuDevice(d, f"cuda:{d}", (("CUDA_VISIBLE_DEVICES",
                                                                                           str(d)),)) for d in spec]
                 self._workers = LocalWorkers(devices)

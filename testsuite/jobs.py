@@ -19,3 +19,13 @@ def where(payload: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float(payload.get("sleep", 0.0)))
     return {"cuda_visible_devices": visible, "pid": os.getpid(), "start": start, "end": time.time(),
             "tag": payload.get("tag")}
+
+
+def cuda_device(payload: dict[str, Any]) -> dict[str, Any]:
+    """The CUDA devices this process sees (a pinned GPU worker's process sees exactly one)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(0) if count else None
+    return {"count": count, "name": props.name if props else "", "uuid": str(getattr(props, "uuid", "")),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}

@@ -5,7 +5,6 @@ the in-process run. Skipped without Ray (`pip install "kstrata[ray]"`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -102,25 +101,10 @@ def test_a_ray_worker_killed_mid_job_is_retried(cluster: RayWorkers) -> None:
     assert r.value["start"] > killer.killed[0][1]  # this result is the retry's, started after the kill
 
 
-def _summary(out: Path) -> dict[str, Any]:
-    """What must be the same between two runs: per task, every candidate's key, space, status and verdict, the
-    incumbent, the final verdict and the written model_new.py."""
-    got: dict[str, Any] = {}
-    for d in sorted(p for p in out.iterdir() if (p / "trajectory.jsonl").exists()):
-        events = [json.loads(ln) for ln in (d / "trajectory.jsonl").read_text().splitlines()]
-        got[d.name] = {
-            "candidates": [(e["key"], e["space"], e["proposer"], e["status"], (e["verdict"] or {}).get("ok"),
-                            (e["verdict"] or {}).get("failure")) for e in events if e["type"] == "candidate"],
-            "incumbent": [e.get("incumbent") for e in events if e["type"] == "baselines"],
-            "final": [(e["key"], e["accepted"]) for e in events if e["type"] == "final"],
-            "model_new": (d / "model_new.py").read_text(),
-        }
-    return got
-
-
 def test_optimize_cpu_path_on_ray_matches_the_in_process_run(cluster: RayWorkers, tmp_path: Path) -> None:
     """Two small tasks optimized at once on the Ray cluster, one Ray worker killed in the middle of a job, then
     the same in process: the same candidates, verdicts, incumbents, final verdicts and model_new.py files."""
+    from kstrata.agents.optimize.compare import compare_runs, run_digest
     from kstrata.agents.optimize.search import Options, optimize
 
     tasks = tmp_path / "tasks"
@@ -141,7 +125,8 @@ def test_optimize_cpu_path_on_ray_matches_the_in_process_run(cluster: RayWorkers
     local = optimize(tasks, tmp_path / "local", options(None), parallel_tasks=2)
     assert [(r.task, r.status, r.final_ok) for r in on_ray] == [(r.task, r.status, r.final_ok) for r in local]
     assert all(r.status == "done" and r.final_ok for r in on_ray)
-    a, b = _summary(tmp_path / "ray"), _summary(tmp_path / "local")
+    a, b = run_digest(tmp_path / "ray"), run_digest(tmp_path / "local")
     assert a == b
+    assert compare_runs(tmp_path / "ray", tmp_path / "local")["verdicts_agree"]
     graph = [c for c in a["02_linear_sum_small"]["candidates"] if c[1] == "graph"]
     assert graph and graph[0][3] == "correct"  # the run judged a real candidate, not only the baseline

@@ -15,6 +15,8 @@ import pytest
 
 from kstrata.agents.workers import GpuDevice, LocalWorkers, WorkersError, child_result, local_gpus, make_workers
 
+from .conftest import has_cuda
+
 REPO = Path(__file__).resolve().parents[2]
 WHERE = "kstrata.testsuite.jobs:where"
 CALL = "kstrata.agents.workers:call_job"
@@ -178,3 +180,60 @@ def test_engine_pool_gpu_jobs_go_through_the_scheduler(tmp_path: Path) -> None:
         assert healthy.run(WHERE, {}, timeout=60, kind="gpu", gpu=1).value["cuda_visible_devices"] == "1"
     finally:
         healthy.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_each_real_gpu_worker_sees_exactly_its_device(tmp_path: Path) -> None:
+    workers = LocalWorkers(local_gpus("all"), workdir=tmp_path)
+    seen = []
+    for d in workers.gpus:
+        workers.scheduler.bind(f"gpu {d.index}", d.index)
+        out = child_result(workers.run(CALL, {"target": "kstrata.testsuite.jobs:cuda_device", "payload": {},
+                                              "timeout": 120}, kind="gpu", affinity=f"gpu {d.index}", exclusive=True))
+        assert out.ok, out.reason()
+        assert out.value["count"] == 1 and out.value["cuda_visible_devices"] == d.environ()["CUDA_VISIBLE_DEVICES"]
+        seen.append(out.value["uuid"])
+    assert len(set(seen)) == len(seen)  # a different physical GPU each
+
+
+RELU_TASK = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {k}
+def get_inputs():
+    return [torch.randn(32, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.slow
+def test_bench_spreads_tasks_over_gpus_and_retries_a_dead_gpus_tasks(tmp_path: Path) -> None:
+    """`bench --gpus`: each task a job of its own on fake GPUs (CPU work), one of which cannot start a process;
+    its tasks are retried on the other, and every row equals the plain sequential run's verdicts."""
+    from kstrata.agents import bench, roofline
+
+    ceilings = roofline.Ceilings(device="Test GPU", date="2026-12-01", copy_bytes_per_s=4.0e12,
+                                 matmul_flops_per_s={"float32": 50e12})
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for k in (1, 2, 3):
+        (suite / f"{k}_relu.py").write_text(RELU_TASK.format(k=k))
+    (suite / "4_broken.py").write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    workers = LocalWorkers(fake_gpus(2, broken=(1,)), workdir=tmp_path / "work")
+    spread = bench.run_bench(suite, ["eager"], tmp_path / "gpus", runs=3, device="cpu", ceilings=ceilings,
+                             on_progress=lambda m: None, workers=workers)
+    plain = bench.run_bench(suite, ["eager"], tmp_path / "plain", runs=3, device="cpu", ceilings=ceilings,
+                            on_progress=lambda m: None)
+
+    def verdicts(r: dict[str, Any]) -> dict[str, Any]:
+        return {t: {b: (v.get("ok"), v.get("correct")) for b, v in e["baselines"].items()} for t, e in r["tasks"].items()}
+
+    assert verdicts(spread) == verdicts(plain)
+    assert [verdicts(spread)[f"{k}_relu.py"]["eager"] for k in (1, 2, 3)] == [(True, True)] * 3
+    assert verdicts(spread)["4_broken.py"]["eager"][0] is False  # the task's own failure, on a healthy GPU
+    placed = workers.scheduler.history
+    assert {p.device for p in placed if not p.fault} == {0} and any(p.device == 1 and p.fault for p in placed)
+    assert spread["workers"]["gpus"][1]["faults"] >= 1
