@@ -29,16 +29,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kstrata.agents.optimize.contract import eval_policy_for
 from kstrata.agents.optimize.state import CheckResult, Measurement
-from kstrata.agents.workers import JobContext, LocalWorkers, Workers, fault_in, file_lock, file_ref, materialize
+from kstrata.agents.workers import JobContext, LocalWorkers, Workers, fault_in, file_ref, materialize
 from kstrata.backends.child import kill_tree, spawn
 
 #: Nsight Compute metrics read for the top kernels (names as in ncu's raw page).
@@ -106,7 +104,6 @@ class Evaluator:
         self.lock_path = lock_path
         self.workers: Workers = workers or LocalWorkers(workdir=workdir, lock_path=lock_path)
         self.gpu_jobs = device == "cuda" if gpu_jobs is None else gpu_jobs
-        self._lock = threading.Lock()
         self.measure_seconds = 0.0
         self.check_seconds = 0.0
 
@@ -136,12 +133,6 @@ class Evaluator:
         if "data" not in out:  # the driver itself failed (workers report it as ok/error)
             return JobResult(False, {}, str(out.get("error", "the job failed")), 0.0)
         return JobResult(bool(out["ok"]), out["data"], str(out["error"]), float(out["seconds"]))
-
-    @contextlib.contextmanager
-    def timing_queue(self) -> Iterator[None]:
-        """One measurement at a time on the default GPU (for callers outside a job; jobs hold their GPU's slot)."""
-        with self._lock, file_lock(self.lock_path):
-            yield
 
     def _evaluate(self, task: Path, candidate: Path, *, seed: int, timing: bool, ceilings: Any = None,
                   sandbox: bool = False) -> dict[str, Any]:

@@ -29,7 +29,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayWorkers]:
-    os.environ.setdefault("RAY_ADDRESS", "")  # never join a cluster the machine happens to run
     workers = RayWorkers(local_cpus=2, local_gpus=2)
     yield workers
     workers.close()
