@@ -1,4 +1,5 @@
-"""Ray workers (kstrata.agents.workers.RayWorkers) on a local cluster on 127.0.0.1 with CPU workers and two
+"""Ray workers (kstrata.agents.workers.RayWorkers) on a local cluster on this machine (Ray binds it to the
+machine's address, not the loopback one, on Linux; its token authentication is on) with CPU workers and two
 declared GPUs (their jobs do CPU work; Ray pins each GPU actor with CUDA_VISIBLE_DEVICES): pinning, quarantine
 and retry, a Ray worker killed mid-job, and `optimize`'s CPU path over small tasks giving the same results as
 the in-process run. Skipped without Ray (`pip install "kstrata[ray]"`)."""
@@ -129,3 +130,19 @@ def test_optimize_cpu_path_on_ray_matches_the_in_process_run(cluster: RayWorkers
     assert compare_runs(tmp_path / "ray", tmp_path / "local")["verdicts_agree"]
     graph = [c for c in a["02_linear_sum_small"]["candidates"] if c[1] == "graph"]
     assert graph and graph[0][3] == "correct"  # the run judged a real candidate, not only the baseline
+
+
+def test_bench_on_ray_gpu_actors(cluster: RayWorkers, tmp_path: Path) -> None:
+    """`bench --workers ray`: each task a job on a GPU actor (CPU work here), rows as the plain run's."""
+    from kstrata.agents import bench, roofline
+
+    ceilings = roofline.Ceilings(device="Test GPU", date="2026-12-01", copy_bytes_per_s=4.0e12,
+                                 matmul_flops_per_s={"float32": 50e12})
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "1_relu.py").write_text((TINY / "01_relu_small.py").read_text())
+    on_ray = bench.run_bench(suite, ["eager"], tmp_path / "ray", runs=3, device="cpu", ceilings=ceilings,
+                             on_progress=lambda m: None, workers=cluster)
+    row = on_ray["tasks"]["1_relu.py"]["baselines"]["eager"]
+    assert row["ok"] and row["correct"], row
+    assert on_ray["workers"]["workers"] == "ray" and sum(g["jobs"] for g in on_ray["workers"]["gpus"]) >= 1
