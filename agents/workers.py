@@ -39,6 +39,7 @@ import importlib
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -513,29 +514,27 @@ class RayWorkers:
 
     def __init__(self, address: str | None = None, *, gpus: Sequence[int] | None = None, local_cpus: int | None = None,
                  local_gpus: int | None = None, quarantine_after: int = QUARANTINE_AFTER,
-                 on_event: Callable[[str], None] | None = None, flag: str = "--workers") -> None:
+                 on_event: Callable[[str], None] | None = None, flag: str | None = None) -> None:
+        flag = flag or f"--workers {address or 'ray'}"
         ray = _import_ray(flag)
         self.ray = ray
         self.address = address
         self._started = False
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "configure_logging": False, "runtime_env": {"env_vars": _forwarded_env()}}
+            # a local cluster's workers inherit this process's environment; a remote one's have their own
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             try:
-                if address is None:
-                    ray.init(address="local", num_cpus=local_cpus, num_gpus=local_gpus,
-                             object_store_memory=256 * 2**20, **kwargs)
-                else:
-                    ray.init(address=address, **kwargs)
+                with warnings.catch_warnings():  # Ray Client warns before it raises: the error says it all
+                    warnings.simplefilter("ignore")
+                    self._init(ray, address, local_cpus, local_gpus, kwargs)
             except Exception as exc:
-                raise WorkersError(f"{flag} {address or 'ray'}: Ray could not start or connect: "
-                                   f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") \
-                    from None
+                raise WorkersError(f"{flag}: Ray could not start or connect: {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
             self._started = True
         self._task = ray.remote(ray_run_job).options(num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)
         remote_versions = ray.get(ray.remote(_versions).options(num_cpus=1).remote())
         if remote_versions != _versions():
-            raise WorkersError(f"{flag} {address}: the cluster runs {remote_versions}, this process {_versions()}: "
+            raise WorkersError(f"{flag}: the cluster runs {remote_versions}, this process {_versions()}: "
                                "install the same kstrata, torch and triton on its nodes")
         total = int(ray.cluster_resources().get("GPU", 0))
         wanted = list(range(total)) if gpus is None else list(gpus)
@@ -551,13 +550,20 @@ class RayWorkers:
         self.scheduler: GpuScheduler | None = GpuScheduler(devices, quarantine_after=quarantine_after,
                                                            on_event=on_event) if devices else None
 
+    @staticmethod
+    def _init(ray: Any, address: str | None, cpus: int | None, gpus: int | None, kwargs: dict[str, Any]) -> None:
+        if address is None:
+            ray.init(address="local", num_cpus=cpus, num_gpus=gpus, object_store_memory=256 * 2**20, **kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+
     @property
     def gpus(self) -> list[GpuDevice]:
         return self.scheduler.devices if self.scheduler else []
 
     def run(self, target: str, payload: dict[str, Any], *, kind: str = "cpu", affinity: str | None = None,
             exclusive: bool = False) -> dict[str, Any]:
-        env = _forwarded_env()
+        env: dict[str, str] = {}
         if kind == "cpu":
             try:
                 result: dict[str, Any] = self.ray.get(self._task.remote(target, payload, env))
@@ -594,12 +600,6 @@ class RayWorkers:
             self.ray.shutdown()
 
 
-def _forwarded_env() -> dict[str, str]:
-    """The variables a job's children read that must be the same on the cluster as here."""
-    keep = ("PYTHONPATH", "TRITON_INTERPRET", "KSTRATA_ENGINE_CACHE", "TRITON_PTXAS_PATH")
-    return {k: os.environ[k] for k in keep if k in os.environ}
-
-
 def make_workers(spec: str | None, gpus: str | None, *, on_event: Callable[[str], None] | None = None,
                  lock_path: Path | None = None, workdir: Path | None = None) -> Workers:
     """The workers `--workers SPEC --gpus GPUS` ask for: `local` (default), `ray` (a local cluster started
@@ -615,7 +615,6 @@ def make_workers(spec: str | None, gpus: str | None, *, on_event: Callable[[str]
                 indices = [int(s) for s in gpus.split(",")]
             except ValueError:
                 raise WorkersError(f"--gpus {gpus!r}: write all, or GPU indices such as 0,1") from None
-        return RayWorkers(None if kind == "ray" else kind, gpus=indices, on_event=on_event,
-                          flag=f"--workers {kind}")
+        return RayWorkers(None if kind == "ray" else kind, gpus=indices, on_event=on_event)
     raise WorkersError(f"--workers {spec!r}: choose local, ray, or ray://HOST:PORT")
 
