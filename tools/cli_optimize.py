@@ -71,8 +71,9 @@ def optimize_cmd(
     baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")]
     = "eager,compile,compile-max-autotune",
     spaces: Annotated[str, typer.Option("--spaces", help="Only these spaces (comma-separated; default: all).")] = "",
-    parallel_tasks: Annotated[int, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at once "
-                                                                          "(one timing queue).")] = 1,
+    parallel_tasks: Annotated[int | None, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at "
+                                                             "once (default: one per GPU worker with --gpus, else 1)."
+                                                             )] = None,
     no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only (not the entry points, nor other packages' proposers such as the templates).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
@@ -144,7 +145,9 @@ def optimize_cmd(
                    trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
                    skills_dir=learn_skills, pool=pool)
     try:
-        results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
+        # tasks are what is spread over the GPU workers: by default, one task per GPU worker at a time
+        parallel = parallel_tasks if parallel_tasks is not None else (max(1, len(pool.gpus)) if gpus else 1)
+        results = optimize(target, out_dir, opts, parallel_tasks=parallel)
     finally:
         pool.close()
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
