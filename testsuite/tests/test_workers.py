@@ -237,3 +237,49 @@ def test_bench_spreads_tasks_over_gpus_and_retries_a_dead_gpus_tasks(tmp_path: P
     placed = workers.scheduler.history
     assert {p.device for p in placed if not p.fault} == {0} and any(p.device == 1 and p.fault for p in placed)
     assert spread["workers"]["gpus"][1]["faults"] >= 1
+
+
+class RecordingWorkers:
+    """Workers that record what the evaluator asks and answer like the measure worker would."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    @property
+    def gpus(self) -> list[GpuDevice]:
+        return fake_gpus(2)
+
+    def run(self, target: str, payload: dict[str, Any], *, kind: str = "cpu", affinity: str | None = None,
+            exclusive: bool = False) -> dict[str, Any]:
+        self.calls.append((target.rpartition(":")[2], kind, affinity))
+        if target.endswith("evaluate_job"):
+            return {"ok": True, "verdict": {"accepted": True, "reason": "fine", "failure": None}}
+        cands = {k: {"ok": True, "rounds_us": [2.0, 2.0], "median_us": 2.0, "spread": 0.0}
+                 for k in payload["candidates"]}
+        return {"ok": True, "data": {"ok": True, "candidates": cands}, "error": "", "seconds": 0.1}
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_evaluator_sends_a_tasks_timings_to_its_gpu_and_checks_anywhere(tmp_path: Path) -> None:
+    from kstrata.agents.optimize.evaluation import Evaluator
+
+    task = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
+    cand = tmp_path / "c.py"
+    cand.write_text(task.read_text())
+    rec = RecordingWorkers()
+    ev = Evaluator("cuda", "strict", tmp_path / "work", workers=rec)
+    assert ev.check(task, cand).ok
+    ev.measure(task, {"a": cand, "b": cand}, [], rounds=2)  # the judge's measurement
+    ev.measure(task, {"a": cand}, [], rounds=3)  # the guard's re-measurement
+    assert rec.calls == [("evaluate_job", "gpu", None), ("worker_job", "gpu", str(task)),
+                         ("worker_job", "gpu", str(task))]
+    cpu = RecordingWorkers()
+    assert Evaluator("cpu", "strict", tmp_path / "work", workers=cpu).check(task, cand).ok
+    assert cpu.calls == [("evaluate_job", "cpu", None)]
