@@ -140,6 +140,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_cli_workers_and_gpus_errors_are_one_line(tmp_path: Path) -> None:
     task = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
     # Ray absent: a `ray` module that cannot be imported, first on the path
