@@ -512,7 +512,7 @@ def passes_space(
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         _fail(f"unknown pass {unknown[0]!r}; known passes: {', '.join(names)}", 2)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in only or names:
         cls = get_pass(name)
         space = cls.schedule_space(bundle)

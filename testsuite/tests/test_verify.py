@@ -535,3 +535,27 @@ def test_a_check_that_cannot_import_its_module_is_skipped_not_failed(monkeypatch
     verify_mod._add(report, "accepted", "ttir", missing)
     assert report.checks[0].verdict == "skipped" and "xdsl" in report.checks[0].detail
     assert report.verdict is Verdict.UNPROVEN
+
+
+def test_ir_evidence_does_not_cover_an_assembly_edit_below_it(entry: Path, tmp_path: Path) -> None:
+    """A pipeline `ttir(a),ptx(b)` edits the PTX after the TTIR: its binary is not the TTIR's, so the
+    interpreter's TTIR evidence is not evidence for it (the PTX edit is checked only by a GPU run)."""
+    from kstrata.backends.verify import pipeline_levels, verify
+    from kstrata.ir.launch import LaunchRecord
+    from kstrata.ir.triton_layout import load_any
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    original = load_any(entry)[0][0]
+    record = LaunchRecord.load(suite_launch_record(get_kernel("softmax_online"), "cuda:90").save(tmp_path / "l.json"))
+    spec = "ttir(load-eviction),ptx(cache-hints)"
+    assert pipeline_levels(spec) == ["ttir", "ptx"]
+    new = run_pipeline(original, parse_pipeline(spec)).bundle
+    report = verify(original, new, record, device="cpu", seeds=1, edited=pipeline_levels(spec))  # as the CLI does
+    assert report.truth_level == "ptx", report.to_json()
+    assert any(c.name.startswith("interpreter") and c.verdict == "pass" for c in report.checks), report.checks
+    assert report.verdict is Verdict.UNPROVEN, report.to_json()
+    assert any("does not cover the candidate's own ptx edit" in r for r in report.unproven_reasons())
+    # the same TTIR edit alone: the interpreter's evidence is complete
+    alone = run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle
+    r2 = verify(original, alone, record, device="cpu", seeds=1, edited=["ttir"])
+    assert r2.truth_level == "ttir" and r2.verdict is Verdict.EQUIVALENT, r2.to_json()
