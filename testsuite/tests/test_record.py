@@ -102,7 +102,13 @@ def test_compiled_launch_hook_records_cache_and_override_keys(tmp_path: Path, mo
     assert [a.name for a in rec.args] == ["in_ptr0", "out_ptr0", "xnumel"]  # the constexpr is left out
     assert [getattr(a, "written", None) for a in rec.args[:2]] == [False, True]
     assert rec.args[2] == ScalarArg("xnumel", "i64", 300)  # the compiled signature's type, not Python's guess
-    assert rec.extra == {"TRITON_PTXAS_PATH": "/opt/torch/bin/ptxas"}
+    assert rec.extra["TRITON_PTXAS_PATH"] == "/opt/torch/bin/ptxas"
+    # where each buffer lay, so the optimizer can show that no written buffer overlaps another argument
+    assert rec.extra["storage"] == {"in_ptr0": [x.untyped_storage().data_ptr(), 1200],
+                                    "out_ptr0": [y.untyped_storage().data_ptr(), 1200]}
+    recorder.write_counts()  # every launch is counted, recorded or not: the optimizer's time shares
+    counts = json.loads((tmp_path / "launch-counts.json").read_text())["kernels"]
+    assert counts == [{"kernel": kernel.name, "cache_key": base32_key("cd" * 32), "launches": 2}]
     # another binary of the same kernel name (an autotuning config) is recorded too, numbered on
     other = SimpleNamespace(name=kernel.name, src=src, metadata=kernel.metadata._replace(hash="ef" * 32, num_warps=8))
     recorder._after_launch(launch_metadata(other, (3,), 0, x, y, 300, 64))
