@@ -147,6 +147,13 @@ class TunedDB:
         self.root = Path(root).expanduser()
 
     # -- writing ----------------------------------------------------------------------------------
+    def create(self) -> TunedDB:
+        """Make an empty database here (nothing when there is one)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / DB_FILE).exists():
+            _atomic_write(self.root / DB_FILE, json.dumps({"schema": DB_SCHEMA}) + "\n")
+        return self
+
     def add(self, original_entry: str | Path, tuned_entry: str | Path, *, edit: str, tolerance: str | None,
             spaces: list[str], verdict: str, speedup: float, speedup_range: list[float] | None,
             time_before_us: float | None, time_after_us: float | None, device: str, source: str = "",
@@ -169,10 +176,7 @@ class TunedDB:
                              _params(ttir), changed_metadata(meta, tmeta), verdict, speedup, speedup_range,
                              time_before_us, time_after_us, device, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              source, dict(extra or {}))
-        self.root.mkdir(parents=True, exist_ok=True)
-        marker = self.root / DB_FILE
-        if not marker.exists():
-            _atomic_write(marker, json.dumps({"schema": DB_SCHEMA}) + "\n")
+        self.create()
         final = self.root / record.slug
         tmp = self.root / f".{record.slug}.tmp.{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,7 @@ database, no such record), one line."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -23,7 +23,7 @@ def tuned_list(directory: DirArg, as_json: JsonFlag = False) -> None:
     from kstrata.agents.tuned import TunedDB, TunedError
 
     db = TunedDB(directory)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for d, r in db.records():
         if isinstance(r, TunedError):
             rows.append({"id": d.name, "error": r.message})
@@ -40,12 +40,12 @@ def tuned_list(directory: DirArg, as_json: JsonFlag = False) -> None:
     table = Table(title=f"{len(rows)} tuned kernels ({db.root})")
     for col in ("id", "kernel", "target", "edit", "speedup", "applies here"):
         table.add_column(col)
-    for r in rows:
-        if "error" in r:
-            table.add_row(r["id"], "-", "-", "-", "-", f"no: {r['error']}")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["id"], "-", "-", "-", "-", f"no: {row['error']}")
         else:
-            table.add_row(r["id"], r["kernel"], r["target"], r["edit"], f"{r['speedup']:.3f}x",
-                          "yes" if r["applies_here"] else f"no: {r['stale']}")
+            table.add_row(row["id"], row["kernel"], row["target"], row["edit"], f"{row['speedup']:.3f}x",
+                          "yes" if row["applies_here"] else f"no: {row['stale']}")
     out.print(table)
 
 

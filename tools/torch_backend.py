@@ -211,6 +211,7 @@ class _Session:
         from kstrata.ir.bundle import KernelBundle
         from kstrata.passes.pipeline import run_stage
 
+        assert self.pipeline is not None  # only levels the pipeline has passes for come here
         stage_spec = next(s for s in self.pipeline.stages if s.level == level)
         bundle = KernelBundle(state["name"], target, dict(state["levels"]), dict(metadata))
         try:

@@ -291,3 +291,28 @@ def test_optimize_a_cuda_kernel_through_the_cpu_path(suite_cache: Path, tmp_path
     assert trial["verdict"] == "equivalent" and "dynamic checks passed" in trial["reason"]  # the interpreter ran
     assert not trial["measured"] and "no NVIDIA GPU" in trial["unmeasured"]
     assert "| singleton |" in (Path(report["out"]) / "optimize-compiled.md").read_text()
+
+
+def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: Path) -> None:
+    from kstrata.tools import bench_compiled
+
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.bench_compiled", "--results", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs an NVIDIA GPU" in proc.stderr
+    # the tables it writes after each model, from rows shaped as the run makes them (values made up here)
+    rows = [{"model": "mlp_fp16", "share_source": "measured",
+             "kernels": [{"kernel": "triton_red_0", "key": "K" * 12, "share": "61.0%", "trials": 9, "space": "options",
+                          "edit": "ttgir(num-warps{n=8})", "speedup": 1.3, "range": [1.25, 1.33], "verdict": "equivalent",
+                          "verdicts": {}},
+                         {"kernel": "triton_poi_1", "key": "L" * 12, "share": "39.0%", "trials": 9,
+                          "result": "no candidate beat the original beyond the noise", "verdicts": {}}],
+             "recheck": [{"kernel": "triton_red_0", "verdict": "equivalent"}],
+             "end_to_end": {"speedup": 1.1, "tuned_kernels": 1, "untouched_kernels": 1, "bitwise_equal": True,
+                            "max_abs_diff": 0.0}},
+            {"model": "conv_block_fp32", "error": "RuntimeError: boom"}]
+    env = {"date": "2026-12-01T00:00:00+00:00", "device": "test", "torch": "t", "triton": "t", "cuda": "t"}
+    summary = bench_compiled._write(tmp_path, env, rows, final=True, seconds=60.0)
+    assert summary["changed_kernels"] == 1 and summary["geomean_changed"] == pytest.approx(1.3)
+    assert summary["wrong_results"] == 0 and summary["geomean_end_to_end"] == pytest.approx(1.1)
+    md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
+    assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1 tuned / 1 as Inductor" in md
