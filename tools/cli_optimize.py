@@ -42,8 +42,10 @@ def _load_proposer(spec: str) -> list[Any]:
 
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
-    target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them; "
-                                                "or a Triton cache directory (with --launches).")],
+    targets: Annotated[list[str], typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory "
+                                                      "of them; or a Triton cache directory (with --launches); or, "
+                                                      "after --, a command of two or more words to record and "
+                                                      "optimize (-- python prog.py).", metavar="TARGET | -- CMD ...")],
     out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
     budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
     minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
@@ -88,12 +90,19 @@ def optimize_cmd(
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.compiled.program import is_triton_cache
 
+    compiled = dict(budget=budget or 24, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
+                    jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
+                    as_json=as_json)
+    if len(targets) > 1:  # `-- CMD ...`: record the program's kernels into its own cache, then optimize them
+        from kstrata.tools.cli_compiled import record_and_optimize
+
+        record_and_optimize(targets, out_dir, **compiled)  # type: ignore[arg-type]
+        return
+    target = Path(targets[0])
     if is_triton_cache(target):  # compiled kernels: the hot-window search (kstrata.agents.compiled)
         from kstrata.tools.cli_compiled import run_compiled
 
-        run_compiled(target, out_dir, launches, budget=budget or 24, minutes=minutes, device=device, spaces=spaces,
-                     exact=exact, seed=seed, jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits,
-                     timeout=timeout, as_json=as_json)
+        run_compiled(target, out_dir, launches, **compiled)  # type: ignore[arg-type]
         return
     if launches is not None:
         raise KstrataError(f"--launches goes with a Triton cache directory; {target} is not one")

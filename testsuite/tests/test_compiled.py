@@ -316,3 +316,13 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
     assert summary["wrong_results"] == 0 and summary["geomean_end_to_end"] == pytest.approx(1.1)
     md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
     assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1 tuned / 1 as Inductor" in md
+
+
+def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", "--out", str(tmp_path / "o"), "--",
+                           sys.executable, "-c", "print('no kernels here')"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "launched no Triton kernel: nothing to optimize" in proc.stderr
+    assert (tmp_path / "o" / "records").is_dir() and not (tmp_path / "o" / "optimized").exists()
+    bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", "--out", str(tmp_path / "p"), "--",
+                          str(tmp_path / "missing-program"), "x"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot run" in bad.stderr and "Traceback" not in bad.stderr
