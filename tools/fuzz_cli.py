@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -593,7 +594,7 @@ def _markdown(summary: dict[str, object], outcomes: list[Outcome], meta: dict[st
     counts = summary["counts"]
     assert isinstance(counts, dict)
     lines = [f"# CLI fuzzer, {meta['date']}", "",
-             f"`python -m kstrata.tools.fuzz_cli --results testsuite/results` (seed {meta['seed']}, "
+             f"`{meta.get('command') or 'python -m kstrata.tools.fuzz_cli'}` (seed {meta['seed']}, "
              f"{meta['jobs']} jobs, {meta['seconds']} s on {meta['host']}; kstrata {meta['kstrata']}, "
              f"Python {meta['python']}" + (f"; {meta['label']}" if meta.get("label") else "") + ").", "",
              f"{summary['cases']} cases; bugs (not clean/ok/failed): {summary['bugs']}.", "",
@@ -642,10 +643,16 @@ def main(argv: list[str] | None = None) -> int:
         date = _dt.date.today().isoformat()
         meta = {"date": date, "seed": str(args.seed), "jobs": str(args.jobs),
                 "seconds": f"{time.monotonic() - start:.0f}", "host": f"{os.cpu_count()} CPUs",
-                "kstrata": __version__, "python": sys.version.split()[0], "label": args.label}
+                "kstrata": __version__, "python": sys.version.split()[0], "label": args.label,
+                "command": "python -m kstrata.tools.fuzz_cli " + " ".join(
+                    shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
         args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / f"fuzz-cli-{date}.md").write_text(_markdown(summary, outcomes, meta))
-        (args.results / f"fuzz-cli-{date}.json").write_text(json.dumps(
+        stem, n = f"fuzz-cli-{date}", 1
+        while (args.results / f"{stem}.md").exists():  # an earlier run of the day is kept
+            n += 1
+            stem = f"fuzz-cli-{date}-{n}"
+        (args.results / f"{stem}.md").write_text(_markdown(summary, outcomes, meta))
+        (args.results / f"{stem}.json").write_text(json.dumps(
             {"meta": meta, "summary": summary, "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

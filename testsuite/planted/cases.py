@@ -266,8 +266,9 @@ _CORRECT: list[PlantedCase] = [
     PlantedCase("ok-ptx-ld-nc", "vector_add", CUDA, "ptx", True, "gpu",
                 "the project's ld-nc pass (read-only loads; the suite's buffers do not overlap)",
                 pipeline="ptx(ld-nc{assume_noalias=true})", kind="pass"),
-    PlantedCase("ok-llir-noalias", "layernorm_fwd", CUDA, "llir", True, "gpu",
-                "the project's noalias-args pass (here only the LLVM IR changes: Triton's loads are inline asm)",
+    PlantedCase("ok-llir-noalias", "layernorm_fwd", CUDA, "llir", True, "cpu",
+                "the project's noalias-args pass (here only the LLVM IR changes: Triton's loads are inline asm, "
+                "so the rebuilt cubin is byte-identical, evidence without a GPU)",
                 pipeline="llir(noalias-args{assume=true})", kind="pass"),
     PlantedCase("ok-ttir-load-eviction", "row_sum_bf16", CUDA, "ttir", True, "cpu",
                 "the project's load-eviction pass", pipeline="ttir(load-eviction)", kind="pass"),
