@@ -100,7 +100,13 @@ class CompiledReport:
         for k in self.kernels:
             if k.get("skip"):
                 continue
+            w = k.get("hot_window") or {}
+            window = (f"hot window: {w.get('level')} lines {w.get('first_line')}-{w.get('last_line')} "
+                      f"({w.get('instructions')} instructions; {w.get('source')}"
+                      + (f"; {w['why_static']}" if w.get("why_static") else "") + ")") if "level" in w else \
+                f"hot window: {w.get('error', 'none')}"
             lines += [f"### {k['name']} ({k['target']}, {k['key'][:12]})", "", f"{k['search']['mode_note']}", "",
+                      window, "",
                       "| # | phase | edit | status | score | speedup | why / unmeasured |", "|---|---|---|---|---|---|---|"]
             for i, t in enumerate(k["search"]["trials"]):
                 sp = f"{t['speedup']:.3f}x" if t.get("speedup") else ""
@@ -213,6 +219,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         if s is not None:
             row["search"] = s.to_json()
             row["result"] = _result_line(s)
+            row["hot_window"] = hot_window(k, device)
         report.kernels.append(row)
     if device != "cuda":
         report.notes.append("nothing was timed: no NVIDIA GPU here (or --device cpu). Candidates that passed the "
@@ -230,6 +237,38 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         tmp.write_text(text)
         tmp.replace(out / name)
     return report
+
+
+def hot_window(k: ProgramKernel, device: str) -> dict[str, Any]:
+    """The kernel's hot window and where it came from: Nsight Compute's warp-stall samples mapped to PTX lines
+    on an NVIDIA GPU (when ncu runs), else the static loop-weighted window, with the reason."""
+    import sys
+
+    from kstrata.backends.hotwindow import profile_ptx_samples, static_hot_window, window_from_samples
+    from kstrata.backends.tools import ToolError
+
+    level = "amdgcn" if k.target.startswith("hip") else "ptx"
+    text_file = Path(k.entry) / f"{k.name}.{level}"
+    if not text_file.is_file():
+        return {"error": f"the entry has no {level}"}
+    text = text_file.read_text()
+    why = "no NVIDIA GPU here" if level == "ptx" else "no AMD profile (no AMD GPU)"
+    if level == "ptx" and device == "cuda" and k.record:
+        from kstrata.agents.optimize.profile import find_ncu
+
+        ncu = find_ncu()
+        if ncu is None:
+            why = "Nsight Compute (ncu) not found"
+        else:
+            try:
+                samples = profile_ptx_samples(ncu, [sys.executable, "-m", "kstrata.agents.compiled.replay", k.entry,
+                                                    k.record], k.name, timeout=300)
+                if samples:
+                    return window_from_samples(text, samples).to_json()
+                why = "ncu gave no source-level samples"
+            except ToolError as exc:
+                why = f"ncu could not profile it: {exc.message}"
+    return {**static_hot_window(text, level).to_json(), "why_static": why}
 
 
 def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,

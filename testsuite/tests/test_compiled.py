@@ -290,6 +290,8 @@ def test_optimize_a_cuda_kernel_through_the_cpu_path(suite_cache: Path, tmp_path
     assert trial["pipeline"].startswith("ttir(load-eviction") and trial["status"] == "equivalent"
     assert trial["verdict"] == "equivalent" and "dynamic checks passed" in trial["reason"]  # the interpreter ran
     assert not trial["measured"] and "no NVIDIA GPU" in trial["unmeasured"]
+    window = kernel["hot_window"]  # no GPU: the static window, and why it is not ncu's
+    assert window["level"] == "ptx" and window["source"].startswith("static") and window["why_static"] == "no NVIDIA GPU here"
     assert "| singleton |" in (Path(report["out"]) / "optimize-compiled.md").read_text()
 
 
