@@ -90,19 +90,19 @@ def optimize_cmd(
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.compiled.program import is_triton_cache
 
-    compiled = dict(budget=budget or 24, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
+    compiled: dict[str, Any] = dict(budget=budget or 24, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
                     jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
                     as_json=as_json)
     if len(targets) > 1:  # `-- CMD ...`: record the program's kernels into its own cache, then optimize them
         from kstrata.tools.cli_compiled import record_and_optimize
 
-        record_and_optimize(targets, out_dir, **compiled)  # type: ignore[arg-type]
+        record_and_optimize(targets, out_dir, **compiled)
         return
     target = Path(targets[0])
     if is_triton_cache(target):  # compiled kernels: the hot-window search (kstrata.agents.compiled)
         from kstrata.tools.cli_compiled import run_compiled
 
-        run_compiled(target, out_dir, launches, **compiled)  # type: ignore[arg-type]
+        run_compiled(target, out_dir, launches, **compiled)
         return
     if launches is not None:
         raise KstrataError(f"--launches goes with a Triton cache directory; {target} is not one")
