@@ -117,7 +117,21 @@ def kernel_spaces(bundle: Any, records: Sequence[str], *, exact: bool = False,
     # the hot-window assembly edits of the target right after the options, then the IR levels top down
     asm = "amdgcn" if bundle.target.backend == "hip" else "ptx"
     order = ("options", asm, "ttgir", "ttir", "llir")
-    return [Space(s, tuple(by_space.get(s, ())), tuple(skipped.get(s, ()))) for s in order if s in by_space]
+    return [Space(s, _interleave(by_space.get(s, [])), tuple(skipped.get(s, ()))) for s in order if s in by_space]
+
+
+def _interleave(atoms: Sequence[Atom]) -> tuple[Atom, ...]:
+    """The atoms round-robin over their passes (num-stages 2, num-warps 2, num-stages 4, …), so that a small
+    budget tries every pass of a space before a second value of any."""
+    by_pass: dict[str, list[Atom]] = {}
+    for a in atoms:
+        by_pass.setdefault(a.pass_name, []).append(a)
+    out: list[Atom] = []
+    while any(by_pass.values()):
+        for q in by_pass.values():
+            if q:
+                out.append(q.pop(0))
+    return tuple(out)
 
 
 def pipeline_of(atoms: Sequence[Atom]) -> str:
