@@ -2,7 +2,7 @@
 and tasks, and the tuned torch.compile backend end to end against plain Inductor.
 
     python -m kstrata.tools.bench_compiled --results testsuite/results [--minutes 20] [--budget 16]
-                                           [--models mlp_fp16,...] [--all-tasks] [--work DIR]
+                                           [--models mlp_fp16,...] [--all-tasks] [--work DIR] [--tag T]
 
 Per model (the MLP, transformer block and conv block of `gpu_torch_backend`, and three of the project's
 tasks, or every task with `--all-tasks`):
@@ -165,7 +165,8 @@ def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final: bool, seconds: float) -> dict[str, Any]:
+def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final: bool, seconds: float,
+           tag: str = "") -> dict[str, Any]:
     results.mkdir(parents=True, exist_ok=True)
     changed = [k for r in rows for k in r.get("kernels", []) if k.get("speedup")]
     wrong = [c for r in rows for c in r.get("recheck", []) if c["verdict"] != "equivalent"]
@@ -173,7 +174,7 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
     summary = {"changed_kernels": len(changed), "geomean_changed": _geomean([k["speedup"] for k in changed]),
                "wrong_results": len(wrong), "geomean_end_to_end": _geomean(e2e), "seconds": seconds,
                "complete": final}
-    stem = f"compiled-bench-{env['date'][:10]}"
+    stem = f"compiled-bench-{env['date'][:10]}" + (f"-{tag}" if tag else "")
     (results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.compiled-bench/1", "environment": env,
                                                       "summary": summary, "models": rows}, indent=1, default=str) + "\n")
     g = summary["geomean_changed"]
@@ -209,6 +210,8 @@ def command(
     all_tasks: Annotated[bool, typer.Option("--all-tasks", help="Every task under testsuite/tasks, not three.")] = False,
     work: Annotated[Path | None, typer.Option("--work", help="Where caches, records and outputs go (default: a "
                                               "temporary directory).")] = None,
+    tag: Annotated[str, typer.Option("--tag", help="Appended to the results' file names (one call per group of "
+                                                   "models: a call may run 600 s).")] = "",
     child: Annotated[str | None, typer.Option("--child", hidden=True)] = None,
 ) -> int:
     import torch
@@ -258,8 +261,8 @@ def command(
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)
-        _write(results, env, rows, final=False, seconds=time.perf_counter() - start)
-    summary = _write(results, env, rows, final=True, seconds=time.perf_counter() - start)
+        _write(results, env, rows, final=False, seconds=time.perf_counter() - start, tag=tag)
+    summary = _write(results, env, rows, final=True, seconds=time.perf_counter() - start, tag=tag)
     print(json.dumps(summary, indent=1))
     return 0 if summary["wrong_results"] == 0 and all("error" not in r for r in rows) else 1
 
