@@ -90,7 +90,7 @@ def optimize_cmd(
     """Optimize TARGET; see the README's optimizer section."""
     from kstrata.agents.compiled.program import is_triton_cache
 
-    compiled: dict[str, Any] = dict(budget=budget or 24, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
+    compiled: dict[str, Any] = dict(budget=budget, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
                     jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
                     as_json=as_json)
     if len(targets) > 1:  # `-- CMD ...`: record the program's kernels into its own cache, then optimize them

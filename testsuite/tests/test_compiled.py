@@ -22,7 +22,7 @@ from kstrata.agents.engine import BuildResult, CheckResult, Evidence, Measuremen
 from kstrata.backends.hotwindow import find_loops, parse_ncu_source_csv, static_hot_window, window_from_samples
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
 
-from .conftest import copy_suite_subset
+from .conftest import copy_suite_subset, has_cuda
 
 AMD_NESTED = """\
 kern:                                   ; @kern
@@ -328,3 +328,26 @@ def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path:
     bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", "--out", str(tmp_path / "p"), "--",
                           str(tmp_path / "missing-program"), "x"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "cannot run" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_candidates_are_gated_by_the_differential_run_then_timed(suite_cache: Path, tmp_path: Path) -> None:
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+
+    cache, records = _program(suite_cache, tmp_path, "softmax_online", "cuda:90")
+    before = _tree_digest(cache)
+    report = optimize_cache(cache, records, tmp_path / "out", CompiledOptions(
+        budget=6, device="cuda", spaces=("options", "ptx"), engine_cache=str(tmp_path / "engine")))
+    assert _tree_digest(cache) == before
+    (kernel,) = report.kernels
+    s = kernel["search"]
+    assert s["mode"] == "measured" and report.share_source == "measured" and kernel["time_us"] > 0
+    timed = [t for t in s["trials"] if t["measured"]]
+    assert timed, s["trials"]
+    assert all(t["status"] == "equivalent" and t["speedup"] > 0 and t["speedup_range"] for t in timed)
+    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("different", "unproven", "failed"))
+    if s["winner"] is not None:  # a winner is deployed: an override (the suite cache knows the key) and tuned
+        assert report.outputs["overrides"] and report.outputs["tuned"]
+        assert min(s["trials"][s["winner"]]["speedup_range"]) > 1.0
+    assert kernel["hot_window"]["level"] == "ptx"
