@@ -169,8 +169,6 @@ def load_launch_records(launches: str | Path) -> tuple[dict[str, str], list[str]
     index: dict[str, str] = {}
     unreadable: list[str] = []
     for path in sorted(root.glob("*.json"), key=lambda p: (p.stem.rpartition("-")[0], _record_number(p))):
-        if path.name == "launch-counts.json":  # kstrata record's launch counts, not a record
-            continue
         try:
             record = LaunchRecord.load(path)
         except LaunchRecordError as exc:

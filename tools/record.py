@@ -84,13 +84,15 @@ class LaunchRecorder:
         self.launches: Counter[tuple[str, str]] = Counter()
 
     def write_counts(self) -> None:
-        """`launch-counts.json`: how often the program launched each binary (written at exit)."""
+        """`.kstrata/launch-counts.json` (a subdirectory: the records are every `*.json` of the directory): how
+        often the program launched each binary (written at exit)."""
         from kstrata.ir.triton_layout import base32_key
 
         with self.lock:
             rows = [{"kernel": n, "cache_key": base32_key(b) if b else "", "launches": c}
                     for (n, b), c in sorted(self.launches.items())]
-        path = self.out_dir / "launch-counts.json"
+        path = self.out_dir / ".kstrata" / "launch-counts.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
         tmp.write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": rows}, indent=1) + "\n")
         tmp.replace(path)
@@ -357,7 +359,7 @@ def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, s
         env.update({ENV_DIR: str(out_dir.resolve()), ENV_MAX: str(max_per_kernel), ENV_SNAPSHOTS: "1" if snapshots else "0"})
         env.setdefault(ENV_STATIC_LAUNCHER, "0")
         proc = subprocess.run(command, env=env, timeout=timeout, check=False)
-    return proc.returncode, sorted(p for p in out_dir.glob("*.json") if p.name != "launch-counts.json")
+    return proc.returncode, sorted(out_dir.glob("*.json"))
 
 
 def summarize(records: list[Path]) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ recorded run (`kstrata record`), with each kernel's share of the program's GPU t
 
 Shares come from, in this order:
 - **measured**: each recorded kernel's original binary timed on its own launch record (on an NVIDIA GPU),
-  times how often the program launched it (`launch-counts.json`, which `kstrata record` writes; one
+  times how often the program launched it (`.kstrata/launch-counts.json`, which `kstrata record` writes; one
   launch per record when a recording has none);
 - **equal**: when nothing can be timed here (no GPU, AMD kernels), every recorded kernel gets the same
   share, and the report says so: the order is then the cache's, not the program's.
@@ -22,8 +22,8 @@ from kstrata.ir.errors import KstrataError
 
 #: Kernels with less of the program's GPU time than this are not optimized (the issue: under 1%).
 MIN_SHARE = 0.01
-#: Written by `kstrata record` beside the records: launches per (kernel name, Triton cache key).
-COUNTS_FILE = "launch-counts.json"
+#: Written by `kstrata record` under the records' directory: launches per (kernel name, Triton cache key).
+COUNTS_FILE = ".kstrata/launch-counts.json"
 
 
 @dataclass

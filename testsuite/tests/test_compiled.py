@@ -351,3 +351,18 @@ def test_on_a_gpu_candidates_are_gated_by_the_differential_run_then_timed(suite_
         assert report.outputs["overrides"] and report.outputs["tuned"]
         assert min(s["trials"][s["winner"]]["speedup_range"]) > 1.0
     assert kernel["hot_window"]["level"] == "ptx"
+
+
+def test_the_program_reads_launch_counts_and_skips_kernels_it_never_launched(suite_cache: Path, tmp_path: Path) -> None:
+    from kstrata.agents.compiled.program import COUNTS_FILE, load_program
+
+    cache, records = _program(suite_cache, tmp_path, "row_sum_bf16", "cuda:90")
+    copy_suite_subset(suite_cache, cache, ("vector_add",), ("cuda:90",))  # in the cache, never launched
+    key = next(p.name for p in cache.iterdir() if (p / "row_sum_kernel.ttir").exists())
+    (records / COUNTS_FILE).parent.mkdir()
+    (records / COUNTS_FILE).write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": [
+        {"kernel": "row_sum_kernel", "cache_key": key, "launches": 7}]}))
+    program = load_program(cache, records)
+    by = {k.name: k for k in program.kernels}
+    assert by["row_sum_kernel"].launches == 7 and by["row_sum_kernel"].record and by["row_sum_kernel"].skip is None
+    assert by["vector_add_kernel"].skip and "not launched by the recorded program" in by["vector_add_kernel"].skip
