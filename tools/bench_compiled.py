@@ -114,7 +114,7 @@ def _record(name: str, work: Path, all_tasks: bool) -> tuple[Path, Path]:
 
 def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
     """Every winner verified again on the GPU with fresh seeds; a failure is a wrong result."""
-    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, tool_env
 
     rows = []
     with Engine(tempfile.mkdtemp(prefix="kstrata-recheck-")) as engine:
@@ -124,10 +124,12 @@ def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
                 continue
             t = s["trials"][s["winner"]]
             base = engine.add_kernel(k["entry"], k.get("override_key"))
-            built = engine.build(Candidate(base, t["level"], PipelineEdit(t["pipeline"]), t["tolerance"]))
+            # the ptxas the recorded program used (Inductor points Triton at torch's own): as the search built it
+            built = engine.build(Candidate(base, t["level"], PipelineEdit(t["pipeline"]), t["tolerance"]),
+                                 env=tool_env(k["record"]))
             v = engine.check(base, built, [k["record"]], device="cuda", seeds=seeds, tolerance=t["tolerance"])
             rows.append({"kernel": k["name"], "key": k["key"], "pipeline": t["pipeline"], "verdict": v.verdict.value,
-                         "reason": v.reason})
+                         "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"]})
     return rows
 
 
@@ -169,10 +171,11 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
            tag: str = "") -> dict[str, Any]:
     results.mkdir(parents=True, exist_ok=True)
     changed = [k for r in rows for k in r.get("kernels", []) if k.get("speedup")]
-    wrong = [c for r in rows for c in r.get("recheck", []) if c["verdict"] != "equivalent"]
+    wrong = [c for r in rows for c in r.get("recheck", []) if c["verdict"] == "different"]
+    undecided = [c for r in rows for c in r.get("recheck", []) if c["verdict"] not in ("equivalent", "different")]
     e2e = [r["end_to_end"]["speedup"] for r in rows if r.get("end_to_end", {}).get("speedup")]
     summary = {"changed_kernels": len(changed), "geomean_changed": _geomean([k["speedup"] for k in changed]),
-               "wrong_results": len(wrong), "geomean_end_to_end": _geomean(e2e), "seconds": seconds,
+               "wrong_results": len(wrong), "recheck_undecided": len(undecided), "geomean_end_to_end": _geomean(e2e), "seconds": seconds,
                "complete": final}
     stem = f"compiled-bench-{env['date'][:10]}" + (f"-{tag}" if tag else "")
     (results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.compiled-bench/1", "environment": env,
@@ -183,7 +186,8 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
              f"{seconds / 60:.1f} min", "",
              "" if final else f"**Incomplete run: {len(rows)} models before it stopped.**", "",
              f"- changed kernels: {len(changed)}, geomean speedup {g:.3f}x" if g else "- no kernel changed",
-             f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}",
+             f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
+             + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
              f"- end to end (tuned backend vs Inductor), geomean: {summary['geomean_end_to_end']:.3f}x"
              if summary["geomean_end_to_end"] else "- end to end: not measured", "",
              "| model | kernel | share | space | edit | speedup (range) | trials | end to end |", "|---|---|---|---|---|---|---|---|"]
@@ -264,7 +268,8 @@ def command(
         _write(results, env, rows, final=False, seconds=time.perf_counter() - start, tag=tag)
     summary = _write(results, env, rows, final=True, seconds=time.perf_counter() - start, tag=tag)
     print(json.dumps(summary, indent=1))
-    return 0 if summary["wrong_results"] == 0 and all("error" not in r for r in rows) else 1
+    ok = summary["wrong_results"] == 0 and summary["recheck_undecided"] == 0 and all("error" not in r for r in rows)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
