@@ -39,6 +39,8 @@ from .spaces import kernel_spaces
 
 REPORT_SCHEMA = "kstrata.optimize-compiled/1"
 SPACES = ("options", "ttir", "ttgir", "llir", "ptx", "amdgcn")
+#: Kernels (the largest shares) whose hot window Nsight Compute samples on a GPU.
+NCU_KERNELS = 3
 
 
 @dataclass(frozen=True)
@@ -213,13 +215,15 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         report.timed = any(t.measured for s in searches.values() for t in s.trials)
         report.outputs = _write_outputs(src, out, program, searches, engine, opts, load_any)
         report.engine = engine.stats.to_json()
-    for k in program.kernels:
+    profiled = 0  # kernels come in rank order: ncu profiles the largest ones
+    for k in sorted(program.kernels, key=lambda x: -(x.share or 0.0)):
         row: dict[str, Any] = k.to_json()
         s = searches.get(k.entry)
         if s is not None:
             row["search"] = s.to_json()
             row["result"] = _result_line(s)
-            row["hot_window"] = hot_window(k, device)
+            row["hot_window"] = hot_window(k, device, profile=profiled < NCU_KERNELS)
+            profiled += 1
         report.kernels.append(row)
     if device != "cuda":
         report.notes.append("nothing was timed: no NVIDIA GPU here (or --device cpu). Candidates that passed the "
@@ -239,9 +243,10 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
     return report
 
 
-def hot_window(k: ProgramKernel, device: str) -> dict[str, Any]:
+def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str, Any]:
     """The kernel's hot window and where it came from: Nsight Compute's warp-stall samples mapped to PTX lines
-    on an NVIDIA GPU (when ncu runs), else the static loop-weighted window, with the reason."""
+    on an NVIDIA GPU (when ncu runs, for the `NCU_KERNELS` largest kernels: a profile takes tens of
+    seconds), else the static loop-weighted window, with the reason."""
     import sys
 
     from kstrata.backends.hotwindow import profile_ptx_samples, static_hot_window, window_from_samples
@@ -253,7 +258,9 @@ def hot_window(k: ProgramKernel, device: str) -> dict[str, Any]:
         return {"error": f"the entry has no {level}"}
     text = text_file.read_text()
     why = "no NVIDIA GPU here" if level == "ptx" else "no AMD profile (no AMD GPU)"
-    if level == "ptx" and device == "cuda" and k.record:
+    if level == "ptx" and device == "cuda" and k.record and not profile:
+        why = f"ncu profiles the {NCU_KERNELS} largest kernels only"
+    elif level == "ptx" and device == "cuda" and k.record:
         from kstrata.agents.optimize.profile import find_ncu
 
         ncu = find_ncu()
@@ -262,7 +269,7 @@ def hot_window(k: ProgramKernel, device: str) -> dict[str, Any]:
         else:
             try:
                 samples = profile_ptx_samples(ncu, [sys.executable, "-m", "kstrata.agents.compiled.replay", k.entry,
-                                                    k.record], k.name, timeout=300)
+                                                    k.record], k.name, timeout=120)
                 if samples:
                     return window_from_samples(text, samples).to_json()
                 why = "ncu gave no source-level samples"
