@@ -301,7 +301,7 @@ def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpt
         mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
             f"unmeasured: {why}"
     cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
-                       check_timeout=opts.timeout_s, unmeasured_reason=reason)
+                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs)
     return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
                          surrogate=surrogate, progress=say, env=tool_env(k.record))
 

@@ -52,6 +52,8 @@ class SearchConfig:
     #: "cuda" (gate on the GPU and time), "cpu" (gate on the CPU; nothing timed).
     device: str = "cpu"
     check_timeout: float = 900.0
+    #: Parallel builds of the singletons (the engine's pool runs them).
+    jobs: int = 1
     #: Why nothing can be timed here (None when timing runs): said on every unmeasured candidate.
     unmeasured_reason: str | None = None
 
@@ -253,6 +255,14 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             if q:
                 singles.append(q.pop(0))
     n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
+    if cfg.jobs > 1 and hasattr(engine, "build_many"):  # build the singletons in parallel; evaluate finds them cached
+        from kstrata.passes.pipeline import parse_pipeline
+
+        def candidate(a: Atom) -> Candidate:
+            tol = parse_pipeline(pipeline_of((a,))).tolerance()
+            return Candidate(base, first_level((a,)), PipelineEdit(pipeline_of((a,))), tol.spelling() if tol else None)
+
+        engine.build_many([candidate(a) for a in singles[:n_single]], env_for=lambda _c: env)
     for a in singles[:n_single]:
         evaluate((a,), "singleton")
 
