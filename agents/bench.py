@@ -32,11 +32,13 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kstrata.agents.workers import JobContext, Workers, materialize
 from kstrata.backends.child import ChildStream, ChildTimeout
 
 BENCH_SCHEMA = "kstrata.bench/1"
@@ -226,10 +228,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, *, runs: int = 100,
               seed: int = 42, task_timeout_s: float = 600.0, ceilings_dir: str | Path | None = None,
               only: list[str] | None = None, jobs: int = 1, on_progress: Callable[[str], None] = print,
-              device: str = "cuda", ceilings: Any = None) -> dict[str, Any]:
+              device: str = "cuda", ceilings: Any = None, workers: Workers | None = None) -> dict[str, Any]:
     """Benchmark every task under `suite_dir` with `baselines`, resuming from `out_dir/bench-results.json`.
 
     `device="cpu"` with given `ceilings` exists for tests of the driver; CPU times mean nothing here.
+    `workers` (`--gpus`, `--workers`): each task is a GPU job of its own (a bench worker process for that
+    task, on one GPU worker at a time), spread over the workers' GPUs; a task whose worker dies or hangs is
+    retried on another GPU, and a GPU that keeps faulting is quarantined (kstrata.agents.workers). Without
+    it, one worker process runs the tasks one after another on the default GPU.
     """
     import torch
 
@@ -239,7 +245,7 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and (workers is None or workers.name == "local"):
         raise RuntimeError("kstrata bench needs a CUDA GPU")
     if "eager" not in baselines:
         baselines = ["eager", *baselines]
@@ -287,6 +293,12 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     if warmers:
         _wait_warmers(warmers, task_timeout_s * len(pending) / jobs, on_progress)
     done_count = len(paths) - len(todo)
+    if workers is not None:
+        _bench_on_workers(workers, pending, names, specs, results, results_path, baselines, runs=runs, seed=seed,
+                          device=device, timeout_s=task_timeout_s, ceilings=ceilings, on_progress=on_progress,
+                          done=done_count, total=len(paths))
+        results["workers"] = workers.describe()
+        pending = []
     while pending:
         need = {str(p): [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]] for p in pending}
         worker_baselines = sorted({b for bs in need.values() for b in bs}, key=list(BASELINES).index)
@@ -349,6 +361,77 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     _write_json(results_path, results)
     write_report(results, out)
     return results
+
+
+BENCH_TASK_JOB = "kstrata.agents.bench:bench_task_job"
+
+
+def _bench_on_workers(workers: Workers, pending: list[Path], names: dict[Path, str], specs: dict[Path, Any],
+                      results: dict[str, Any], results_path: Path, baselines: list[str], *, runs: int, seed: int,
+                      device: str, timeout_s: float, ceilings: Any, on_progress: Callable[[str], None], done: int,
+                      total: int) -> None:
+    """Each task a GPU job (`bench_task_job`), as many at once as there are GPU workers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kstrata.agents.roofline import assess
+    from kstrata.agents.workers import file_ref
+
+    lock = threading.Lock()
+    count = [done]
+
+    def one(p: Path) -> None:
+        need = [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]]
+        out = workers.run(BENCH_TASK_JOB, {"task": file_ref(p), "baselines": need, "runs": runs, "seed": seed,
+                                           "device": device, "timeout_s": timeout_s}, kind="gpu", exclusive=True)
+        with lock:
+            entry = results["tasks"][names[p]]
+            for b, r in (out.get("results") or {}).items():
+                entry["baselines"][b] = r
+            for b in baselines:
+                entry["baselines"].setdefault(b, {"ok": False, "error": str(out.get("error") or "not run")})
+            if out.get("ok"):
+                _finish_task(entry, specs[p], ceilings, baselines, assess)
+            count[0] += 1
+            on_progress(f"[{count[0]}/{total}] {names[p]}" + (f" ({out['gpu']})" if out.get("gpu") else "") + ": "
+                        + (_progress_line(entry, baselines) if out.get("ok") else str(out.get("error"))))
+            _write_json(results_path, results)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(workers.gpus))) as threads:
+        list(threads.map(one, pending))
+
+
+def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Driver: one task's baselines in a bench worker process on this job's GPU (`--worker`, one task)."""
+    task = materialize(p["task"], ctx)
+    baselines = list(p["baselines"])
+    proc = ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(p["runs"]),
+                        "--device", p["device"], "--seed", str(p["seed"]), "--baselines", ",".join(baselines),
+                        str(task)], env={**ctx.environ(), "PYTHONUNBUFFERED": "1"})
+    got: dict[str, Any] = {}
+    deadline = time.monotonic() + float(p["timeout_s"])
+    why = ""
+    try:
+        while True:
+            try:
+                line = proc.next_line(max(0.1, deadline - time.monotonic()))
+            except ChildTimeout:
+                why = f"timed out after {float(p['timeout_s']):g} s"
+                break
+            if line is None:
+                if not all(b in got for b in baselines):
+                    why = f"worker died (exit code {proc.proc.poll()})"
+                break
+            if line.startswith("RESULT "):
+                r = json.loads(line[7:])
+                r.pop("task", None)
+                got[r.pop("baseline")] = r
+            elif line.startswith("DONE "):
+                break
+    finally:
+        proc.close()
+    gpu = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    return {"ok": not why, "results": got, "error": why, "device_fault": bool(why) and ctx.device is not None,
+            "gpu": f"GPU {gpu}" if gpu else ""}
 
 
 def _start_warmers(paths: list[Path], baselines: list[str], jobs: int, seed: int) -> list[ChildStream]:

@@ -43,7 +43,9 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   GPU work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
 - `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
-  caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU.
+  caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU
+  (`kstrata.agents.workers`: one worker per device, pinned; a faulting job retried on another GPU, a GPU
+  that keeps faulting quarantined).
 
 Not built yet: `TritonSourceEdit` (a Triton kernel source for a kernel base) is accepted as a value but
 `build` reports it unsupported; task-level candidates carry their Triton kernels inside a `ModelNewEdit`.
@@ -66,6 +68,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kstrata.agents.workers import (
+    CALL_JOB,
+    GpuDevice,
+    GpuScheduler,
+    LocalWorkers,
+    child_result,
+    visible_gpu_count,
+)
 from kstrata.backends.child import ChildResult, call_in_child
 from kstrata.ir.errors import KstrataError
 
@@ -409,36 +419,49 @@ class EngineStats:
 # ---------------------------------------------------------------------------------------------------
 class WorkerPool:
     """Spawned processes with a timeout per job. CPU jobs run `cpu_workers` at a time; GPU jobs go through
-    one queue per GPU (one at a time on each, with `CUDA_VISIBLE_DEVICES` set to that GPU)."""
+    one worker per GPU (`kstrata.agents.workers.GpuScheduler`: one job at a time on each, its processes pinned
+    with `CUDA_VISIBLE_DEVICES`; a job whose process dies, hangs or hits a CUDA error is retried on another
+    GPU, and a GPU that keeps faulting is quarantined). `gpus`: indices, or `GpuDevice`s (`--gpus`; tests give
+    fake ones); None: every visible GPU (GPU 0 when none is)."""
 
-    def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | None = None) -> None:
+    def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | Sequence[GpuDevice] | None = None) -> None:
         self.cpu_workers = max(1, cpu_workers)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_workers, thread_name_prefix="kstrata-cpu")
-        self._gpu_ids = list(gpus) if gpus is not None else None
-        self._gpu: dict[int, ThreadPoolExecutor] = {}
-        self._next_gpu = 0
+        self._gpu_spec: list[int | GpuDevice] | None = list(gpus) if gpus is not None else None
+        self._workers: LocalWorkers | None = None
+        self._gpu_threads: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def gpus(self) -> list[int]:
-        if self._gpu_ids is None:
-            try:
-                import torch
-
-                count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            except ImportError:
-                count = 0
-            self._gpu_ids = list(range(count)) or [0]
-        return self._gpu_ids
-
-    def _gpu_queue(self, gpu: int | None) -> tuple[int, ThreadPoolExecutor]:
+    def _gpu_workers(self) -> LocalWorkers:
         with self._lock:
-            ids = self.gpus()
-            if gpu is None:
-                gpu = ids[self._next_gpu % len(ids)]
-                self._next_gpu += 1
-            if gpu not in self._gpu:
-                self._gpu[gpu] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kstrata-gpu{gpu}")
-            return gpu, self._gpu[gpu]
+            if self._workers is None:
+                spec: list[int | GpuDevice] = self._gpu_spec if self._gpu_spec is not None else \
+                    [*range(visible_gpu_count())] or [0]
+                devices = [d if isinstance(d, GpuDevice) else GpuDevice(d, f"cuda:{d}", (("CUDA_VISIBLE_DEVICES",
+                                                                                          str(d)),)) for d in spec]
+                self._workers = LocalWorkers(devices)
+                self._gpu_threads = ThreadPoolExecutor(max_workers=2 * len(devices), thread_name_prefix="kstrata-gpu")
+            return self._workers
+
+    def gpus(self) -> list[int]:
+        return [d.index for d in self._gpu_workers().gpus]
+
+    @property
+    def scheduler(self) -> GpuScheduler:
+        return self._gpu_workers().scheduler
+
+    def _run_gpu(self, target: str, payload: Any, timeout: float, gpu: int | None,
+                 env: Mapping[str, str] | None) -> ChildResult:
+        workers = self._gpu_workers()
+        affinity = None
+        if gpu is not None:
+            affinity = f"gpu {gpu}"
+            workers.scheduler.bind(affinity, gpu)
+        out = workers.run(CALL_JOB, {"target": target, "payload": payload, "timeout": timeout,
+                                     "env": dict(env) if env is not None else None},
+                          kind="gpu", affinity=affinity, exclusive=True)
+        result: ChildResult = child_result(out)
+        return result
 
     def submit(self, target: str, payload: Any, *, timeout: float, kind: str = "cpu", gpu: int | None = None,
                env: Mapping[str, str] | None = None) -> Future[ChildResult]:
@@ -448,23 +471,27 @@ class WorkerPool:
             return self._cpu.submit(call_in_child, target, payload, timeout=timeout, env=env)
         if kind != "gpu":
             raise EngineError(f"unknown job kind {kind!r} (cpu or gpu)")
-        index, queue = self._gpu_queue(gpu)
-        gpu_env = {**(env if env is not None else os.environ), "CUDA_VISIBLE_DEVICES": str(index)}
-        return queue.submit(call_in_child, target, payload, timeout=timeout, env=gpu_env)
+        self._gpu_workers()
+        assert self._gpu_threads is not None
+        return self._gpu_threads.submit(self._run_gpu, target, payload, timeout, gpu, env)
 
     def run(self, target: str, payload: Any, *, timeout: float, kind: str = "cpu", gpu: int | None = None,
             env: Mapping[str, str] | None = None) -> ChildResult:
         return self.submit(target, payload, timeout=timeout, kind=kind, gpu=gpu, env=env).result()
 
     def on_gpu(self, fn: Callable[[], T], gpu: int | None = None) -> T:
-        """Run `fn` (which starts its own processes, e.g. the evaluator) in a GPU's queue and wait for it."""
-        _, queue = self._gpu_queue(gpu)
-        return queue.submit(fn).result()
+        """Run `fn` (which starts its own processes, e.g. the evaluator) holding a GPU's slot, and wait for it."""
+        scheduler = self.scheduler
+        affinity = None
+        if gpu is not None:
+            affinity = f"gpu {gpu}"
+            scheduler.bind(affinity, gpu)
+        return scheduler.run(lambda _device: fn(), is_fault=lambda _r: False, affinity=affinity, exclusive=True)
 
     def close(self) -> None:
         self._cpu.shutdown(wait=True)
-        for q in self._gpu.values():
-            q.shutdown(wait=True)
+        if self._gpu_threads is not None:
+            self._gpu_threads.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------------------------------------------

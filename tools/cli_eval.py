@@ -134,20 +134,31 @@ def bench_cmd(
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings (default: --out).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Parallel workers that fill torch.compile's caches before the "
                                                        "timed (sequential) pass.")] = 1,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="all, or GPU indices 0,1,...: the tasks spread over one "
+                                             "GPU worker per device (one task at a time on each).")] = None,
+    workers: Annotated[str | None, typer.Option("--workers", help="Where tasks run: local (default), ray (a local "
+                                                "Ray cluster) or ray://HOST:PORT.")] = None,
 ) -> None:
     """Every task under SUITE_DIR under each baseline; resumes from OUT/bench-results.json."""
     from kstrata.agents.bench import run_bench
+    from kstrata.agents.workers import make_workers
 
     if not suite_dir.is_dir():
         raise KstrataError("no such suite directory", path=suite_dir)
     names = [b.strip() for b in baselines.split(",") if b.strip()]
+
+    def progress(m: str) -> None:
+        (err if as_json else out).print(m, highlight=False)
+
+    pool = make_workers(workers, gpus, on_event=progress) if gpus is not None or workers is not None else None
     try:
         results = run_bench(suite_dir, names, out_dir, runs=runs, task_timeout_s=task_timeout,
-                            ceilings_dir=ceilings_dir, only=only, jobs=jobs,
-                            on_progress=(lambda m: err.print(m, highlight=False)) if as_json else
-                            (lambda m: out.print(m, highlight=False)))
+                            ceilings_dir=ceilings_dir, only=only, jobs=jobs, on_progress=progress, workers=pool)
     except (ValueError, RuntimeError) as exc:
         raise KstrataError(str(exc)) from None
+    finally:
+        if pool is not None:
+            pool.close()
     if as_json:
         _emit_json(results)
     else:

@@ -40,6 +40,16 @@ def _load_proposer(spec: str) -> list[Any]:
     return objs
 
 
+def _workers_spec(workers: str, strategy_workers: int) -> tuple[str, int]:
+    """`--workers`: where jobs run (local, ray, ray://HOST:PORT), or, as before, a number of strategy workers."""
+    text = workers.strip()
+    if text.isdigit():
+        return "local", int(text)
+    if text in ("local", "ray") or text.startswith("ray://"):
+        return text, strategy_workers
+    raise KstrataError(f"--workers {workers!r}: choose local, ray or ray://HOST:PORT (or a number of strategy workers)")
+
+
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
     targets: Annotated[list[str], typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory "
@@ -50,15 +60,23 @@ def optimize_cmd(
     budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
     minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
     precision: Annotated[str, typer.Option("--precision", help="strict (default), tf32, bf16 or fp16.")] = "strict",
-    workers: Annotated[int, typer.Option("--workers", help="Strategy workers per task (parallel checks).")] = 1,
+    workers: Annotated[str, typer.Option("--workers", help="Where jobs run: local (default), ray (a local Ray "
+                                         "cluster started on demand) or ray://HOST:PORT; a number N is "
+                                         "--strategy-workers N.")] = "local",
+    strategy_workers: Annotated[int, typer.Option("--strategy-workers", help="Strategy workers per task (parallel "
+                                                  "checks).")] = 1,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="all, or GPU indices 0,1,...: one GPU worker per device "
+                                             "(pinned; timing serialized per GPU). Default: the default GPU.")]
+    = None,
     device: Annotated[str, typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = "",
     resume: Annotated[bool, typer.Option("--resume", help="Continue a killed or finished run in --out.")] = False,
     as_json: JsonFlag = False,
     baselines: Annotated[str, typer.Option("--baselines", help="Comma-separated: eager, compile, compile-max-autotune.")]
     = "eager,compile,compile-max-autotune",
     spaces: Annotated[str, typer.Option("--spaces", help="Only these spaces (comma-separated; default: all).")] = "",
-    parallel_tasks: Annotated[int, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at once "
-                                                                          "(one timing queue).")] = 1,
+    parallel_tasks: Annotated[int | None, typer.Option("--parallel-tasks", help="Tasks of a directory optimized at "
+                                                             "once (default: one per GPU worker with --gpus, else 1)."
+                                                             )] = None,
     no_ncu: Annotated[bool, typer.Option("--no-ncu", help="Do not run Nsight Compute.")] = False,
     no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Built-in proposers and analyzers only (not the entry points, nor other packages' proposers such as the templates).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each child process may run.")] = 600.0,
@@ -115,17 +133,20 @@ def optimize_cmd(
     bad = [b for b in names if b not in BASELINES]
     if bad:
         raise KstrataError(f"--baselines: unknown {', '.join(bad)}; choose from {', '.join(BASELINES)}")
-    if budget < 0 or workers < 1 or minutes <= 0 or trials < 5:
-        raise KstrataError("--budget must be >= 0, --workers >= 1, --minutes > 0 and --trials >= 5")
+    backend, strategy = _workers_spec(workers, strategy_workers)
+    if budget < 0 or strategy < 1 or minutes <= 0 or trials < 5:
+        raise KstrataError("--budget must be >= 0, --strategy-workers >= 1, --minutes > 0 and --trials >= 5")
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev not in ("cuda", "cpu"):
         raise KstrataError(f"--device {dev!r}: choose cuda or cpu")
-    if dev == "cuda" and not torch.cuda.is_available():
+    if dev == "cuda" and not torch.cuda.is_available() and backend == "local":
         raise KstrataError("--device cuda: no CUDA GPU here (use --device cpu for a correctness-only run)")
+    if gpus is not None and dev == "cpu":
+        raise KstrataError(f"--gpus {gpus}: --device cpu runs no GPU job (leave --gpus out, or use --device cuda)")
     ceilings = None
-    if dev == "cuda":
+    if dev == "cuda" and torch.cuda.is_available():  # measured here (a Ray cluster's driver may have no GPU)
         from kstrata.agents.roofline import load_or_measure
 
         ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
@@ -138,6 +159,9 @@ def optimize_cmd(
         else:  # plain lines when not a terminal
             print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
 
+    from kstrata.agents.workers import make_workers
+
+    pool = make_workers(backend, gpus, on_event=progress, lock_path=None, workdir=out_dir / ".work")
     extra = [_load_proposer(spec) for spec in proposer or []]
     llm_extra: tuple[Any, ...] = ()
     if llm:
@@ -146,14 +170,19 @@ def optimize_cmd(
         llm_extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
                                         options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
                                         config_file=llm_config))
-    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=workers, device=dev, resume=resume,
+    opts = Options(budget=budget, minutes=minutes, policy=precision, workers=strategy, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
                    ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
                    trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
-                   skills_dir=learn_skills)
-    results = optimize(target, out_dir, opts, parallel_tasks=parallel_tasks)
+                   skills_dir=learn_skills, pool=pool)
+    try:
+        # tasks are what is spread over the GPU workers: by default, one task per GPU worker at a time
+        parallel = parallel_tasks if parallel_tasks is not None else (max(1, len(pool.gpus)) if gpus else 1)
+        results = optimize(target, out_dir, opts, parallel_tasks=parallel)
+    finally:
+        pool.close()
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
-                               "tasks": [r.to_json() for r in results]}
+                               "workers": pool.describe(), "tasks": [r.to_json() for r in results]}
     if llm_extra:  # tokens and cost of the LLM proposers (they share one client); never the key
         payload["llm"] = {"config": llm_extra[0].client.config.to_json(), "usage": llm_extra[0].client.ledger.to_json()}
     if as_json:

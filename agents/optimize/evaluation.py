@@ -7,31 +7,36 @@ Everything the loop asks of a candidate goes through `Evaluator`, so the move to
 - `check`: `kstrata.agents.evaluate.evaluate` without timing (the hardened evaluator: integrity checks,
   six trials, the policy), each in its own processes; checks run in parallel (`workers`).
 - `measure`: one child (`worker.py measure`) times the incumbent and challengers interleaved; it builds
-  and compiles them first, outside the queue, and times only once it holds the one timing queue of the run
-  (a lock; with `lock_path`, a file lock shared by processes). Other tasks' correctness checks may use the
-  GPU meanwhile: the rounds are interleaved and the guard's threshold is the measured spread.
+  and compiles them first, outside the queue, and times only once it holds its GPU's timing slot (with
+  `lock_path`, also a file lock shared by processes). Every measurement of a task runs on the same GPU
+  (its affinity), so the guard's re-measurement is on the GPU that measured the challenger. Other tasks'
+  correctness checks may use the GPU meanwhile: the rounds are interleaved and the guard's threshold is
+  the measured spread.
 - `final`: the chosen ModelNew re-evaluated in fresh processes with fresh seeds (and timed on a GPU).
+
+Where the jobs run is `workers` (`kstrata.agents.workers`): this machine (the default: one unpinned GPU
+worker, as before `--gpus`), every local GPU (`--gpus all`: one worker per device, pinned, faults retried
+on another GPU, a faulting GPU quarantined), or a Ray cluster (`--workers ray`). The jobs are the drivers
+`evaluate_job` and `worker_job` below; the files they need travel by value, so the same driver gives the
+same verdict wherever it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kstrata.agents.optimize.contract import eval_policy_for
 from kstrata.agents.optimize.state import CheckResult, Measurement
+from kstrata.agents.workers import JobContext, LocalWorkers, Workers, fault_in, file_ref, materialize
 from kstrata.backends.child import kill_tree, spawn
 
 #: Nsight Compute metrics read for the top kernels (names as in ncu's raw page).
@@ -55,9 +60,40 @@ class JobResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class FinalVerdict:
+    """The fields of the final evaluation the loop reads (an `EvalVerdict` travels as its JSON)."""
+
+    accepted: bool
+    reason: str
+    speedup: float | None
+    roofline: dict[str, Any] | None
+    device: str
+    versions: dict[str, str]
+    failure: str | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FinalVerdict:
+        return cls(bool(d["accepted"]), str(d["reason"]), d.get("speedup"), d.get("roofline"), str(d.get("device", "")),
+                   dict(d.get("versions") or {}), d.get("failure"))
+
+
+#: The drivers of this module, as the workers name them (kstrata.agents.workers: the same code runs in a thread
+#: here or in a Ray worker on another machine).
+WORKER_JOB = "kstrata.agents.optimize.evaluation:worker_job"
+EVALUATE_JOB = "kstrata.agents.optimize.evaluation:evaluate_job"
+#: Job fields that name files: they travel by value (`workers.file_ref`).
+_FILE_FIELDS = ("task", "candidate")
+
+
 class Evaluator:
+    """`workers` (kstrata.agents.workers): where the jobs run; by default this machine with one unpinned GPU
+    worker (the plain run). `gpu_jobs`: run the jobs as GPU jobs (pinned, serialized for timing, retried
+    on a device fault) even when `device` is cpu: tests give fake devices whose GPU jobs do CPU work."""
+
     def __init__(self, device: str, policy: str, workdir: Path, *, timeout_s: float = 600.0, trials: int = 6,
-                 seed: int = 42, lock_path: Path | None = None) -> None:
+                 seed: int = 42, lock_path: Path | None = None, workers: Workers | None = None,
+                 gpu_jobs: bool | None = None) -> None:
         self.device = device
         self.policy = policy
         self.eval_policy = eval_policy_for(policy)
@@ -66,7 +102,8 @@ class Evaluator:
         self.trials = trials
         self.seed = seed
         self.lock_path = lock_path
-        self._lock = threading.Lock()
+        self.workers: Workers = workers or LocalWorkers(workdir=workdir, lock_path=lock_path)
+        self.gpu_jobs = device == "cuda" if gpu_jobs is None else gpu_jobs
         self.measure_seconds = 0.0
         self.check_seconds = 0.0
 
@@ -74,101 +111,48 @@ class Evaluator:
     def timed(self) -> bool:
         return self.device == "cuda"
 
+    def _kind(self, gated: bool = False) -> str:
+        # timing is a GPU job even in the wall-clock tests of its code: it takes the GPU worker's slot
+        return "gpu" if self.gpu_jobs or gated else "cpu"
+
     # -- the child protocol of this module ------------------------------------------------------
-    def _sandbox_env(self, workdir: Path) -> dict[str, str]:
-        """The restricted environment generated (LLM) candidates run in (kstrata.agents.llm.sandbox)."""
-        from kstrata.agents.llm.sandbox import sandbox_env
-
-        return sandbox_env(workdir, device=self.device)
-
     def run_job(self, job: dict[str, Any], timeout_s: float | None = None, *, argv_prefix: list[str] | None = None,
-                env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False) -> JobResult:
-        """Run one worker job. `gated`: the worker prepares (imports, builds, compiles) outside the timing
-        queue, says `ready`, and times only after this process, holding the queue, says `go`. `sandbox`: in
-        the restricted environment of generated candidates."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        d = Path(tempfile.mkdtemp(prefix=f"{job['cmd']}-", dir=self.workdir))
-        job = {**job, "result": str(d / "result.json"), "device": job.get("device", self.device),
-               "seed": job.get("seed", self.seed), "policy": self.policy}
-        ready, go = d / "ready", d / "go"
-        if gated:
-            job.update(ready_file=str(ready), go_file=str(go))
-        (d / "job.json").write_text(json.dumps(job))
-        base = self._sandbox_env(d / "sandbox") if sandbox else os.environ
-        env = dict(base, PYTHONUNBUFFERED="1", **(env_extra or {}))
-        if job["device"] == "cpu":
-            env["TRITON_INTERPRET"] = "1"
-        cmd = [*(argv_prefix or []), sys.executable, "-m", "kstrata.agents.optimize.worker", str(d / "job.json")]
-        start = time.monotonic()
-        log = d / "log.txt"
-        with log.open("wb") as fh:
-            proc = spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)  # the one child mechanism
-            limit = timeout_s or self.timeout_s
-            deadline = start + limit
-            queue: contextlib.AbstractContextManager[None] | None = None
-            try:
-                while proc.poll() is None:
-                    if gated and queue is None and ready.exists():
-                        queue = self.timing_queue()
-                        queue.__enter__()  # waits for the GPU; the worker waits for `go`
-                        deadline = time.monotonic() + limit
-                        go.write_text("go")
-                    if time.monotonic() > deadline:
-                        kill_tree(proc)
-                        shutil.rmtree(d, ignore_errors=True)
-                        return JobResult(False, {}, f"{job['cmd']} timed out after {limit:g} s", time.monotonic() - start)
-                    time.sleep(0.02)
-            finally:
-                if queue is not None:
-                    queue.__exit__(None, None, None)
-        seconds = time.monotonic() - start
-        out = d / "result.json"
-        try:
-            data = json.loads(out.read_text())
-        except (OSError, json.JSONDecodeError):
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-            shutil.rmtree(d, ignore_errors=True)
-            return JobResult(False, {}, f"{job['cmd']} died (exit code {proc.returncode})" +
-                             (f": {tail[0][:300]}" if tail else ""), seconds)
-        data["_log"] = log.read_text(errors="replace")[-400000:]  # ncu writes its CSV there
-        shutil.rmtree(d, ignore_errors=True)
-        return JobResult(bool(data.get("ok")), data, str(data.get("error", "")), seconds)
+                env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False,
+                affinity: str | None = None) -> JobResult:
+        """Run one worker job on the workers. `gated`: the worker prepares (imports, builds, compiles) outside
+        the timing queue, says `ready`, and times only after the driver, holding its GPU's slot, says `go`.
+        `sandbox`: in the restricted environment of generated candidates. `affinity`: jobs with the same one
+        (a task's timings) run on the same GPU."""
+        files = {k: file_ref(job[k]) for k in _FILE_FIELDS if k in job}
+        cands = {k: file_ref(p) for k, p in job.get("candidates", {}).items()}
+        payload = {"job": {**job, "device": job.get("device", self.device), "seed": job.get("seed", self.seed),
+                           "policy": self.policy}, "files": files, "candidates": cands,
+                   "timeout_s": timeout_s or self.timeout_s, "argv_prefix": argv_prefix, "env_extra": env_extra,
+                   "gated": gated, "sandbox": sandbox}
+        out = self.workers.run(WORKER_JOB, payload, kind=self._kind(gated), affinity=affinity)
+        if "data" not in out:  # the driver itself failed (workers report it as ok/error)
+            return JobResult(False, {}, str(out.get("error", "the job failed")), 0.0)
+        return JobResult(bool(out["ok"]), out["data"], str(out["error"]), float(out["seconds"]))
 
-    @contextlib.contextmanager
-    def timing_queue(self) -> Iterator[None]:
-        """One measurement at a time: this process's lock, and the file lock when several share the GPU."""
-        with self._lock:
-            if self.lock_path is None:
-                yield
-                return
-            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.lock_path.open("a") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
+    def _evaluate(self, task: Path, candidate: Path, *, seed: int, timing: bool, ceilings: Any = None,
+                  sandbox: bool = False) -> dict[str, Any]:
+        payload = {"task": file_ref(task), "candidate": file_ref(candidate), "policy": self.eval_policy,
+                   "trials": self.trials, "seed": seed, "device": self.device, "timeout_s": self.timeout_s,
+                   "timing": timing, "sandbox": sandbox, "ceilings": ceilings.to_json() if ceilings is not None else None}
+        return self.workers.run(EVALUATE_JOB, payload, kind=self._kind())
 
     # -- what the loop asks ---------------------------------------------------------------------
     def check(self, task: Path, candidate: Path, *, sandbox: bool = False) -> CheckResult:
         """The hardened evaluation, correctness and integrity only (`sandbox`: in the restricted environment)."""
-        from kstrata.agents.evaluate import EvalError, evaluate
-
         start = time.monotonic()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=self.workdir)) if sandbox else None
-        try:
-            v = evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=self.seed,
-                         device=self.device, timeout_s=self.timeout_s, timing=False,
-                         env=self._sandbox_env(box) if box else None)
-        except EvalError as exc:
-            return CheckResult(False, str(exc), "harness", self.eval_policy, time.monotonic() - start)
-        finally:
-            if box:
-                shutil.rmtree(box, ignore_errors=True)
+        out = self._evaluate(task, candidate, seed=self.seed, timing=False, sandbox=sandbox)
         seconds = time.monotonic() - start
+        if "verdict" not in out:
+            return CheckResult(False, str(out.get("error", "the evaluation failed")), "harness", self.eval_policy,
+                               seconds)
+        v = out["verdict"]
         self.check_seconds += seconds
-        return CheckResult(v.accepted, v.reason, v.failure, self.eval_policy, seconds)
+        return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds)
 
     def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *,
                  sandbox: bool = False) -> dict[str, str]:
@@ -185,11 +169,13 @@ class Evaluator:
 
     def measure(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *, rounds: int = 5,
                 runs: int = 30, sandbox: bool = False) -> dict[str, Measurement | str]:
-        """Interleaved timing of `candidates` in one process (key -> Measurement, or why not)."""
+        """Interleaved timing of `candidates` in one process (key -> Measurement, or why not), on the task's
+        GPU: every measurement of a task, the guard's re-measurements included, runs on the same GPU."""
         if not self.timed:
             return dict.fromkeys(candidates, "not timed (no GPU)")
         r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
-                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True, sandbox=sandbox)
+                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True, sandbox=sandbox,
+                         affinity=str(task))
         self.measure_seconds += r.seconds
         if not r.ok:
             return dict.fromkeys(candidates, f"measurement failed: {r.error}")
@@ -209,7 +195,8 @@ class Evaluator:
         if not self.timed:
             return JobResult(False, {}, "no GPU: nothing profiled", 0.0)
         env = {"TRITON_CACHE_DIR": str(triton_cache)} if triton_cache else None
-        return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, env_extra=env, gated=True)
+        return self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate)}, env_extra=env, gated=True,
+                            affinity=str(task))
 
     def ncu(self, task: Path, candidate: Path, ncu_path: str, launch_count: int = 1,
             timeout_s: float = 40.0, kernels: list[str] | None = None) -> JobResult:
@@ -222,7 +209,7 @@ class Evaluator:
             prefix += ["--kernel-name", "regex:^(" + "|".join(kernels) + ")$"]
         # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics.
         r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
-                         timeout_s, argv_prefix=prefix)
+                         timeout_s, argv_prefix=prefix, affinity=str(task))
         if not r.ok and not r.data:
             return r
         log = r.data.get("_log", "")
@@ -232,22 +219,115 @@ class Evaluator:
             return JobResult(False, {}, "ncu reported no kernels" + (f": {last[0][:200]}" if last else ""), r.seconds)
         return JobResult(True, {"kernels": rows}, "", r.seconds)
 
-    def final(self, task: Path, candidate: Path, *, seed: int, ceilings: Any = None, sandbox: bool = False) -> Any:
+    def final(self, task: Path, candidate: Path, *, seed: int, ceilings: Any = None, sandbox: bool = False) -> FinalVerdict:
         """A fresh evaluation with fresh seeds (timed on a GPU): the verdict of the output.
 
         Outside the timing queue (it is two whole processes): its speedup over eager is a second opinion;
         the speedups the search decides on are the interleaved ones."""
-        from kstrata.agents.evaluate import evaluate
+        out = self._evaluate(task, candidate, seed=seed, timing=self.timed, ceilings=ceilings, sandbox=sandbox)
+        if "verdict" not in out:
+            return FinalVerdict(False, str(out.get("error", "the evaluation failed")), None, None, "", {}, "harness")
+        return FinalVerdict.from_json(out["verdict"])
 
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=self.workdir)) if sandbox else None
+
+# ---------------------------------------------------------------------------------------------------
+# The drivers (run by kstrata.agents.workers: in a thread here, or in a Ray worker)
+# ---------------------------------------------------------------------------------------------------
+def _sandbox_env(workdir: Path, device: str) -> dict[str, str]:
+    """The restricted environment generated (LLM) candidates run in (kstrata.agents.llm.sandbox)."""
+    from kstrata.agents.llm.sandbox import sandbox_env
+
+    return sandbox_env(workdir, device=device)
+
+
+def evaluate_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Driver: `kstrata.agents.evaluate.evaluate` of one candidate (its own processes), the verdict as JSON."""
+    from kstrata.agents.evaluate import EvalError, evaluate
+
+    task, candidate = materialize(p["task"], ctx), materialize(p["candidate"], ctx)
+    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    box = Path(tempfile.mkdtemp(prefix="sandbox-", dir=ctx.workdir)) if p["sandbox"] else None
+    env = ctx.environ(_sandbox_env(box, p["device"])) if box else (ctx.environ() if ctx.env else None)
+    ceilings = None
+    if p.get("ceilings"):
+        from kstrata.agents.roofline import Ceilings
+
+        ceilings = Ceilings.from_json(p["ceilings"])
+    try:
+        v = evaluate(task, candidate, policy=p["policy"], trials=p["trials"], seed=p["seed"], device=p["device"],
+                     timeout_s=p["timeout_s"], timing=p["timing"], ceilings=ceilings, env=env)
+    except EvalError as exc:
+        return {"ok": False, "error": str(exc), "device_fault": False}
+    finally:
+        if box:
+            shutil.rmtree(box, ignore_errors=True)
+    data = v.to_json()
+    # a crash with a CUDA runtime error on a GPU worker may be the GPU's: the workers retry it on another one
+    fault = ctx.device is not None and v.failure in ("crash", "timeout") and fault_in(v.reason + v.log_tail)
+    return {"ok": True, "verdict": data, "device_fault": fault}
+
+
+def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Driver: one `worker.py` job in a child process, gated on the GPU's timing slot when asked."""
+    job = dict(p["job"])
+    for k, ref in p["files"].items():
+        job[k] = str(materialize(ref, ctx))
+    if p["candidates"]:
+        job["candidates"] = {k: str(materialize(ref, ctx)) for k, ref in p["candidates"].items()}
+    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f"{job['cmd']}-", dir=ctx.workdir))
+    job["result"] = str(d / "result.json")
+    ready, go = d / "ready", d / "go"
+    gated = bool(p["gated"])
+    if gated:
+        job.update(ready_file=str(ready), go_file=str(go))
+    (d / "job.json").write_text(json.dumps(job))
+    base = _sandbox_env(d / "sandbox", job["device"]) if p["sandbox"] else None
+    env = ctx.environ(base)
+    env.update(PYTHONUNBUFFERED="1", **(p.get("env_extra") or {}))
+    if job["device"] == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [*(p.get("argv_prefix") or []), sys.executable, "-m", "kstrata.agents.optimize.worker", str(d / "job.json")]
+    start = time.monotonic()
+    log = d / "log.txt"
+    limit = float(p["timeout_s"])
+    on_gpu = ctx.device is not None
+    with log.open("wb") as fh:
+        proc = spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)  # the one child mechanism
+        deadline = start + limit
+        slot: contextlib.AbstractContextManager[None] | None = None
         try:
-            return evaluate(task, candidate, policy=self.eval_policy, trials=self.trials, seed=seed, device=self.device,
-                            timeout_s=self.timeout_s, timing=self.timed, ceilings=ceilings,
-                            env=self._sandbox_env(box) if box else None)
+            while proc.poll() is None:
+                if gated and slot is None and ready.exists():
+                    slot = ctx.timing_slot()
+                    slot.__enter__()  # waits for the GPU; the worker waits for `go`
+                    deadline = time.monotonic() + limit
+                    go.write_text("go")
+                if time.monotonic() > deadline:
+                    kill_tree(proc)
+                    shutil.rmtree(d, ignore_errors=True)
+                    return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s",
+                            "seconds": time.monotonic() - start, "device_fault": on_gpu}
+                time.sleep(0.02)
         finally:
-            if box:
-                shutil.rmtree(box, ignore_errors=True)
+            if slot is not None:
+                slot.__exit__(None, None, None)
+    seconds = time.monotonic() - start
+    out = d / "result.json"
+    try:
+        data = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError):
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        shutil.rmtree(d, ignore_errors=True)
+        return {"ok": False, "data": {}, "error": f"{job['cmd']} died (exit code {proc.returncode})" +
+                (f": {tail[0][:300]}" if tail else ""), "seconds": seconds, "device_fault": on_gpu}
+    data["_log"] = log.read_text(errors="replace")[-400000:]  # ncu writes its CSV there
+    # which GPU the job's process saw (the pinning, for reports and tests)
+    data["_cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")
+    shutil.rmtree(d, ignore_errors=True)
+    error = str(data.get("error", ""))
+    return {"ok": bool(data.get("ok")), "data": data, "error": error, "seconds": seconds,
+            "device_fault": on_gpu and not data.get("ok") and fault_in(error)}
 
 
 def parse_ncu_csv(text: str) -> list[dict[str, Any]]:

@@ -106,6 +106,9 @@ class Options:
     #: When set, a timed win is summarized into a skill there, admitted only if it reproduces (fresh
     #: processes, other seeds): kstrata.agents.skills.learn_from_win.
     skills_dir: Path | None = None
+    #: Where the jobs run (kstrata.agents.workers: this machine's GPUs, or a Ray cluster); None: this machine,
+    #: one unpinned GPU worker.
+    pool: Any = None
 
 
 @dataclass
@@ -821,7 +824,7 @@ def optimize(target: Path, out: Path, opts: Options, *, parallel_tasks: int = 1)
     prepare_out(out, dirs.values(), opts.resume)
     out.mkdir(parents=True, exist_ok=True)
     evaluator = Evaluator(opts.device, opts.policy, out / ".work", timeout_s=opts.timeout_s, trials=opts.trials,
-                          seed=opts.seed, lock_path=opts.lock_path)
+                          seed=opts.seed, lock_path=opts.lock_path, workers=opts.pool)
 
     def one(p: Path) -> TaskResult:
         try:

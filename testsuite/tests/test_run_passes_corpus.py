@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kstrata.ir.triton_layout import load_cache_root, read_index
 from kstrata.agents.run_passes import run_passes
+from kstrata.ir.triton_layout import load_cache_root, read_index
 from kstrata.tools.bench_run_passes import CORPUS_DIRS, build_corpus_cache
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"

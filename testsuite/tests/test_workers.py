@@ -1,0 +1,286 @@
+"""Workers across GPUs (kstrata.agents.workers) on the CPU: fake devices whose GPU jobs are real child processes
+doing CPU work, so the pinning, the per-GPU serialization, affinity, quarantine and retry run for real."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kstrata.agents.workers import GpuDevice, LocalWorkers, WorkersError, child_result, local_gpus, make_workers
+
+from .conftest import has_cuda
+
+REPO = Path(__file__).resolve().parents[2]
+WHERE = "kstrata.testsuite.jobs:where"
+CALL = "kstrata.agents.workers:call_job"
+
+
+def fake_gpus(n: int, broken: tuple[int, ...] = ()) -> list[GpuDevice]:
+    """`n` fake devices; a broken one's processes cannot start (PYTHONHOME points nowhere): a real death."""
+    return [GpuDevice(i, f"fake{i}", (("CUDA_VISIBLE_DEVICES", str(i)),) +
+                      ((("PYTHONHOME", "/nonexistent"),) if i in broken else ())) for i in range(n)]
+
+
+def where(workers: LocalWorkers, *, affinity: str | None = None, sleep: float = 0.0, die_on: tuple[str, ...] = (),
+          exclusive: bool = True, tag: str = "") -> Any:
+    out = workers.run(CALL, {"target": WHERE, "payload": {"sleep": sleep, "die_on": list(die_on), "tag": tag},
+                             "timeout": 60}, kind="gpu", affinity=affinity, exclusive=exclusive)
+    return child_result(out)
+
+
+def test_gpus_spec_is_checked_against_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(WorkersError, match=r"^--gpus 3: this machine has 1 GPU \(0\); there is no GPU 3$"):
+        local_gpus("3", available=1)
+    with pytest.raises(WorkersError, match="no CUDA GPU is visible here"):
+        local_gpus("all", available=0)
+    with pytest.raises(WorkersError, match="each GPU index once"):
+        local_gpus("0,0", available=2)
+    with pytest.raises(WorkersError, match="write all, or GPU indices"):
+        local_gpus("first", available=2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [d.environ() for d in local_gpus("all", available=2)] == [{"CUDA_VISIBLE_DEVICES": "0"},
+                                                                    {"CUDA_VISIBLE_DEVICES": "1"}]
+    # a parent pinned to GPUs 4 and 5: visible index 1 is physical GPU 5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert [d.environ()["CUDA_VISIBLE_DEVICES"] for d in local_gpus("1", available=2)] == ["5"]
+    assert local_gpus(None)[0].environ() == {}  # the plain run: one unpinned worker
+    with pytest.raises(WorkersError, match="choose local, ray"):
+        make_workers("slurm", None)
+
+
+def test_jobs_are_pinned_serialized_per_gpu_and_kept_on_their_affinity(tmp_path: Path) -> None:
+    workers = LocalWorkers(fake_gpus(2), workdir=tmp_path)
+    results: list[Any] = [None] * 6
+
+    def one(i: int) -> None:
+        results[i] = where(workers, sleep=0.6, affinity=None if i < 4 else "task-a", tag=str(i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results), [r.reason() for r in results]
+    by_gpu: dict[str, list[Any]] = {}
+    for r in results:
+        by_gpu.setdefault(r.value["cuda_visible_devices"], []).append(r.value)
+    assert sorted(by_gpu) == ["0", "1"]  # both GPUs worked
+    for runs in by_gpu.values():  # exclusive jobs never overlap on one GPU
+        runs.sort(key=lambda v: v["start"])
+        assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(runs)), runs
+    placed = {p.device for p in workers.scheduler.history if p.affinity == "task-a"}
+    assert len(placed) == 1 and {r.value["cuda_visible_devices"] for r in results[4:]} == {str(placed.pop())}
+
+
+def test_a_faulting_gpu_is_quarantined_and_its_jobs_retried_elsewhere(tmp_path: Path) -> None:
+    events: list[str] = []
+    workers = LocalWorkers(fake_gpus(2), workdir=tmp_path, on_event=events.append)
+    assert where(workers, affinity="a", die_on=("1",)).value["cuda_visible_devices"] == "0"
+    for _ in range(2):  # "b" is bound to GPU 1, whose processes are killed: retried on GPU 0
+        r = where(workers, affinity="b", die_on=("1",))
+        assert r.ok and r.value["cuda_visible_devices"] == "0"
+    assert list(workers.scheduler.quarantined()) == [1], workers.scheduler.describe()
+    assert any("fake1 quarantined" in e for e in events)
+    before = len(workers.scheduler.history)
+    assert where(workers, affinity="b", die_on=("1",)).value["cuda_visible_devices"] == "0"
+    assert [p.device for p in workers.scheduler.history[before:]] == [0]  # straight to the healthy GPU
+    # a job that dies everywhere is its own failure: reported, nobody else quarantined
+    r = where(workers, die_on=("0", "1"))
+    assert not r.ok and r.status == "crashed" and list(workers.scheduler.quarantined()) == [1]
+
+
+def test_a_job_failing_on_every_gpu_quarantines_none(tmp_path: Path) -> None:
+    workers = LocalWorkers(fake_gpus(2), workdir=tmp_path)
+    for _ in range(3):
+        assert not where(workers, die_on=("0", "1")).ok
+    assert workers.scheduler.quarantined() == {}
+    assert all(s["faults"] == 3 for s in workers.scheduler.describe())
+
+
+@pytest.mark.slow
+def test_optimizer_timing_jobs_stay_on_their_gpu_and_a_dead_gpu_is_retried(tmp_path: Path) -> None:
+    """The evaluator's gated measure job (the real worker, CPU wall clock) on fake GPUs: pinned, on the task's
+    GPU for every measurement, and moved off a GPU whose processes cannot start."""
+    from kstrata.agents.optimize.configs import baseline_params, render
+    from kstrata.agents.optimize.contract import output_layouts
+    from kstrata.agents.optimize.evaluation import Evaluator
+    from kstrata.agents.optimize.state import TaskInfo
+    from kstrata.agents.tasks import load_task
+
+    task_path = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
+    task = load_task(task_path)
+    info = TaskInfo(task_path, task.name, task_path.read_text(), task.spec)
+    eager = render(info, baseline_params("eager"), space="baseline", proposer="baseline:eager")
+    cand = tmp_path / f"{eager.key}.py"
+    cand.write_text(eager.source)
+    workers = LocalWorkers(fake_gpus(2, broken=(1,)), workdir=tmp_path / "work")
+    ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=120, workers=workers, gpu_jobs=True)
+    job = {"cmd": "measure", "task": str(task_path), "layouts": output_layouts(info.spec), "rounds": 2, "runs": 3,
+           "cpu_wall_clock": True, "candidates": {eager.key: str(cand)}}
+    first = ev.run_job(job, gated=True, affinity="relu")
+    second = ev.run_job(job, gated=True, affinity="relu")
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.data["_cuda_visible_devices"] == second.data["_cuda_visible_devices"] == "0"
+    assert len(first.data["candidates"][eager.key]["rounds_us"]) == 2
+    other = ev.run_job(job, gated=True, affinity="other-task")  # bound to GPU 1, which cannot start a process
+    assert other.ok and other.data["_cuda_visible_devices"] == "0"
+    hist = [(p.affinity, p.device, p.fault) for p in workers.scheduler.history]
+    assert hist == [("relu", 0, False), ("relu", 0, False), ("other-task", 1, True), ("other-task", 0, False)]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+@pytest.mark.slow
+def test_cli_workers_and_gpus_errors_are_one_line(tmp_path: Path) -> None:
+    task = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
+    # Ray absent: a `ray` module that cannot be imported, first on the path
+    fake = tmp_path / "noray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cases = [
+        (["--workers", "ray"], env, 'Ray is not installed; pip install "kstrata[ray]"'),
+        (["--workers", "slurm"], None, "choose local, ray or ray://HOST:PORT"),
+        (["--gpus", "0"], None, "--device cpu runs no GPU job"),
+    ]
+    for extra, e, want in cases:
+        p = _cli("optimize", str(task), "--out", str(tmp_path / "out"), "--device", "cpu", *extra, env=e)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and want in lines[0], (extra, p.stdout, p.stderr)
+        assert not (tmp_path / "out").exists()
+    b = _cli("bench", str(task.parent), "--out", str(tmp_path / "b"), "--gpus", "3", "--json")
+    lines = b.stderr.strip().splitlines()
+    assert b.returncode == 2 and len(lines) == 1 and "--gpus 3" in lines[0], b.stderr
+
+
+def test_engine_pool_gpu_jobs_go_through_the_scheduler(tmp_path: Path) -> None:
+    """The engine's WorkerPool: GPU jobs pinned per device, a GPU whose processes cannot start quarantined, its
+    jobs retried on the other; an explicit `gpu=` is honoured."""
+    from kstrata.agents.engine import WorkerPool
+
+    pool = WorkerPool(cpu_workers=1, gpus=fake_gpus(2, broken=(1,)))
+    try:
+        results = [pool.run(WHERE, {}, timeout=60, kind="gpu") for _ in range(4)]
+        assert all(r.ok for r in results), [r.reason() for r in results]
+        assert {r.value["cuda_visible_devices"] for r in results} == {"0"}
+        assert list(pool.scheduler.quarantined()) == [1]
+    finally:
+        pool.close()
+    healthy = WorkerPool(cpu_workers=1, gpus=fake_gpus(2))
+    try:
+        assert healthy.run(WHERE, {}, timeout=60, kind="gpu", gpu=1).value["cuda_visible_devices"] == "1"
+    finally:
+        healthy.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_each_real_gpu_worker_sees_exactly_its_device(tmp_path: Path) -> None:
+    workers = LocalWorkers(local_gpus("all"), workdir=tmp_path)
+    seen = []
+    for d in workers.gpus:
+        workers.scheduler.bind(f"gpu {d.index}", d.index)
+        out = child_result(workers.run(CALL, {"target": "kstrata.testsuite.jobs:cuda_device", "payload": {},
+                                              "timeout": 120}, kind="gpu", affinity=f"gpu {d.index}", exclusive=True))
+        assert out.ok, out.reason()
+        assert out.value["count"] == 1 and out.value["cuda_visible_devices"] == d.environ()["CUDA_VISIBLE_DEVICES"]
+        seen.append(out.value["uuid"])
+    assert len(set(seen)) == len(seen)  # a different physical GPU each
+
+
+RELU_TASK = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {k}
+def get_inputs():
+    return [torch.randn(32, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.slow
+def test_bench_spreads_tasks_over_gpus_and_retries_a_dead_gpus_tasks(tmp_path: Path) -> None:
+    """`bench --gpus`: each task a job of its own on fake GPUs (CPU work), one of which cannot start a process;
+    its tasks are retried on the other, and every row equals the plain sequential run's verdicts."""
+    from kstrata.agents import bench, roofline
+
+    ceilings = roofline.Ceilings(device="Test GPU", date="2026-12-01", copy_bytes_per_s=4.0e12,
+                                 matmul_flops_per_s={"float32": 50e12})
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for k in (1, 2, 3):
+        (suite / f"{k}_relu.py").write_text(RELU_TASK.format(k=k))
+    (suite / "4_broken.py").write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    workers = LocalWorkers(fake_gpus(2, broken=(1,)), workdir=tmp_path / "work")
+    spread = bench.run_bench(suite, ["eager"], tmp_path / "gpus", runs=3, device="cpu", ceilings=ceilings,
+                             on_progress=lambda m: None, workers=workers)
+    plain = bench.run_bench(suite, ["eager"], tmp_path / "plain", runs=3, device="cpu", ceilings=ceilings,
+                            on_progress=lambda m: None)
+
+    def verdicts(r: dict[str, Any]) -> dict[str, Any]:
+        return {t: {b: (v.get("ok"), v.get("correct")) for b, v in e["baselines"].items()} for t, e in r["tasks"].items()}
+
+    assert verdicts(spread) == verdicts(plain)
+    assert [verdicts(spread)[f"{k}_relu.py"]["eager"] for k in (1, 2, 3)] == [(True, True)] * 3
+    assert verdicts(spread)["4_broken.py"]["eager"][0] is False  # the task's own failure, on a healthy GPU
+    placed = workers.scheduler.history
+    assert {p.device for p in placed if not p.fault} == {0} and any(p.device == 1 and p.fault for p in placed)
+    assert spread["workers"]["gpus"][1]["faults"] >= 1
+
+
+class RecordingWorkers:
+    """Workers that record what the evaluator asks and answer like the measure worker would."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    @property
+    def gpus(self) -> list[GpuDevice]:
+        return fake_gpus(2)
+
+    def run(self, target: str, payload: dict[str, Any], *, kind: str = "cpu", affinity: str | None = None,
+            exclusive: bool = False) -> dict[str, Any]:
+        self.calls.append((target.rpartition(":")[2], kind, affinity))
+        if target.endswith("evaluate_job"):
+            return {"ok": True, "verdict": {"accepted": True, "reason": "fine", "failure": None}}
+        cands = {k: {"ok": True, "rounds_us": [2.0, 2.0], "median_us": 2.0, "spread": 0.0}
+                 for k in payload["candidates"]}
+        return {"ok": True, "data": {"ok": True, "candidates": cands}, "error": "", "seconds": 0.1}
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_evaluator_sends_a_tasks_timings_to_its_gpu_and_checks_anywhere(tmp_path: Path) -> None:
+    from kstrata.agents.optimize.evaluation import Evaluator
+
+    task = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
+    cand = tmp_path / "c.py"
+    cand.write_text(task.read_text())
+    rec = RecordingWorkers()
+    ev = Evaluator("cuda", "strict", tmp_path / "work", workers=rec)
+    assert ev.check(task, cand).ok
+    ev.measure(task, {"a": cand, "b": cand}, [], rounds=2)  # the judge's measurement
+    ev.measure(task, {"a": cand}, [], rounds=3)  # the guard's re-measurement
+    assert rec.calls == [("evaluate_job", "gpu", None), ("worker_job", "gpu", str(task)),
+                         ("worker_job", "gpu", str(task))]
+    cpu = RecordingWorkers()
+    assert Evaluator("cpu", "strict", tmp_path / "work", workers=cpu).check(task, cand).ok
+    assert cpu.calls == [("evaluate_job", "cpu", None)]
