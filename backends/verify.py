@@ -228,7 +228,20 @@ def _ptx_abi(original: KernelBundle, candidate: KernelBundle) -> str:
 
 
 def _amd_abi(original: KernelBundle, candidate: KernelBundle) -> str:
-    abi, other = amd_metadata_changes(binary(original.level("hsaco")), binary(candidate.level("hsaco")))
+    before, after = binary(original.level("hsaco")), binary(candidate.level("hsaco"))
+    abi, other = amd_metadata_changes(before, after)
+    if abi and candidate.num_warps != original.num_warps:
+        # As on NVIDIA: a pass may change the warp count on purpose (num-warps); the launcher takes the block
+        # size from the candidate's metadata, so the code object's max workgroup size must agree with it.
+        from .amd import code_object_metadata
+
+        kernel = code_object_metadata(after).kernel(candidate.name)
+        threads = (candidate.num_warps or 0) * kernel.wavefront_size
+        rest, _ = amd_metadata_changes(before, after, workgroup=False)
+        if not rest and kernel.max_flat_workgroup_size == threads:
+            return (f"kernarg layout and wave size unchanged; block size {original.num_warps} -> "
+                    f"{candidate.num_warps} warps, and the max workgroup size {threads} matches it"
+                    + (f"; {'; '.join(other)}" if other else ""))
     if abi:
         raise KstrataError("code object ABI changed: " + "; ".join(abi))
     return "kernarg layout and wave size unchanged" + (f"; {'; '.join(other)}" if other else "")

@@ -559,3 +559,21 @@ def test_ir_evidence_does_not_cover_an_assembly_edit_below_it(entry: Path, tmp_p
     alone = run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle
     r2 = verify(original, alone, record, device="cpu", seeds=1, edited=["ttir"])
     assert r2.truth_level == "ttir" and r2.verdict is Verdict.EQUIVALENT, r2.to_json()
+
+
+def test_amd_num_warps_changes_the_workgroup_size_on_purpose() -> None:
+    # as the PTX launch bounds: a code object's max workgroup size may follow a changed warp count (num-warps),
+    # and only when it equals the candidate's warps x wave size
+    import dataclasses
+
+    from kstrata.backends.verify import verify_static
+    from kstrata.testsuite.kernels.build import bundle_for
+
+    hip = bundle_for(get_kernel("softmax_online"), Target.parse("hip:gfx942"))
+    new = run_pipeline(hip, parse_pipeline("ttgir(num-warps{n=8})")).bundle
+    report = verify_static(hip, new)
+    abi = next(c for c in report.checks if c.name == "abi")
+    assert abi.verdict == "pass" and "4 -> 8 warps, and the max workgroup size 512 matches it" in abi.detail
+    lying = dataclasses.replace(new, metadata={**new.metadata, "num_warps": 2})  # 128 threads, but the code says 512
+    abi = next(c for c in verify_static(hip, lying).checks if c.name == "abi")
+    assert abi.verdict == "fail" and "max workgroup size 256 → 512" in abi.detail
