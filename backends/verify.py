@@ -103,11 +103,19 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     #: `--static-only`: static evidence is accepted explicitly (the verdict stays `unproven`).
     static_only: bool = False
+    #: The candidate's truth: the lowest level it edits (a pipeline `ttgir(a),ptx(b)` edits the PTX after
+    #: the TTGIR, so its binary is not the TTGIR's), or its highest changed level; None when unknown.
+    truth_level: str | None = None
 
     def evidence(self) -> list[str]:
-        """The dynamic check groups that are complete evidence (every check passed or does not apply)."""
+        """The dynamic check groups that are complete evidence (every check passed or does not apply).
+        The interpreter and the symbolic checker read TTIR/TTGIR: they are evidence for a candidate whose
+        truth is at one of those levels, not for one that also edits LLVM IR or assembly below them."""
         groups = []
+        ir_only = self.truth_level is not None and self.truth_level not in ("ttir", "ttgir")
         for group, prefixes in _EVIDENCE_GROUPS.items():
+            if ir_only and group in ("interpreter", "symbolic"):
+                continue
             members = [c for c in self.checks if c.name.startswith(prefixes)]
             if members and all(c.verdict in ("pass", "n/a") for c in members) and \
                     any(c.verdict == "pass" for c in members):
@@ -122,6 +130,10 @@ class VerifyReport:
                    if c.verdict == "skipped" and not c.dynamic]
         if not self.evidence():
             skipped = [f"{c.level} {c.name}: {c.detail}" for c in self.checks if c.dynamic and c.verdict == "skipped"]
+            ir_passed = any(c.verdict == "pass" and c.name.startswith(("interpreter", "symbolic")) for c in self.checks)
+            if ir_passed and self.truth_level not in (None, "ttir", "ttgir"):
+                reasons.append(f"the interpreter's or symbolic checker's TTIR/TTGIR evidence does not cover the "
+                               f"candidate's own {self.truth_level} edit (a GPU differential run does)")
             reasons.append("no dynamic evidence" + (f" ({'; '.join(skipped)})" if skipped else
                                                     " (no dynamic check ran)"))
         return reasons
@@ -153,6 +165,7 @@ class VerifyReport:
         return {"kernel": self.kernel, "target": self.target, "verdict": self.verdict.value, "ok": self.ok,
                 "accepted": self.accepted, "static_only": self.static_only,
                 "differing_levels": self.differing_levels, "rebuilt_levels": self.rebuilt_levels,
+                "truth_level": self.truth_level,
                 "evidence": self.evidence(), "unproven_reasons": self.unproven_reasons(),
                 "launch_source": self.launch_source, "notes": self.notes,
                 "checks": [c.__dict__ for c in self.checks]}
@@ -222,7 +235,20 @@ def _ptx_abi(original: KernelBundle, candidate: KernelBundle) -> str:
 
 
 def _amd_abi(original: KernelBundle, candidate: KernelBundle) -> str:
-    abi, other = amd_metadata_changes(binary(original.level("hsaco")), binary(candidate.level("hsaco")))
+    before, after = binary(original.level("hsaco")), binary(candidate.level("hsaco"))
+    abi, other = amd_metadata_changes(before, after)
+    if abi and candidate.num_warps != original.num_warps:
+        # As on NVIDIA: a pass may change the warp count on purpose (num-warps); the launcher takes the block
+        # size from the candidate's metadata, so the code object's max workgroup size must agree with it.
+        from .amd import code_object_metadata
+
+        kernel = code_object_metadata(after).kernel(candidate.name)
+        threads = (candidate.num_warps or 0) * kernel.wavefront_size
+        rest, _ = amd_metadata_changes(before, after, workgroup=False)
+        if not rest and kernel.max_flat_workgroup_size == threads:
+            return (f"kernarg layout and wave size unchanged; block size {original.num_warps} -> "
+                    f"{candidate.num_warps} warps, and the max workgroup size {threads} matches it"
+                    + (f"; {'; '.join(other)}" if other else ""))
     if abi:
         raise KstrataError("code object ABI changed: " + "; ".join(abi))
     return "kernarg layout and wave size unchanged" + (f"; {'; '.join(other)}" if other else "")
@@ -729,6 +755,7 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
     report = verify_static(original, candidate)
     validate_original(original, report.differing_levels)
     report.rebuilt_levels = derived.rebuilt
+    report.truth_level = derived.top
     if derived.rebuilt:
         report.checks.insert(0, Check("lower levels", derived.top or "", "pass", derived.describe()))
     if tol is not None and not tol.exact:

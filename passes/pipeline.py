@@ -138,8 +138,8 @@ def parse_pipeline(spec: str) -> Pipeline:
             except PassError as exc:
                 raise PipelineSyntaxError(spec, pat, exc.message, caret=False) from None
             if level != cls.level and level not in cls.also_at:
-                at = " and ".join((cls.level, *cls.also_at))
-                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {at}, not {level}")
+                where = " and ".join((cls.level, *cls.also_at))
+                raise PipelineSyntaxError(spec, pat, f"pass {pname} works at {where}, not {level}")
             passes.append(instance)
             skip_ws()
             if pos < len(spec) and spec[pos] == ",":

@@ -26,6 +26,7 @@ from kstrata.tools.cli_llm import llm_app
 from kstrata.tools.cli_optimize import optimize_app
 from kstrata.tools.cli_skills import skills_app
 from kstrata.tools.cli_task import task_app
+from kstrata.tools.cli_tuned import tuned_app
 from kstrata.tools.console import emit_json, err, error_line, fail, out
 
 app = typer.Typer(help="Make GPU kernels faster at every level of Triton's lowering, and prove it.",
@@ -46,6 +47,7 @@ app.add_typer(optimize_app, name="optimize")
 app.add_typer(ir_app, name="ir")
 app.add_typer(skills_app, name="skills")
 app.add_typer(llm_app, name="llm")
+app.add_typer(tuned_app, name="tuned")
 passes_app = typer.Typer(help="The pass catalogue.", no_args_is_help=True)
 app.add_typer(passes_app, name="passes")
 
@@ -512,7 +514,7 @@ def passes_space(
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         _fail(f"unknown pass {unknown[0]!r}; known passes: {', '.join(names)}", 2)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in only or names:
         cls = get_pass(name)
         space = cls.schedule_space(bundle)

@@ -52,7 +52,10 @@ def _workers_spec(workers: str, strategy_workers: int) -> tuple[str, int]:
 
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
-    target: Annotated[Path, typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory of them.")],
+    targets: Annotated[list[str], typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory "
+                                                      "of them; or a Triton cache directory (with --launches); or, "
+                                                      "after --, a command of two or more words to record and "
+                                                      "optimize (-- python prog.py).", metavar="TARGET | -- CMD ...")],
     out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
     budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
     minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
@@ -91,8 +94,36 @@ def optimize_cmd(
     llm_turns: Annotated[int | None, typer.Option("--llm-turns", help="Refinement turns per conversation.")] = None,
     learn_skills: Annotated[Path | None, typer.Option("--learn-skills", help="Skill library to add timed wins to "
                                                       "(only after they reproduce on other seeds).")] = None,
+    launches: Annotated[Path | None, typer.Option("--launches", help="Triton cache only: the launch records of the "
+                                                  "program (kstrata record --out DIR).")] = None,
+    exact: Annotated[bool, typer.Option("--exact", help="Triton cache only: bit-exact edits only (no pass that "
+                                                        "declares a tolerance).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Triton cache only: the search's random seed.")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", help="Triton cache only: parallel build/check processes.")] = 1,
+    engine_cache: Annotated[Path | None, typer.Option("--engine-cache", help="Triton cache only: the candidate "
+                                                      "engine's cache (default ~/.cache/kstrata/engine).")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Triton cache only: only these kernels.")] = None,
+    max_edits: Annotated[int, typer.Option("--max-edits", help="Triton cache only: edits per candidate.")] = 3,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
+    from kstrata.agents.compiled.program import is_triton_cache
+
+    compiled: dict[str, Any] = dict(budget=budget, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
+                    jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
+                    as_json=as_json)
+    if len(targets) > 1:  # `-- CMD ...`: record the program's kernels into its own cache, then optimize them
+        from kstrata.tools.cli_compiled import record_and_optimize
+
+        record_and_optimize(targets, out_dir, **compiled)
+        return
+    target = Path(targets[0])
+    if is_triton_cache(target):  # compiled kernels: the hot-window search (kstrata.agents.compiled)
+        from kstrata.tools.cli_compiled import run_compiled
+
+        run_compiled(target, out_dir, launches, **compiled)
+        return
+    if launches is not None:
+        raise KstrataError(f"--launches goes with a Triton cache directory; {target} is not one")
     from kstrata.agents.optimize.candidate import POLICIES
     from kstrata.agents.optimize.search import BASELINES, Options, optimize
 

@@ -80,10 +80,27 @@ class LaunchRecorder:
         self.numbers: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.pending: dict[int, _PendingLaunch] = {}
+        #: every launch per (kernel, Triton cache key), recorded or not: the optimizer's time shares
+        self.launches: Counter[tuple[str, str]] = Counter()
+
+    def write_counts(self) -> None:
+        """`.kstrata/launch-counts.json` (a subdirectory: the records are every `*.json` of the directory): how
+        often the program launched each binary (written at exit)."""
+        from kstrata.ir.triton_layout import base32_key
+
+        with self.lock:
+            rows = [{"kernel": n, "cache_key": base32_key(b) if b else "", "launches": c}
+                    for (n, b), c in sorted(self.launches.items())]
+        path = self.out_dir / ".kstrata" / "launch-counts.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        tmp.write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": rows}, indent=1) + "\n")
+        tmp.replace(path)
 
     def _take(self, name: str, binary: str = "") -> int | None:
         """The record number for the next launch of `name` (per binary `binary`), or None when enough were taken."""
         with self.lock:
+            self.launches[name, binary] += 1
             if self.counts[name, binary] >= self.max_per_kernel:
                 return None
             self.counts[name, binary] += 1
@@ -226,6 +243,9 @@ class LaunchRecorder:
         if any(t.is_cuda for t in before.values()):
             torch.cuda.synchronize()
         records: list[TensorArg | ScalarArg] = []
+        #: where each tensor's storage lay (address, bytes): lets the optimizer prove that no written buffer
+        #: overlaps another argument on the recorded launches (noalias-args, ld-nc)
+        storage: dict[str, list[int]] = {}
         for pname, value in launch.bound.items():
             if pname in launch.constexpr:
                 continue
@@ -240,6 +260,7 @@ class LaunchRecorder:
                     array = data.view(torch.uint8).numpy() if data.dtype in (torch.bfloat16,) or \
                         (data.dtype.itemsize == 1 and data.dtype.is_floating_point) else data.numpy()
                     np.save(self.out_dir / snapshot, array)
+                storage[pname] = [int(value.untyped_storage().data_ptr()), int(value.untyped_storage().nbytes())]
                 records.append(TensorArg(pname, str(value.dtype).removeprefix("torch."), tuple(value.shape),
                                          tuple(value.stride()), int(value.storage_offset()),
                                          value.untyped_storage().nbytes() // max(value.element_size(), 1), written,
@@ -253,7 +274,9 @@ class LaunchRecorder:
                 continue
             else:
                 raise TypeError(f"argument {pname} of type {type(value).__name__} cannot be recorded")
-        record = LaunchRecord(name, launch.target, launch.grid, tuple(records), **launch.meta)
+        meta = dict(launch.meta)
+        meta["extra"] = {**meta.get("extra", {}), "storage": storage}
+        record = LaunchRecord(name, launch.target, launch.grid, tuple(records), **meta)
         record.save(self.out_dir / f"{name}-{number}.json")
 
 
@@ -284,6 +307,9 @@ def install_from_env() -> None:
         return
     Path(out).mkdir(parents=True, exist_ok=True)
     recorder = LaunchRecorder(Path(out), int(os.environ.get(ENV_MAX, "1")), os.environ.get(ENV_SNAPSHOTS) == "1")
+    import atexit
+
+    atexit.register(recorder.write_counts)
     if "triton" in sys.modules:
         recorder.install()
     else:

@@ -23,6 +23,11 @@ Options (`options={...}` or environment variables):
 - `cache_dir` / `KSTRATA_CACHE_DIR`: where rewritten kernels are cached (default `~/.cache/kstrata/triton`).
 - `report` / `KSTRATA_REPORT`: a JSON-lines file, one line per kernel (rewritten or not, and why).
 - `only_inductor` / `KSTRATA_ONLY_INDUCTOR`: rewrite only Inductor's kernels (`triton_*`), default true.
+- `tuned` / `KSTRATA_TUNED`: a tuned database (`kstrata optimize CACHE --out OUT` writes `OUT/tuned`;
+  `kstrata tuned list`). A kernel whose content digest (location-free TTIR and lowering options), target
+  and tool versions match a record gets the tuned variant's levels and binary (and its launch metadata);
+  every other kernel is left exactly as Inductor made it: with `tuned` the pipeline is off unless
+  `pipeline` is given too. The report says, per kernel, `tuned` (with the edit) or why none applied.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -46,7 +52,7 @@ log = logging.getLogger("kstrata.torch_backend")
 
 DEFAULT_PIPELINE = "llir(noalias-args{assume=true}),ptx(cache-hints)"
 _OPTION_ENV = {"pipeline": "KSTRATA_PIPELINE", "verify": "KSTRATA_VERIFY", "cache_dir": "KSTRATA_CACHE_DIR",
-               "report": "KSTRATA_REPORT", "only_inductor": "KSTRATA_ONLY_INDUCTOR"}
+               "report": "KSTRATA_REPORT", "only_inductor": "KSTRATA_ONLY_INDUCTOR", "tuned": "KSTRATA_TUNED"}
 
 
 class BackendOptionError(KstrataError):
@@ -60,6 +66,7 @@ class BackendConfig:
     cache_dir: str = str(Path.home() / ".cache" / "kstrata" / "triton")
     report: str | None = None
     only_inductor: bool = True
+    tuned: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendConfig:
@@ -76,12 +83,19 @@ class BackendConfig:
                 values[key] = given[key]
             elif os.environ.get(env):
                 values[key] = os.environ[env]
+        if values.get("tuned") and "pipeline" not in values:
+            values["pipeline"] = ""  # tuned variants only: every other kernel stays as Inductor made it
         if "only_inductor" in values and isinstance(values["only_inductor"], str):
             values["only_inductor"] = values["only_inductor"].lower() in ("1", "true", "yes")
         config = cls(**values)
         if config.verify not in ("static", "none"):
             raise BackendOptionError(f"verify must be 'static' or 'none', not {config.verify!r}")
-        parse_pipeline(config.pipeline)  # a bad pipeline is an error now, with its column
+        if config.pipeline:
+            parse_pipeline(config.pipeline)  # a bad pipeline is an error now, with its column
+        if config.tuned:
+            from kstrata.agents.tuned import TunedDB
+
+            TunedDB(config.tuned).check()  # not a tuned database: an error now, naming it
         return config
 
     def cache_key(self) -> str:
@@ -91,8 +105,13 @@ class BackendConfig:
 
         from kstrata.agents.engine import tool_versions
 
+        tuned = None
+        if self.tuned:  # which variants can be applied is part of what the cached kernels are
+            from kstrata.agents.tuned import TunedDB
+
+            tuned = sorted(r.tuned_binary for _, r in TunedDB(self.tuned).index().values())
         key = json.dumps({"pipeline": self.pipeline, "verify": self.verify, "torch": torch.__version__,
-                          "versions": dict(tool_versions())}, sort_keys=True)
+                          "versions": dict(tool_versions()), "tuned": tuned}, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
@@ -100,7 +119,7 @@ class BackendConfig:
 class KernelRecord:
     name: str
     target: str
-    status: str  # "rewritten", "unchanged", "fallback"
+    status: str  # "rewritten", "unchanged", "fallback", "tuned"
     passes: list[str] = field(default_factory=list)
     reason: str = ""
 
@@ -109,10 +128,12 @@ class _Session:
     """The installed hook and what it did, shared by every model compiled with the same config."""
 
     def __init__(self, config: BackendConfig) -> None:
+        from kstrata.agents.tuned import TunedLookup
         from kstrata.passes.pipeline import parse_pipeline
 
         self.config = config
-        self.pipeline = parse_pipeline(config.pipeline)
+        self.pipeline = parse_pipeline(config.pipeline) if config.pipeline else None
+        self.tuned = TunedLookup(config.tuned) if config.tuned else None
         self.records: list[KernelRecord] = []
         self.lock = threading.Lock()
 
@@ -133,8 +154,9 @@ class _Session:
         from kstrata.ir.target import Target
 
         target = Target.from_triton(backend.target)
-        state: dict[str, Any] = {"levels": {}, "name": None, "skip": None, "changed": [], "failed": None}
-        levels_with_passes = {s.level for s in self.pipeline.stages if s.passes}
+        state: dict[str, Any] = {"levels": {}, "name": None, "skip": None, "changed": [], "failed": None,
+                                 "tuned": None, "tuned_why": None}
+        levels_with_passes = {s.level for s in self.pipeline.stages if s.passes} if self.pipeline else set()
         for level in list(stages):
             original = stages[level]
             stages[level] = self._wrap(level, original, target, state, levels_with_passes, backend, options, capability)
@@ -147,17 +169,23 @@ class _Session:
                                          capability)
             else:
                 out = original(src, metadata)
+            if state["name"] is None and not isinstance(out, bytes) and self.tuned is not None:
+                m = re.search(r"tt\.func public @([\w$]+)", str(out))
+                state["tuned"], state["tuned_why"] = self.tuned.match(m.group(1) if m else "?", str(target), str(out),
+                                                                      metadata)
+            if state["tuned"] is not None:  # the tuned variant's level replaces Triton's, every level
+                out = self._tuned_level(state["tuned"], level, out, metadata)
             if isinstance(out, bytes):
                 self._finish(state, target)
                 return out
             text = str(out)
             if state["name"] is None:
-                import re
-
                 m = re.search(r"tt\.func public @([\w$]+)", text)
                 name = m.group(1) if m else "?"
                 state["name"] = name
-                if self.config.only_inductor and not name.startswith("triton_"):
+                if state["tuned"] is not None:
+                    state["skip"] = "tuned"
+                elif self.config.only_inductor and not name.startswith("triton_"):
                     state["skip"] = "not an Inductor kernel"
             state["levels"][level] = text
             if state["skip"] or state["failed"] or level not in levels_with_passes:
@@ -166,11 +194,24 @@ class _Session:
 
         return stage
 
+    @staticmethod
+    def _tuned_level(variant: Any, level: str, out: Any, metadata: dict[str, Any]) -> Any:
+        """The tuned variant's `level` in the form Triton's next stage takes (a module, text, bytes)."""
+        data = variant.level(level)
+        if data is None:
+            return out
+        if isinstance(out, bytes):
+            metadata.update(variant.record.metadata_changes)  # num_warps, shared, ptx options, … of the variant
+            return data
+        text = data.decode()
+        return _parse_mlir(text, level, out) if level in ("ttir", "ttgir") else text
+
     def _rewrite(self, level: str, out: Any, text: str, target: Any, state: dict[str, Any],
                  metadata: dict[str, Any]) -> Any:
         from kstrata.ir.bundle import KernelBundle
         from kstrata.passes.pipeline import run_stage
 
+        assert self.pipeline is not None  # only levels the pipeline has passes for come here
         stage_spec = next(s for s in self.pipeline.stages if s.level == level)
         bundle = KernelBundle(state["name"], target, dict(state["levels"]), dict(metadata))
         try:
@@ -189,6 +230,15 @@ class _Session:
         return new
 
     def _finish(self, state: dict[str, Any], target: Any) -> None:
+        if state["tuned"] is not None:
+            r = state["tuned"].record
+            self.record(KernelRecord(r.kernel, str(target), "tuned", [r.edit], f"tuned variant {r.slug}: "
+                                     f"{r.speedup:.3f}x measured on {r.device} ({r.measured_at})"))
+            return
+        if self.tuned is not None and state["tuned_why"] and state["skip"] != "not an Inductor kernel" \
+                and not state["changed"]:
+            self.record(KernelRecord(state["name"] or "?", str(target), "unchanged", [], state["tuned_why"]))
+            return
         if state["skip"]:
             return
         if state["failed"]:

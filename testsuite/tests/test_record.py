@@ -102,7 +102,13 @@ def test_compiled_launch_hook_records_cache_and_override_keys(tmp_path: Path, mo
     assert [a.name for a in rec.args] == ["in_ptr0", "out_ptr0", "xnumel"]  # the constexpr is left out
     assert [getattr(a, "written", None) for a in rec.args[:2]] == [False, True]
     assert rec.args[2] == ScalarArg("xnumel", "i64", 300)  # the compiled signature's type, not Python's guess
-    assert rec.extra == {"TRITON_PTXAS_PATH": "/opt/torch/bin/ptxas"}
+    assert rec.extra["TRITON_PTXAS_PATH"] == "/opt/torch/bin/ptxas"
+    # where each buffer lay, so the optimizer can show that no written buffer overlaps another argument
+    assert rec.extra["storage"] == {"in_ptr0": [x.untyped_storage().data_ptr(), 1200],
+                                    "out_ptr0": [y.untyped_storage().data_ptr(), 1200]}
+    recorder.write_counts()  # every launch is counted, recorded or not: the optimizer's time shares
+    counts = json.loads((tmp_path / ".kstrata" / "launch-counts.json").read_text())["kernels"]
+    assert counts == [{"kernel": kernel.name, "cache_key": base32_key("cd" * 32), "launches": 2}]
     # another binary of the same kernel name (an autotuning config) is recorded too, numbered on
     other = SimpleNamespace(name=kernel.name, src=src, metadata=kernel.metadata._replace(hash="ef" * 32, num_warps=8))
     recorder._after_launch(launch_metadata(other, (3,), 0, x, y, 300, 64))
@@ -170,3 +176,5 @@ def test_record_does_not_change_an_interpreted_program(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 passed, 0 failed" in proc.stdout
     assert sorted(p.name for p in out.glob("*.json")) == ["layernorm_fwd_kernel-1.json", "vector_add_kernel-1.json"]
+    counts = json.loads((out / ".kstrata" / "launch-counts.json").read_text())["kernels"]  # written at exit
+    assert {(c["kernel"], c["launches"]) for c in counts} == {("layernorm_fwd_kernel", 1), ("vector_add_kernel", 1)}

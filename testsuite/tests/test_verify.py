@@ -580,3 +580,45 @@ def test_verify_goes_through_the_engine_cache(entry: Path, tmp_path: Path) -> No
     kept = _cli(*cpu)
     assert kept.returncode == 0 and "verdict from the engine cache" in kept.stderr
     assert "verdict: equivalent" in kept.stdout and "skipped cubin  differential" in kept.stdout
+
+
+def test_ir_evidence_does_not_cover_an_assembly_edit_below_it(entry: Path, tmp_path: Path) -> None:
+    """A pipeline `ttir(a),ptx(b)` edits the PTX after the TTIR: its binary is not the TTIR's, so the
+    interpreter's TTIR evidence is not evidence for it (the PTX edit is checked only by a GPU run)."""
+    from kstrata.backends.verify import pipeline_levels, verify
+    from kstrata.ir.launch import LaunchRecord
+    from kstrata.ir.triton_layout import load_any
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    original = load_any(entry)[0][0]
+    record = LaunchRecord.load(suite_launch_record(get_kernel("softmax_online"), "cuda:90").save(tmp_path / "l.json"))
+    spec = "ttir(load-eviction),ptx(cache-hints)"
+    assert pipeline_levels(spec) == ["ttir", "ptx"]
+    new = run_pipeline(original, parse_pipeline(spec)).bundle
+    report = verify(original, new, record, device="cpu", seeds=1, edited=pipeline_levels(spec))  # as the CLI does
+    assert report.truth_level == "ptx", report.to_json()
+    assert any(c.name.startswith("interpreter") and c.verdict == "pass" for c in report.checks), report.checks
+    assert report.verdict is Verdict.UNPROVEN, report.to_json()
+    assert any("does not cover the candidate's own ptx edit" in r for r in report.unproven_reasons())
+    # the same TTIR edit alone: the interpreter's evidence is complete
+    alone = run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle
+    r2 = verify(original, alone, record, device="cpu", seeds=1, edited=["ttir"])
+    assert r2.truth_level == "ttir" and r2.verdict is Verdict.EQUIVALENT, r2.to_json()
+
+
+def test_amd_num_warps_changes_the_workgroup_size_on_purpose() -> None:
+    # as the PTX launch bounds: a code object's max workgroup size may follow a changed warp count (num-warps),
+    # and only when it equals the candidate's warps x wave size
+    import dataclasses
+
+    from kstrata.backends.verify import verify_static
+    from kstrata.testsuite.kernels.build import bundle_for
+
+    hip = bundle_for(get_kernel("softmax_online"), Target.parse("hip:gfx942"))
+    new = run_pipeline(hip, parse_pipeline("ttgir(num-warps{n=8})")).bundle
+    report = verify_static(hip, new)
+    abi = next(c for c in report.checks if c.name == "abi")
+    assert abi.verdict == "pass" and "4 -> 8 warps, and the max workgroup size 512 matches it" in abi.detail
+    lying = dataclasses.replace(new, metadata={**new.metadata, "num_warps": 2})  # 128 threads, but the code says 512
+    abi = next(c for c in verify_static(hip, lying).checks if c.name == "abi")
+    assert abi.verdict == "fail" and "max workgroup size 256 → 512" in abi.detail

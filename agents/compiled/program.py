@@ -1,0 +1,155 @@
+"""The program being optimized: the kernels of a Triton cache, matched to the launch records of a
+recorded run (`kstrata record`), with each kernel's share of the program's GPU time.
+
+Shares come from, in this order:
+- **measured**: each recorded kernel's original binary timed on its own launch record (on an NVIDIA GPU),
+  times how often the program launched it (`.kstrata/launch-counts.json`, which `kstrata record` writes; one
+  launch per record when a recording has none);
+- **equal**: when nothing can be timed here (no GPU, AMD kernels), every recorded kernel gets the same
+  share, and the report says so: the order is then the cache's, not the program's.
+A kernel of the cache that the recorded program never launched is skipped with that reason; with no
+launch records at all every kernel is kept, with equal shares. A kernel under `MIN_SHARE` is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.ir.errors import KstrataError
+
+#: Kernels with less of the program's GPU time than this are not optimized (the issue: under 1%).
+MIN_SHARE = 0.01
+#: Written by `kstrata record` under the records' directory: launches per (kernel name, Triton cache key).
+COUNTS_FILE = ".kstrata/launch-counts.json"
+
+
+@dataclass
+class ProgramKernel:
+    """One kernel of the cache and what the program did with it."""
+
+    entry: str
+    key: str
+    name: str
+    target: str
+    record: str | None = None
+    override_key: str | None = None
+    launches: int | None = None
+    #: The original's time per launch on its record (us), when measured.
+    time_us: float | None = None
+    share: float | None = None
+    skip: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Program:
+    cache_dir: str
+    launches_dir: str | None
+    kernels: list[ProgramKernel]
+    #: "measured" or "equal", and the reason when equal.
+    share_source: str = "equal"
+    share_note: str = ""
+    unreadable_records: list[str] = field(default_factory=list)
+    is_cache: bool = True
+
+    def ranked(self) -> list[ProgramKernel]:
+        """Kernels to optimize, largest share first (ties keep the cache's order)."""
+        kept = [k for k in self.kernels if k.skip is None]
+        return sorted(kept, key=lambda k: -(k.share or 0.0))
+
+
+def is_triton_cache(path: Path) -> bool:
+    """Whether `path` is a Triton cache root (entries with a group file and stage files)."""
+    from kstrata.ir.triton_layout import iter_cache_entries
+
+    return path.is_dir() and next(iter_cache_entries(path), None) is not None
+
+
+def read_launch_counts(launches: Path) -> dict[tuple[str, str], int]:
+    """(kernel name, base32 cache key) -> launches, from `launch-counts.json`; empty when there is none."""
+    path = launches / COUNTS_FILE
+    if not path.is_file():
+        return {}
+    from kstrata.ir.files import read_json
+
+    data = read_json(path)
+    counts: dict[tuple[str, str], int] = {}
+    rows = data.get("kernels") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise KstrataError("not a kstrata launch-counts file (no 'kernels' list)", path=path)
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("launches"), int):
+            counts[(str(row.get("kernel")), str(row.get("cache_key")))] = int(row["launches"])
+    return counts
+
+
+def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple[str, ...] = ()) -> Program:
+    """The kernels of `cache_dir` matched to the records under `launches` (shares still unset)."""
+    from kstrata.agents.run_passes import entry_kernel_name, load_launch_records, match_record, select_entries
+    from kstrata.ir.launch import LaunchRecord
+    from kstrata.ir.target import Target
+    from kstrata.ir.triton_layout import iter_cache_entries, read_index
+
+    src = Path(cache_dir).expanduser()
+    if not src.is_dir():
+        raise KstrataError("no such cache directory", path=src)
+    entries = [str(e) for e in iter_cache_entries(src)]
+    if not entries:
+        raise KstrataError("no Triton cache entries here (a cache root holds <key>/__grp__*.json)", path=src)
+    if only:
+        entries = select_entries(entries, only, src)
+    index, unreadable = load_launch_records(launches) if launches is not None else ({}, [])
+    counts = read_launch_counts(Path(launches)) if launches is not None else {}
+    kstrata_index = read_index(src)
+    kernels = []
+    for entry in entries:
+        name = entry_kernel_name(Path(entry))
+        meta_path = Path(entry) / f"{name}.json"
+        target = "?"
+        try:
+            meta = json.loads(meta_path.read_text())
+            t = meta.get("target", {})
+            target = str(Target.parse(f"{t['backend']}:{t['arch']}"))
+        except (OSError, ValueError, KeyError, TypeError, KstrataError):
+            pass
+        record = match_record(entry, index)
+        known = kstrata_index.get(Path(entry).name)
+        override = str(known["override_key"]) if isinstance(known, dict) and known.get("override_key") else None
+        if record and not override:
+            override = LaunchRecord.load(record).override_key
+        k = ProgramKernel(entry, Path(entry).name, name, target, record, override)
+        if launches is not None and record is None:
+            k.skip = "not launched by the recorded program (no launch record matches this cache entry)"
+        else:
+            k.launches = counts.get((name, Path(entry).name)) or (1 if record else None)
+        kernels.append(k)
+    return Program(str(src), str(launches) if launches is not None else None, kernels,
+                   unreadable_records=unreadable)
+
+
+def assign_shares(program: Program, times_us: dict[str, float] | None, why_equal: str) -> None:
+    """Shares from measured times (entry -> us per launch) where every kept kernel has one; otherwise
+    equal shares, with `why_equal` said. Kernels under `MIN_SHARE` are skipped with their share."""
+    kept = [k for k in program.kernels if k.skip is None]
+    if not kept:
+        return
+    if times_us and all(k.entry in times_us for k in kept):
+        total = sum(times_us[k.entry] * (k.launches or 1) for k in kept)
+        for k in kept:
+            k.time_us = times_us[k.entry]
+            k.share = times_us[k.entry] * (k.launches or 1) / total if total > 0 else 1.0 / len(kept)
+        program.share_source, program.share_note = "measured", (
+            "time per launch measured on each kernel's launch record, times its launch count")
+    else:
+        for k in kept:
+            k.share = 1.0 / len(kept)
+        program.share_source, program.share_note = "equal", why_equal
+    if program.share_source == "measured":
+        for k in kept:
+            if (k.share or 0.0) < MIN_SHARE:
+                k.skip = f"{k.share:.2%} of the program's GPU time, under {MIN_SHARE:.0%}: not worth a search"

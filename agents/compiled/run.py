@@ -1,0 +1,380 @@
+"""`kstrata optimize CACHE_DIR --launches RECORDS`: optimize the kernels of a Triton cache that a recorded
+program launched, largest share of its GPU time first, until the time budget.
+
+Per kernel: its spaces (`spaces.py`), the search (`search.py`), and then
+
+- on an NVIDIA GPU, a **winner** (measured, guarded) is written as a Triton override entry
+  (`OUT/<target>/<override key>/`, with `kstrata-candidate.json`) when the override key is known, and into
+  `OUT/patched-cache/` (the cache's copy, same keys, `TRITON_CACHE_DIR=OUT/patched-cache`) when it is not,
+  and added to the tuned database `OUT/tuned/` (`agents/tuned.py`) that the torch.compile backend deploys;
+- for AMD kernels (no AMD GPU here) the best `write_top` surrogate-ranked candidates that passed the gate
+  and the hazard check are written under `OUT/unmeasured/<target>/<kernel>-<key>/<rank>/` (a cache entry
+  each, with `kstrata-candidate.json` and `surrogate.json`), marked `unmeasured` with the reason; they are
+  never put in the tuned database or an override directory: their differential checks and timing run when
+  an AMD GPU is present (`--device cuda` does not apply to them; see the README);
+- on the CPU for NVIDIA kernels the candidates are gated but not timed, and are listed `unmeasured`.
+
+Always: `OUT/optimize-compiled.json` and `.md` (the report), `OUT/trajectory.jsonl` (every trial). The input
+cache is only read (its bytes are unchanged afterwards).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.agents.engine import Engine, measurement_unavailable, tool_env
+from kstrata.ir.errors import KstrataError
+
+from .program import Program, ProgramKernel, assign_shares, load_program
+from .search import KernelSearch, SearchConfig, search_kernel
+from .spaces import kernel_spaces
+
+REPORT_SCHEMA = "kstrata.optimize-compiled/1"
+SPACES = ("options", "ttir", "ttgir", "llir", "ptx", "amdgcn")
+#: Kernels (the largest shares) whose hot window Nsight Compute samples on a GPU.
+NCU_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class CompiledOptions:
+    budget: int = 24
+    minutes: float = 20.0
+    #: "cuda", "cpu", or "" (cuda when an NVIDIA GPU is visible).
+    device: str = ""
+    exact: bool = False
+    spaces: tuple[str, ...] | None = None
+    seed: int = 0
+    jobs: int = 1
+    engine_cache: str | None = None
+    only: tuple[str, ...] = ()
+    max_edits: int = 3
+    write_top: int = 3
+    timeout_s: float = 900.0
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class CompiledReport:
+    cache_dir: str
+    launches: str | None
+    out: str
+    device: str
+    timed: bool
+    share_source: str
+    share_note: str
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": REPORT_SCHEMA, **self.__dict__}
+
+    def to_markdown(self) -> str:
+        lines = [f"# kstrata optimize: {self.cache_dir}", "",
+                 f"- launches: {self.launches or 'none given'}; device: {self.device}; "
+                 f"{'timed on the GPU' if self.timed else 'nothing timed here'}",
+                 f"- shares: {self.share_source} ({self.share_note})",
+                 f"- engine: {self.engine}", f"- {self.seconds:.1f} s", ""]
+        lines += [f"- note: {n}" for n in self.notes]
+        lines += ["", "| kernel | target | share | mode | trials | equivalent / unproven / different / failed | result |",
+                  "|---|---|---|---|---|---|---|"]
+        for k in self.kernels:
+            if k.get("skip"):
+                lines.append(f"| {k['name']} | {k['target']} | {_pct(k.get('share'))} | skipped | 0 | | {k['skip']} |")
+                continue
+            s = k["search"]
+            counts = {st: sum(1 for t in s["trials"] if t["status"] == st)
+                      for st in ("equivalent", "unproven", "different", "failed")}
+            lines.append(f"| {k['name']} | {k['target']} | {_pct(k.get('share'))} | {s['mode']} | {len(s['trials'])} | "
+                         f"{counts['equivalent']} / {counts['unproven']} / {counts['different']} / {counts['failed']} | "
+                         f"{k['result']} |")
+        lines += ["", "## Trials", ""]
+        for k in self.kernels:
+            if k.get("skip"):
+                continue
+            w = k.get("hot_window") or {}
+            window = (f"hot window: {w.get('level')} lines {w.get('first_line')}-{w.get('last_line')} "
+                      f"({w.get('instructions')} instructions; {w.get('source')}"
+                      + (f"; {w['why_static']}" if w.get("why_static") else "") + ")") if "level" in w else \
+                f"hot window: {w.get('error', 'none')}"
+            lines += [f"### {k['name']} ({k['target']}, {k['key'][:12]})", "", f"{k['search']['mode_note']}", "",
+                      window, "",
+                      "| # | phase | edit | status | score | speedup | why / unmeasured |", "|---|---|---|---|---|---|---|"]
+            for i, t in enumerate(k["search"]["trials"]):
+                sp = f"{t['speedup']:.3f}x" if t.get("speedup") else ""
+                sc = f"{t['score']:+.3f}" if t.get("score") is not None else ""
+                why = (t.get("unmeasured") or t.get("reason") or "").replace("|", "/").replace("\n", " ")[:160]
+                lines.append(f"| {i} | {t['phase']} | `{t['pipeline']}` | {t['status']} | {sc} | {sp} | {why} |")
+            lines.append("")
+        return "\n".join(lines) + "\n"
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:.1%}" if x is not None else "?"
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def time_original_job(p: dict[str, Any]) -> dict[str, Any]:
+    """Worker (on one GPU): the original kernel's time per launch on its launch record."""
+    from kstrata.agents.engine import _load_one
+    from kstrata.backends.launch import LoadedKernel
+    from kstrata.backends.replay import replay_args
+    from kstrata.backends.timing import device_and_versions, time_gpu
+    from kstrata.ir.launch import LaunchRecord
+
+    record = LaunchRecord.load(p["launch"])
+    bundle = _load_one(p["entry"])
+    record.check_against(bundle.params)
+    kernel = LoadedKernel(bundle)
+    args = replay_args(record, "cuda", 0)
+    timing = time_gpu(functools.partial(kernel.call_by_name, record.grid, args), runs=p.get("runs", 50))
+    return {**timing.to_json(), **device_and_versions()}
+
+
+def _shares(program: Program, engine: Engine, device: str) -> None:
+    kept = [k for k in program.kernels if k.skip is None]
+    reasons = sorted({r for k in kept if (r := measurement_unavailable(k.target)) is not None})
+    if device != "cuda" or reasons or any(k.record is None for k in kept):
+        why = "; ".join(reasons) if reasons else ("--device cpu" if device != "cuda" else
+                                                  "some kernels have no launch record to time")
+        assign_shares(program, None, f"no timing possible here ({why}): equal shares, in the cache's order")
+        return
+    times: dict[str, float] = {}
+    for k in kept:
+        run = engine.pool.run("kstrata.agents.compiled.run:time_original_job", {"entry": k.entry, "launch": k.record},
+                              timeout=300, kind="gpu")
+        if run.ok:
+            times[k.entry] = float(run.value["median_us"])
+    assign_shares(program, times, "some kernels could not be timed on their launch records: equal shares")
+
+
+def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: str | Path,
+                   opts: CompiledOptions) -> CompiledReport:
+    """Optimize the kernels of `cache_dir`; see the module docstring."""
+    from kstrata.ir.triton_layout import load_any
+
+    src, out = Path(cache_dir).expanduser(), Path(out_dir).expanduser()
+    if _inside(out, src) or _inside(src, out):
+        raise KstrataError(f"the output directory {out} must not be inside the cache directory (or contain it): "
+                           "kstrata never writes into a cache it reads", path=src)
+    if opts.spaces:
+        bad = [s for s in opts.spaces if s not in SPACES]
+        if bad:
+            raise KstrataError(f"--spaces: unknown {', '.join(bad)}; spaces of compiled kernels: {', '.join(SPACES)}")
+    if opts.budget < 1 or opts.minutes <= 0:
+        raise KstrataError("--budget must be >= 1 and --minutes > 0")
+    if launches is not None and not Path(launches).is_dir():
+        raise KstrataError("no such launch record directory", path=launches)
+    say = opts.progress or (lambda _m: None)
+    start = time.perf_counter()
+    program = load_program(src, launches, opts.only)
+    device = opts.device or ("cuda" if measurement_unavailable("cuda:90") is None else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    report = CompiledReport(str(src), str(launches) if launches else None, str(out), device, False, "equal", "")
+    with Engine(opts.engine_cache, jobs=opts.jobs, build_timeout=opts.timeout_s) as engine:
+        _shares(program, engine, device)
+        report.share_source, report.share_note = program.share_source, program.share_note
+        if program.unreadable_records:
+            report.notes.append(f"{len(program.unreadable_records)} launch records unreadable: "
+                                + "; ".join(program.unreadable_records[:3]))
+        deadline = start + opts.minutes * 60
+        searches: dict[str, KernelSearch] = {}
+        trajectory = out / "trajectory.jsonl"
+        tmp_traj = out / ".trajectory.jsonl.tmp"
+        with tmp_traj.open("w") as traj:
+            for k in program.ranked():
+                if time.perf_counter() > deadline:
+                    k.skip = f"the time budget ({opts.minutes:g} min) ran out before this kernel"
+                    continue
+                say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching")
+                try:
+                    searches[k.entry] = _search_one(engine, k, device, opts, say)
+                except KstrataError as exc:
+                    k.skip = f"could not be searched: {exc}"
+                    continue
+                for t in searches[k.entry].trials:
+                    traj.write(json.dumps({"kernel": k.name, "key": k.key, **t.to_json()}, default=str) + "\n")
+        tmp_traj.replace(trajectory)
+        report.timed = any(t.measured for s in searches.values() for t in s.trials)
+        report.outputs = _write_outputs(src, out, program, searches, engine, opts, load_any)
+        report.engine = engine.stats.to_json()
+    profiled = 0  # kernels come in rank order: ncu profiles the largest ones
+    for k in sorted(program.kernels, key=lambda x: -(x.share or 0.0)):
+        row: dict[str, Any] = k.to_json()
+        s = searches.get(k.entry)
+        if s is not None:
+            row["search"] = s.to_json()
+            row["result"] = _result_line(s)
+            row["hot_window"] = hot_window(k, device, profile=profiled < NCU_KERNELS)
+            profiled += 1
+        report.kernels.append(row)
+    if device != "cuda":
+        report.notes.append("nothing was timed: no NVIDIA GPU here (or --device cpu). Candidates that passed the "
+                            "gate are listed unmeasured; run the same command on a GPU machine to time them.")
+    if any(k.target.startswith("hip") for k in program.kernels):
+        report.notes.append("AMD kernels are ranked by a static surrogate (llvm-mca throughput of the hot window, "
+                            "static loop-weighted window) and are unmeasured: no AMD GPU is available.")
+    if any(k.target.startswith("cuda") for k in program.kernels):
+        report.notes.append("hot windows on NVIDIA come from Nsight Compute sampling on a GPU; without one the "
+                            "static loop-weighted window is used (PTX edits of the catalogue apply kernel-wide).")
+    report.seconds = time.perf_counter() - start
+    for name, text in (("optimize-compiled.json", json.dumps(report.to_json(), indent=1, default=str) + "\n"),
+                       ("optimize-compiled.md", report.to_markdown())):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    return report
+
+
+def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str, Any]:
+    """The kernel's hot window and where it came from: Nsight Compute's warp-stall samples mapped to PTX lines
+    on an NVIDIA GPU (when ncu runs, for the `NCU_KERNELS` largest kernels: a profile takes tens of
+    seconds), else the static loop-weighted window, with the reason."""
+    import sys
+
+    from kstrata.backends.hotwindow import profile_ptx_samples, static_hot_window, window_from_samples
+    from kstrata.backends.tools import ToolError
+
+    level = "amdgcn" if k.target.startswith("hip") else "ptx"
+    text_file = Path(k.entry) / f"{k.name}.{level}"
+    if not text_file.is_file():
+        return {"error": f"the entry has no {level}"}
+    text = text_file.read_text()
+    why = "no NVIDIA GPU here" if level == "ptx" else "no AMD profile (no AMD GPU)"
+    if level == "ptx" and device == "cuda" and k.record and not profile:
+        why = f"ncu profiles the {NCU_KERNELS} largest kernels only"
+    elif level == "ptx" and device == "cuda" and k.record:
+        from kstrata.agents.optimize.profile import find_ncu
+
+        ncu = find_ncu()
+        if ncu is None:
+            why = "Nsight Compute (ncu) not found"
+        else:
+            try:
+                samples = profile_ptx_samples(ncu, [sys.executable, "-m", "kstrata.agents.compiled.replay", k.entry,
+                                                    k.record], k.name, timeout=120)
+                if samples:
+                    return window_from_samples(text, samples).to_json()
+                why = "ncu gave no source-level samples"
+            except ToolError as exc:
+                why = f"ncu could not profile it: {exc.message}"
+    return {**static_hot_window(text, level).to_json(), "why_static": why}
+
+
+def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
+                say: Callable[[str], None]) -> KernelSearch:
+    from kstrata.agents.engine import _load_one
+
+    bundle = _load_one(k.entry, k.override_key)
+    records = [k.record] if k.record else []
+    spaces = kernel_spaces(bundle, records, exact=opts.exact, only=opts.spaces)
+    base = engine.add_kernel(k.entry, k.override_key)
+    unavailable = measurement_unavailable(k.target)
+    surrogate = None
+    if k.target.startswith("hip"):
+        from .surrogate import amd_surrogate
+
+        mode, note, surrogate = "surrogate", ("ranked by the static surrogate (llvm-mca throughput of the hot "
+                                              "window + the s_waitcnt hazard check); unmeasured: no AMD GPU"), amd_surrogate
+        reason = "unmeasured: no AMD GPU here; ranked by the static surrogate only"
+    elif device == "cuda" and unavailable is None and k.record:
+        mode, note, reason = "measured", "gated on the GPU, then timed against the original on its launch record", None
+    else:
+        why = unavailable if unavailable else ("--device cpu" if device != "cuda" else "no launch record to time on")
+        mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
+            f"unmeasured: {why}"
+    cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
+                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs)
+    return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
+                         surrogate=surrogate, progress=say, env=tool_env(k.record))
+
+
+def _result_line(s: KernelSearch) -> str:
+    best = s.best
+    if best is not None and best.speedup is not None:
+        lo, hi = best.speedup_range or [best.speedup, best.speedup]
+        return f"{best.speedup:.3f}x ({lo:.3f}-{hi:.3f} over rounds) with `{best.pipeline}` [{','.join(best.spaces)}]"
+    ranked = s.ranked_unmeasured()
+    if s.mode == "surrogate" and ranked:
+        return (f"unmeasured; surrogate best `{ranked[0].pipeline}` (cost {(ranked[0].surrogate or {}).get('cost', 0):.1f} vs "
+                f"{(s.base_surrogate or {}).get('cost', 0):.1f} original, static)")
+    passed = sum(1 for t in s.trials if t.status in ("equivalent", "unproven"))
+    if s.mode == "measured":
+        return f"no candidate beat the original beyond the noise ({passed} passed the gate)"
+    return f"unmeasured: {passed} candidates passed the gate, none timed"
+
+
+def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, KernelSearch], engine: Engine,
+                   opts: CompiledOptions, load_any: Any) -> dict[str, Any]:
+    from kstrata.agents.run_passes import PATCHED_CACHE, target_slug, write_patched_cache
+    from kstrata.agents.tuned import TunedDB
+    from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
+    from kstrata.ir.triton_layout import write_override
+
+    outputs: dict[str, Any] = {"overrides": [], "patched_cache": None, "tuned": [], "unmeasured": []}
+    needs_patch: dict[str, str] = {}
+    for k in program.kernels:
+        s = searches.get(k.entry)
+        if s is None:
+            continue
+        best = s.best
+        if best is not None and best.entry:
+            built = best.entry
+            info = CandidateInfo(k.name, best.pipeline, best.tolerance, None, {})
+            if k.override_key:
+                bundles, errors = load_any(built)
+                if errors:
+                    raise errors[0]
+                bundle = bundles[0]
+                bundle.override_key = k.override_key
+                outputs["overrides"].append(str(write_override(bundle, out / target_slug(bundle.target), overwrite=True,
+                                                               extra_files={CANDIDATE_FILE: info.encode()})))
+            else:
+                needs_patch[k.entry] = built
+            rec = TunedDB(out / "tuned").add(k.entry, built, edit=best.pipeline, tolerance=best.tolerance,
+                                             spaces=best.spaces, verdict=f"{best.verdict}: {best.reason}"[:500],
+                                             speedup=float(best.speedup or 0), speedup_range=best.speedup_range,
+                                             time_before_us=best.time_before_us, time_after_us=best.time_after_us,
+                                             device=str(opts.device or "cuda"), source=str(k.record))
+            outputs["tuned"].append(rec.slug)
+        elif s.mode == "surrogate":
+            for rank, t in enumerate(s.ranked_unmeasured()[: opts.write_top], start=1):
+                if not t.entry:
+                    continue
+                dest = out / "unmeasured" / k.target.replace(":", "-") / f"{k.name}-{k.key[:12]}" / f"{rank}"
+                tmp = dest.with_name(f".{rank}.tmp.{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(t.entry, tmp)
+                for group in tmp.glob("__grp__*.json"):  # the copy's group file names the copy's own files
+                    group.write_text(json.dumps({"child_paths": {f.name: str(dest / f.name) for f in sorted(tmp.iterdir())
+                                                                 if f.is_file() and not f.name.startswith("__grp__")
+                                                                 and f.name not in (CANDIDATE_FILE, "surrogate.json")}}))
+                (tmp / CANDIDATE_FILE).write_bytes(CandidateInfo(k.name, t.pipeline, t.tolerance, None, {}).encode())
+                (tmp / "surrogate.json").write_text(json.dumps(
+                    {"status": "unmeasured", "reason": t.unmeasured, "verdict": t.verdict, "gate": t.reason,
+                     "candidate": t.surrogate, "original": s.base_surrogate, "score": t.score}, indent=1) + "\n")
+                shutil.rmtree(dest, ignore_errors=True)
+                tmp.rename(dest)
+                outputs["unmeasured"].append(str(dest))
+    if needs_patch:
+        patched = write_patched_cache(src, out / PATCHED_CACHE, needs_patch)
+        outputs["patched_cache"] = str(out / PATCHED_CACHE)
+        outputs["patched_entries"] = [str(p) for p in patched.values()]
+    return outputs

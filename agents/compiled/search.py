@@ -1,0 +1,360 @@
+"""The search over edit sequences of one compiled kernel: singletons first, then simulated annealing.
+
+Every candidate (a sequence of atoms, `spaces.py`) goes through the engine in this order, and stops at
+the first step that fails:
+
+1. `Engine.build` (a worker process; lower levels rebuilt; signature and launch ABI checked);
+2. the **gate**, `Engine.check` on the kernel's launch record (`device="cuda"` on an NVIDIA GPU: redzones,
+   the differential run of both binaries on identical launches, a determinism re-run and the sanitizer;
+   on the CPU the interpreter or the symbolic checker for TTIR/TTGIR). A candidate that edits LLVM IR,
+   PTX or AMDGCN counts as proven only with GPU evidence: on the CPU it is `unproven` whatever the other
+   checks said, and is never timed; AMDGCN candidates also pass the `s_waitcnt` hazard check;
+3. the **score**: on an NVIDIA GPU `Engine.measure` (interleaved A/B rounds against the original on the
+   record; score = log speedup); for AMD kernels the static surrogate (`surrogate.py`; score = log of the
+   cost ratio), and the candidate is `unmeasured` with the reason; on the CPU for NVIDIA kernels nothing
+   (score None: the walk explores and gates but cannot rank, and says so).
+
+Annealing (as CuAsmRL and AsmEvo search, without an LLM): from the best singleton, a neighbour adds an
+atom of a pass not yet in the sequence, drops one, or swaps one for another instance of the same pass;
+it is taken when its score is higher, or with probability exp(delta / T), T cooling each step. The
+random generator is seeded: a run is reproducible.
+
+A winner needs a measured speedup whose every A/B round beats the original, by more than the measured
+noise (half the larger round-to-round spread, at least `MIN_GAIN`), with identical outputs (or the
+tolerance its passes declare) and no suspicion flag (`engine.suspicious_reasons`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kstrata.agents.engine import Budget, BuildResult, Candidate, Engine, PipelineEdit, Provenance, Verdict
+
+from .spaces import Atom, Space, first_level, pipeline_of
+
+#: The least gain a winner must show beyond the noise.
+MIN_GAIN = 0.02
+_LOW_LEVELS = ("llir", "ptx", "amdgcn")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    budget: int = 24
+    seed: int = 0
+    max_edits: int = 3
+    temperature: float = 0.05
+    cooling: float = 0.85
+    #: "cuda" (gate on the GPU and time), "cpu" (gate on the CPU; nothing timed).
+    device: str = "cpu"
+    check_timeout: float = 900.0
+    #: Parallel builds of the singletons (the engine's pool runs them).
+    jobs: int = 1
+    #: Why nothing can be timed here (None when timing runs): said on every unmeasured candidate.
+    unmeasured_reason: str | None = None
+
+
+@dataclass
+class Trial:
+    """One candidate and what became of it."""
+
+    pipeline: str
+    spaces: list[str]
+    level: str
+    tolerance: str | None
+    phase: str  # "singleton" or "anneal"
+    key: str = ""
+    #: built, failed, unchanged, duplicate, different, error, unproven, equivalent
+    status: str = "built"
+    reason: str = ""
+    verdict: str | None = None
+    entry: str | None = None
+    binary_digest: str | None = None
+    measured: bool = False
+    unmeasured: str | None = None
+    speedup: float | None = None
+    speedup_range: list[float] | None = None
+    time_before_us: float | None = None
+    time_after_us: float | None = None
+    noise: float | None = None
+    suspicious: list[str] = field(default_factory=list)
+    surrogate: dict[str, Any] | None = None
+    score: float | None = None
+    accepted_move: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class KernelSearch:
+    """The search of one kernel: every trial, the winner (a measured one) and the ranking mode."""
+
+    kernel: str
+    entry: str
+    target: str
+    mode: str  # "measured", "surrogate", "unranked"
+    mode_note: str
+    spaces: list[dict[str, Any]]
+    trials: list[Trial] = field(default_factory=list)
+    winner: int | None = None
+    base_surrogate: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> Trial | None:
+        return self.trials[self.winner] if self.winner is not None else None
+
+    def ranked_unmeasured(self) -> list[Trial]:
+        """Surrogate-ranked candidates that passed the gate (and the hazard check), best first."""
+        ok = [t for t in self.trials if t.score is not None and t.status in ("equivalent", "unproven")]
+        return sorted(ok, key=lambda t: -(t.score or 0.0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "entry": self.entry, "target": self.target, "mode": self.mode,
+                "mode_note": self.mode_note, "spaces": self.spaces, "winner": self.winner,
+                "base_surrogate": self.base_surrogate, "seconds": self.seconds,
+                "trials": [t.to_json() for t in self.trials]}
+
+
+Scorer = Callable[[BuildResult, Trial], None]
+
+
+def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, trial: Trial, atoms: Sequence[Atom],
+          cfg: SearchConfig) -> None:
+    result = engine.check(base, built, [record] if record else [], device=cfg.device, seeds=1,
+                          tolerance=trial.tolerance, timeout=cfg.check_timeout)
+    trial.verdict = result.verdict.value
+    trial.reason = result.reason
+    if result.verdict is Verdict.DIFFERENT:
+        trial.status = "different"
+        return
+    if result.verdict is Verdict.ERROR:
+        trial.status = "error"
+        return
+    low = [a.level for a in atoms if a.level in _LOW_LEVELS]
+    gpu_evidence = any(e.verdict == "pass" and e.name.startswith("gpu") for e in result.evidence)
+    if result.verdict is Verdict.EQUIVALENT and low and not gpu_evidence and not built.same_binary_as_base:
+        trial.status = "unproven"
+        trial.reason = (f"edits {', '.join(dict.fromkeys(low))}, which only the GPU differential run checks; "
+                        f"the checks that ran: {result.reason}")
+        return
+    trial.status = "equivalent" if result.verdict is Verdict.EQUIVALENT else "unproven"
+
+
+def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, target: str, record: str | None,
+                  spaces: Sequence[Space], cfg: SearchConfig, *, mode: str, mode_note: str,
+                  surrogate: Callable[[str], dict[str, Any]] | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  env: Mapping[str, str] | None = None) -> KernelSearch:
+    """Search `spaces` for the kernel `base` (an engine base digest of `entry`); see the module docstring.
+
+    `mode`: "measured" (Engine.measure; needs an NVIDIA GPU and a record), "surrogate" (`surrogate(entry)`
+    gives the static cost of a built entry; lower is better) or "unranked". `env`: the build workers'
+    environment (`engine.tool_env(record)`: the ptxas the recorded program used)."""
+    start = time.perf_counter()
+    rng = random.Random(cfg.seed)
+    result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces])
+    by_pass: dict[str, list[Atom]] = {}
+    for s in spaces:
+        for a in s.atoms:
+            by_pass.setdefault(a.pass_name, []).append(a)
+    tried: dict[str, Trial] = {}
+    base_cost: float | None = None
+    if mode == "surrogate" and surrogate is not None:
+        try:
+            result.base_surrogate = surrogate(entry)
+            base_cost = float(result.base_surrogate["cost"])
+        except Exception as exc:  # the surrogate's tool is missing or failed: unranked, and why
+            result.mode, result.mode_note = "unranked", f"{mode_note}; the static surrogate failed on the original: {exc}"
+    best_us: float | None = None
+
+    def say(msg: str) -> None:
+        if progress is not None:
+            progress(msg)
+
+    def evaluate(atoms: tuple[Atom, ...], phase: str) -> Trial:
+        nonlocal best_us
+        spec = pipeline_of(atoms)
+        if spec in tried:
+            return tried[spec]
+        from kstrata.passes.pipeline import parse_pipeline
+
+        tol = parse_pipeline(spec).tolerance()
+        trial = Trial(spec, sorted({a.space for a in atoms}), first_level(atoms), tol.spelling() if tol else None, phase)
+        tried[spec] = trial
+        result.trials.append(trial)
+        t0 = time.perf_counter()
+        cand = Candidate(base, trial.level, PipelineEdit(spec), trial.tolerance,
+                         provenance=Provenance("compiled-search", None, ",".join(trial.spaces)))
+        built = engine.build(cand, env=env)
+        trial.key, trial.entry, trial.binary_digest = built.key, built.entry, built.binary_digest
+        if built.status != "changed":
+            trial.status, trial.reason = ("failed", built.error or "") if built.status == "failed" else \
+                ("unchanged", "the edit changed nothing on this kernel")
+        elif built.same_binary_as_base:
+            trial.status, trial.reason = "unchanged", "the rebuilt binary is byte-identical to the original's"
+        else:
+            if built.duplicate_of:
+                twin = next((t for t in result.trials if t.key == built.duplicate_of), None)
+                if twin is not None and twin is not trial:
+                    trial.status, trial.reason = "duplicate", f"same binary as {twin.pipeline}"
+                    trial.verdict, trial.score, trial.speedup = twin.verdict, None, twin.speedup
+                    trial.seconds = time.perf_counter() - t0
+                    return trial
+            _gate(engine, base, built, record, trial, atoms, cfg)
+            if trial.status in ("equivalent", "unproven") and target.startswith("hip"):
+                _hazards(engine, entry, built, trial)
+            if trial.status in ("equivalent", "unproven"):
+                if result.mode == "measured" and trial.status == "equivalent" and record:
+                    m = engine.measure(base, built, [record], Budget(best_us=best_us))
+                    if m.status == "timed" and m.speedup:
+                        trial.measured = True
+                        trial.speedup, trial.time_before_us, trial.time_after_us = m.speedup, m.time_before_us, m.time_after_us
+                        trial.speedup_range = m.detail.get("speedup_range")
+                        spread = max(m.detail.get("spread_before_pct") or 0.0, m.detail.get("spread_after_pct") or 0.0)
+                        trial.noise = max(MIN_GAIN, spread / 200.0)
+                        trial.suspicious = list(m.suspicious)
+                        trial.score = math.log(m.speedup)
+                        if m.time_after_us is not None:
+                            best_us = min(best_us or m.time_after_us, m.time_after_us)
+                    else:
+                        trial.unmeasured = m.reason or m.status
+                elif result.mode == "measured":
+                    trial.unmeasured = (f"not timed: {trial.reason}" if trial.status == "unproven"
+                                        else "not timed: no launch record")
+                elif result.mode == "surrogate" and surrogate is not None and base_cost and trial.entry:
+                    try:
+                        trial.surrogate = surrogate(trial.entry)
+                        trial.score = math.log(base_cost / float(trial.surrogate["cost"]))
+                    except Exception as exc:
+                        trial.surrogate = {"error": str(exc)}
+                    trial.unmeasured = cfg.unmeasured_reason or "not timed"
+                else:
+                    trial.unmeasured = cfg.unmeasured_reason or "not timed"
+        trial.seconds = time.perf_counter() - t0
+        shown = (f"{trial.speedup:.3f}x" if trial.speedup else f"score {trial.score:+.3f}" if trial.score is not None
+                 else trial.unmeasured or "")
+        say(f"  {kernel_name}: {spec}: {trial.status}" + (f" ({shown})" if shown else ""))
+        return trial
+
+    atoms_all = [a for s in spaces for a in s.atoms]
+    if not atoms_all:
+        result.seconds = time.perf_counter() - start
+        return result
+    # singletons, round-robin over the spaces so a small budget still samples each one
+    queues = [list(s.atoms) for s in spaces if s.atoms]
+    singles: list[Atom] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                singles.append(q.pop(0))
+    n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
+    if cfg.jobs > 1 and hasattr(engine, "build_many"):  # build the singletons in parallel; evaluate finds them cached
+        from kstrata.passes.pipeline import parse_pipeline
+
+        def candidate(a: Atom) -> Candidate:
+            tol = parse_pipeline(pipeline_of((a,))).tolerance()
+            return Candidate(base, first_level((a,)), PipelineEdit(pipeline_of((a,))), tol.spelling() if tol else None)
+
+        engine.build_many([candidate(a) for a in singles[:n_single]], env_for=lambda _c: env)
+    for a in singles[:n_single]:
+        evaluate((a,), "singleton")
+
+    def usable(t: Trial) -> bool:
+        return t.status in ("equivalent", "unproven", "duplicate")
+
+    scored = [t for t in result.trials if t.score is not None]
+    current: tuple[Atom, ...]
+    if scored:
+        top = max(scored, key=lambda t: t.score or 0.0)
+        current = next((a,) for a in singles if pipeline_of((a,)) == top.pipeline)
+        current_score = top.score or 0.0
+    else:
+        ok = [a for a in singles[:n_single] if usable(tried[pipeline_of((a,))])]
+        current = (ok[0],) if ok else (singles[0],)
+        current_score = 0.0
+    temperature = cfg.temperature
+    attempts = 0
+    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget:
+        attempts += 1
+        nxt = _neighbour(current, by_pass, rng, cfg.max_edits)
+        if nxt is None or pipeline_of(nxt) in tried:
+            continue
+        trial = evaluate(nxt, "anneal")
+        if not usable(trial):
+            continue
+        if trial.score is None:  # nothing ranks here: walk on through candidates that passed the gate
+            trial.accepted_move, current = True, nxt
+            continue
+        delta = trial.score - current_score
+        if delta >= 0 or rng.random() < math.exp(delta / max(temperature, 1e-9)):
+            trial.accepted_move, current, current_score = True, nxt, trial.score
+        temperature *= cfg.cooling
+    result.winner = _winner(result.trials)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _neighbour(current: tuple[Atom, ...], by_pass: dict[str, list[Atom]], rng: random.Random,
+               max_edits: int) -> tuple[Atom, ...] | None:
+    used = {a.pass_name for a in current}
+    moves = []
+    if len(current) < max_edits and len(used) < len(by_pass):
+        moves.append("add")
+    if len(current) > 1:
+        moves.append("drop")
+    if any(len(by_pass[a.pass_name]) > 1 for a in current):
+        moves.append("swap")
+    if not moves:
+        return None
+    move = rng.choice(moves)
+    seq = list(current)
+    if move == "add":
+        name = rng.choice(sorted(set(by_pass) - used))
+        seq.append(rng.choice(by_pass[name]))
+    elif move == "drop":
+        seq.pop(rng.randrange(len(seq)))
+    else:
+        i = rng.choice([i for i, a in enumerate(seq) if len(by_pass[a.pass_name]) > 1])
+        seq[i] = rng.choice([b for b in by_pass[seq[i].pass_name] if b != seq[i]])
+    return tuple(seq)
+
+
+def _winner(trials: Sequence[Trial]) -> int | None:
+    """The measured trial with the best speedup that clears the guard, or None."""
+    best: int | None = None
+    for i, t in enumerate(trials):
+        if not t.measured or t.status != "equivalent" or t.speedup is None or t.suspicious:
+            continue
+        low = (t.speedup_range or [t.speedup])[0]
+        if low <= 1.0 or t.speedup < 1.0 + (t.noise or MIN_GAIN):
+            continue
+        if best is None or t.speedup > (trials[best].speedup or 0.0):
+            best = i
+    return best
+
+
+def _hazards(engine: Engine, entry: str, built: BuildResult, trial: Trial) -> None:
+    """AMDGCN candidates: no new use of a loaded register before its `s_waitcnt` (backends/amd_hazards.py)."""
+    from pathlib import Path
+
+    from kstrata.backends.amd_hazards import check_waitcnt_hazards
+    from kstrata.backends.checks import CheckFailed
+
+    original = next(Path(entry).glob("*.amdgcn"), None)
+    candidate = next(Path(engine.built_entry(built)).glob("*.amdgcn"), None)
+    if original is None or candidate is None:
+        trial.status, trial.reason = "unproven", trial.reason + "; no AMDGCN to check for s_waitcnt hazards"
+        return
+    try:
+        summary = check_waitcnt_hazards(original.read_text(), candidate.read_text())
+    except CheckFailed as exc:
+        trial.status, trial.reason = "different", f"s_waitcnt hazard: {exc}"
+        return
+    trial.reason = f"{trial.reason}; s_waitcnt: {summary}"

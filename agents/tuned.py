@@ -1,0 +1,298 @@
+"""The tuned database: kernels kstrata made faster, each keyed by the original kernel's content, its target
+and the tool versions, that the `torch.compile` backend deploys (`options={"tuned": DIR}`).
+
+Layout (one directory per tuned kernel, written atomically)::
+
+    DIR/kstrata-tuned.json                      {"schema": "kstrata.tuned-db/1"}
+    DIR/<kernel>-<content[:16]>-<target>-<versions[:8]>/
+        tuned.json                              the record below
+        entry/                                  the tuned kernel (a Triton cache entry: every level,
+                                                binary and metadata consistent)
+
+The **content digest** is the SHA-256 of the original kernel's TTIR with its source locations removed
+(`loc(...)` references and `#loc` lines: they hold the path of the file Inductor generated, which differs
+between machines and users) plus the options that change how TTIR is lowered (`num_warps`, `num_stages`,
+`num_ctas`, `maxnreg`, ...), so the same kernel compiled the same way matches wherever it is compiled, and
+a kernel with other code or options never does. The **versions** are the candidate engine's
+(`tool_versions()`: Triton, ptxas, LLVM, kstrata). A lookup needs all three to match and the kernel's
+name and parameter list to be the tuned variant's: an unknown or mismatching kernel is never guessed at.
+
+Only measured variants go in: a record holds the winning edit, its verdict (the gate's evidence summary),
+the measured speedup with its spread, the device and when it was measured. `kstrata tuned list|show|prune`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstrata.ir.errors import KstrataError
+
+DB_SCHEMA = "kstrata.tuned-db/1"
+RECORD_SCHEMA = "kstrata.tuned/1"
+DB_FILE = "kstrata-tuned.json"
+RECORD_FILE = "tuned.json"
+#: Compile options that change the lowering of one TTIR (part of the content digest).
+LOWERING_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
+                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch")
+_LOC_REF = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
+
+
+class TunedError(KstrataError):
+    """A tuned database or record that cannot be used."""
+
+
+def strip_locations(ttir: str) -> str:
+    """TTIR without source locations: `#loc…` definition lines and ` loc(…)` references."""
+    kept = [ln for ln in ttir.splitlines() if not ln.lstrip().startswith("#loc")]
+    return "\n".join(_LOC_REF.sub("", ln).rstrip() for ln in kept) + "\n"
+
+
+def content_digest(ttir: str, options: Mapping[str, Any]) -> str:
+    """The kernel's content digest: its location-free TTIR and its lowering options."""
+    opts = {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}
+    payload = json.dumps({"ttir": strip_locations(ttir), "options": opts}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def versions_digest(versions: Mapping[str, str] | None = None) -> str:
+    from kstrata.agents.engine import tool_versions
+
+    v = dict(versions) if versions is not None else dict(tool_versions())
+    return hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class TunedRecord:
+    kernel: str
+    target: str
+    content: str
+    versions: dict[str, str]
+    versions_digest: str
+    #: The winning edit (a pipeline), its declared tolerance and the spaces it came from.
+    edit: str
+    tolerance: str | None
+    spaces: list[str]
+    #: The original's and the tuned binary's digests, the parameter list both share.
+    original_binary: str
+    tuned_binary: str
+    params: list[str]
+    #: Metadata the tuned kernel launches with where it differs from the original's (num_warps, shared, …).
+    metadata_changes: dict[str, Any]
+    verdict: str
+    speedup: float
+    speedup_range: list[float] | None
+    time_before_us: float | None
+    time_after_us: float | None
+    device: str
+    measured_at: str
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        safe = re.sub(r"[^\w.-]", "_", self.kernel)[:80]
+        return f"{safe}-{self.content[:16]}-{self.target.replace(':', '-')}-{self.versions_digest[:8]}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": RECORD_SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], origin: str | Path) -> TunedRecord:
+        if not isinstance(data, Mapping) or data.get("schema") != RECORD_SCHEMA:
+            raise TunedError(f"not a {RECORD_SCHEMA} record", path=origin)
+        try:
+            return cls(**{k: v for k, v in data.items() if k != "schema"})
+        except TypeError as exc:
+            raise TunedError(f"malformed tuned record: {exc}", path=origin) from None
+
+
+def _kernel_files(entry: Path) -> tuple[str, str, dict[str, Any], bytes]:
+    """(name, TTIR text, metadata, binary) of a cache entry."""
+    from kstrata.agents.run_passes import entry_kernel_name
+
+    name = entry_kernel_name(entry)
+    try:
+        ttir = (entry / f"{name}.ttir").read_text()
+        meta = json.loads((entry / f"{name}.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise TunedError(f"cannot read the kernel's TTIR and metadata: {exc}", path=entry) from None
+    binary = next((p for p in (entry / f"{name}.cubin", entry / f"{name}.hsaco") if p.is_file()), None)
+    if binary is None:
+        raise TunedError("the entry has no cubin or hsaco", path=entry)
+    return name, ttir, meta, binary.read_bytes()
+
+
+def _params(ttir: str) -> list[str]:
+    """`name: type` of each parameter of the kernel's public function (attributes and locations left out)."""
+    text = strip_locations(ttir)
+    m = re.search(r"tt\.func public @[\w$]+\((.*?)\)\s*(?:attributes|\{)", text, re.S)
+    if not m:
+        return []
+    return [f"{n}: {t}" for n, t in re.findall(r"%([\w$]+): ([^\s,{]+)", m.group(1))]
+
+
+class TunedDB:
+    """A tuned database directory (created on first `add`)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+
+    # -- writing ----------------------------------------------------------------------------------
+    def create(self) -> TunedDB:
+        """Make an empty database here (nothing when there is one)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / DB_FILE).exists():
+            _atomic_write(self.root / DB_FILE, json.dumps({"schema": DB_SCHEMA}) + "\n")
+        return self
+
+    def add(self, original_entry: str | Path, tuned_entry: str | Path, *, edit: str, tolerance: str | None,
+            spaces: list[str], verdict: str, speedup: float, speedup_range: list[float] | None,
+            time_before_us: float | None, time_after_us: float | None, device: str, source: str = "",
+            extra: Mapping[str, Any] | None = None) -> TunedRecord:
+        """Record `tuned_entry` as the tuned variant of `original_entry` (both cache entries)."""
+        from kstrata.agents.engine import tool_versions
+        from kstrata.ir.candidate import changed_metadata
+
+        if not speedup or speedup <= 1.0:
+            raise TunedError(f"only measured speedups go in a tuned database, not {speedup!r}")
+        name, ttir, meta, original_bin = _kernel_files(Path(original_entry))
+        tname, tttir, tmeta, tuned_bin = _kernel_files(Path(tuned_entry))
+        if tname != name or _params(tttir) != _params(ttir):
+            raise TunedError(f"the tuned kernel {tname} does not have the original {name}'s name and parameters")
+        t = meta.get("target") or {}
+        versions = dict(tool_versions())
+        record = TunedRecord(name, f"{t.get('backend')}:{t.get('arch')}", content_digest(ttir, meta), versions,
+                             versions_digest(versions), edit, tolerance, spaces,
+                             hashlib.sha256(original_bin).hexdigest(), hashlib.sha256(tuned_bin).hexdigest(),
+                             _params(ttir), changed_metadata(meta, tmeta), verdict, speedup, speedup_range,
+                             time_before_us, time_after_us, device, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             source, dict(extra or {}))
+        self.create()
+        final = self.root / record.slug
+        tmp = self.root / f".{record.slug}.tmp.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "entry").mkdir(parents=True)
+        for f in sorted(Path(tuned_entry).iterdir()):
+            if f.is_file() and not f.name.startswith(("__grp__", "lock", "tmp.")):
+                shutil.copy2(f, tmp / "entry" / f.name)
+        (tmp / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, sort_keys=True) + "\n")
+        if final.exists():
+            old = self.root / f".{record.slug}.old.{os.getpid()}"
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        return record
+
+    # -- reading ----------------------------------------------------------------------------------
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise TunedError("no such tuned database directory", path=self.root)
+        marker = self.root / DB_FILE
+        try:
+            ok = json.loads(marker.read_text()).get("schema") == DB_SCHEMA
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise TunedError(f"not a kstrata tuned database (no valid {DB_FILE})", path=self.root)
+
+    def records(self) -> Iterator[tuple[Path, TunedRecord | TunedError]]:
+        """Every record directory with its record, or the error that makes it unreadable."""
+        self.check()
+        for d in sorted(self.root.iterdir()):
+            if not d.is_dir() or d.name.startswith("."):
+                continue
+            try:
+                data = json.loads((d / RECORD_FILE).read_text())
+                yield d, TunedRecord.from_json(data, d / RECORD_FILE)
+            except (OSError, ValueError) as exc:
+                yield d, TunedError(f"unreadable tuned record: {type(exc).__name__}", path=d / RECORD_FILE)
+            except TunedError as exc:
+                yield d, exc
+
+    def find(self, name: str) -> list[tuple[Path, TunedRecord]]:
+        """Records whose kernel name or directory name starts with `name`."""
+        return [(d, r) for d, r in self.records() if isinstance(r, TunedRecord)
+                and (r.kernel == name or d.name.startswith(name))]
+
+    def stale_reason(self, d: Path, r: TunedRecord, versions: str | None = None) -> str | None:
+        """Why the record can never be applied here (other tool versions, a damaged entry), or None."""
+        if r.versions_digest != (versions or versions_digest()):
+            return "made with other tool versions than this installation's (it would never match)"
+        binary = next((p for p in (d / "entry").glob(f"{r.kernel}.*") if p.suffix in (".cubin", ".hsaco")), None)
+        if binary is None or hashlib.sha256(binary.read_bytes()).hexdigest() != r.tuned_binary:
+            return "its tuned binary is missing or does not match the record's digest"
+        return None
+
+    def prune(self, *, dry_run: bool = False) -> list[tuple[str, str]]:
+        """Remove records that can never apply here (unreadable, other versions, damaged); returns what and why."""
+        gone = []
+        versions = versions_digest()
+        for d, r in list(self.records()):
+            why = str(r.message) if isinstance(r, TunedError) else self.stale_reason(d, r, versions)
+            if why:
+                gone.append((d.name, why))
+                if not dry_run:
+                    shutil.rmtree(d)
+        return gone
+
+    def index(self) -> dict[tuple[str, str, str], tuple[Path, TunedRecord]]:
+        """(content, target, versions digest) -> the usable record, for lookups."""
+        out: dict[tuple[str, str, str], tuple[Path, TunedRecord]] = {}
+        versions = versions_digest()
+        for d, r in self.records():
+            if isinstance(r, TunedRecord) and self.stale_reason(d, r, versions) is None:
+                out[(r.content, r.target, r.versions_digest)] = (d, r)
+        return out
+
+
+@dataclass(frozen=True)
+class TunedVariant:
+    """What the backend applies to one kernel: the tuned entry's levels and binary, and its metadata."""
+
+    record: TunedRecord
+    entry: Path
+
+    def level(self, ext: str) -> bytes | None:
+        p = self.entry / f"{self.record.kernel}.{ext}"
+        return p.read_bytes() if p.is_file() else None
+
+
+class TunedLookup:
+    """Matches kernels being compiled to a tuned database (loaded once)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.db = TunedDB(root)
+        self._index = self.db.index()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def match(self, name: str, target: str, ttir: str, options: Mapping[str, Any]) -> tuple[TunedVariant | None, str]:
+        """The tuned variant of this kernel, or None and why none applies (no guess is ever made)."""
+        key = (content_digest(ttir, options), target, versions_digest())
+        hit = self._index.get(key)
+        if hit is None:
+            same_name = [r for _, r in self._index.values() if r.kernel == name and r.target == target]
+            return None, ("no tuned variant" if not same_name else
+                          "a tuned variant of this name exists, but for other code or options: not applied")
+        d, record = hit
+        if record.kernel != name or record.params != _params(ttir):
+            return None, "the tuned variant's name or parameters differ from this kernel's: not applied"
+        return TunedVariant(record, d / "entry"), "tuned"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)

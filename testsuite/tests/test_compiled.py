@@ -1,0 +1,368 @@
+"""The compiled-kernel optimizer (`kstrata optimize CACHE_DIR --launches RECORDS`): static hot windows, the
+llvm-mca surrogate, the ncu sampling parser, alias evidence from launch records, shares, the search's gate
+and guard (on a scripted engine), and end to end on the CPU: a gfx942 kernel optimized statically
+(surrogate-ranked, hazard-checked, unmeasured) and a CUDA kernel through the CPU path."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kstrata.agents.compiled.program import Program, ProgramKernel, assign_shares
+from kstrata.agents.compiled.search import SearchConfig, search_kernel
+from kstrata.agents.compiled.spaces import Atom, Space, alias_evidence, pipeline_of
+from kstrata.agents.engine import BuildResult, CheckResult, Evidence, Measurement, Verdict
+from kstrata.backends.hotwindow import find_loops, parse_ncu_source_csv, static_hot_window, window_from_samples
+from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+
+from .conftest import copy_suite_subset, has_cuda
+
+AMD_NESTED = """\
+kern:                                   ; @kern
+.Lfunc_begin0:
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\tv_mov_b32_e32 v1, 0
+.LBB0_1:                                ; =>This Loop Header: Depth=1
+\tv_add_f32_e32 v1, v1, v1
+.LBB0_2:                                ;   Parent Loop BB0_1 Depth=1
+                                        ; =>  This Inner Loop Header: Depth=2
+\tv_mul_f32_e32 v2, v1, v1
+\tv_fma_f32 v3, v2, v1, v3
+\ts_add_i32 s4, s4, 1
+\ts_cmp_lg_u32 s4, s5
+\ts_cbranch_scc1 .LBB0_2
+\ts_add_i32 s6, s6, 1
+\ts_cmp_lg_u32 s6, s7
+\ts_cbranch_scc1 .LBB0_1
+.LBB0_3:
+\tglobal_store_dword v0, v3, s[0:1]
+\ts_endpgm
+.LBB0_4:                                ; out-of-line block jumping back: not a loop
+\ts_branch .LBB0_3
+.Lfunc_end0:
+"""
+
+PTX_LOOP = """\
+.visible .entry k(.param .u64 k_param_0)
+{
+\t.reg .b32 %r<4>;
+\tmov.u32 %r1, 0;
+$L__BB0_1:                              // =>This Inner Loop Header: Depth=1
+\tadd.s32 %r1, %r1, 1;
+\tld.global.f32 %f1, [%rd1];
+\tsetp.lt.s32 %p1, %r1, %r2;
+\t@%p1 bra $L__BB0_1;
+\tst.global.f32 [%rd1], %f1;
+\tret;
+}
+"""
+
+
+def test_static_hot_window_weights_nested_loops_and_ignores_back_jumps() -> None:
+    loops = {lp.header: lp for lp in find_loops(AMD_NESTED, "amdgcn")}
+    assert set(loops) == {".LBB0_1", ".LBB0_2"}  # .LBB0_4's branch back to .LBB0_3 is not a loop (no LLVM mark)
+    assert loops[".LBB0_2"].depth == 2 and loops[".LBB0_2"].instructions == 5
+    w = static_hot_window(AMD_NESTED, "amdgcn")
+    assert w.header == ".LBB0_1"  # the outer loop holds the inner one: its weight is the larger
+    assert w.weight == 1 * 8 + 5 * 64 + 3 * 8  # its own 4 instructions at 8, the inner 5 at 8*8
+    assert "v_fma_f32 v3, v2, v1, v3" in w.instructions and "global_store_dword v0, v3, s[0:1]" not in w.instructions
+    assert w.source.startswith("static") and "assumed" in w.source
+    p = static_hot_window(PTX_LOOP, "ptx")
+    assert p.header == "$L__BB0_1" and p.first_line == 5 and p.last_line == 9
+    assert p.instructions[0] == "add.s32 %r1, %r1, 1;" and not any(i.startswith("st.") for i in p.instructions)
+    flat = static_hot_window("k:\n\tv_mov_b32 v0, 0\n\ts_endpgm\n.Lfunc_end0:\n\tamdhsa.target: x\n", "amdgcn")
+    assert flat.instructions == ("v_mov_b32 v0, 0", "s_endpgm") and flat.header is None  # not the metadata
+
+
+def test_ncu_source_sampling_picks_the_sampled_loop() -> None:
+    csv = ('==PROF== Connected to process 1\n"#","Address","Source","Warp Stall Sampling (All Samples)",'
+           '"Warp Stall Sampling (Not-issued Samples)"\n"4","","mov.u32 %r1, 0;","10","1"\n'
+           '"6","","add.s32 %r1, %r1, 1;","300","20"\n"7","","ld.global.f32 %f1, [%rd1];","900","800"\n'
+           '"10","","st.global.f32 [%rd1], %f1;","40","3"\n')
+    samples = parse_ncu_source_csv(csv)
+    assert samples == {4: 10.0, 6: 300.0, 7: 900.0, 10: 40.0}
+    w = window_from_samples(PTX_LOOP, samples)
+    assert w.header == "$L__BB0_1" and w.source.startswith("ncu sampling: 96%")
+    assert window_from_samples(PTX_LOOP, {}).source.startswith("static")  # nothing sampled: said so
+
+
+def test_llvm_mca_surrogate_ranks_a_longer_window_as_costlier() -> None:
+    from kstrata.backends.mca import mca_estimate
+    from kstrata.backends.tools import ToolNotFound
+
+    try:
+        one = mca_estimate(["v_fma_f32 v3, v2, v1, v3"] * 4)
+    except ToolNotFound as exc:
+        pytest.skip(f"llvm-mca is not installed ({exc}); make setup installs llvm-22")
+    two = mca_estimate(["v_fma_f32 v3, v2, v1, v3"] * 8 + ["s_cbranch_scc1 .LBB0_2"])
+    assert one.mcpu == "gfx942" and one.instructions == 4 and two.instructions == 8  # the branch is not modeled
+    assert two.cycles_per_iteration > one.cycles_per_iteration > 0
+
+
+def _record(tmp_path: Path, name: str, storage: dict[str, list[int]] | None) -> str:
+    args = (TensorArg("x", "float32", (64,), (1,), 0, 64, False), TensorArg("y", "float32", (64,), (1,), 0, 64, True),
+            ScalarArg("n", "i32", 64))
+    return str(LaunchRecord("k", "cuda:90", (1, 1, 1), args, extra={"storage": storage} if storage else {})
+               .save(tmp_path / f"{name}.json"))
+
+
+def test_noalias_edits_need_launch_records_that_show_no_overlap(tmp_path: Path) -> None:
+    apart = _record(tmp_path, "apart", {"x": [4096, 256], "y": [8192, 256]})
+    overlap = _record(tmp_path, "overlap", {"x": [4096, 256], "y": [4224, 256]})
+    bare = _record(tmp_path, "bare", None)
+    assert alias_evidence([apart]) is None
+    assert "overlaps" in (alias_evidence([apart, overlap]) or "")
+    assert "no buffer addresses" in (alias_evidence([bare]) or "")
+    assert "no launch record" in (alias_evidence([]) or "")
+
+
+def test_shares_measured_skip_small_kernels_and_equal_shares_say_why() -> None:
+    kernels = [ProgramKernel(f"/c/{n}", n, n, "cuda:90", record="r", launches=c) for n, c in (("a", 10), ("b", 1), ("c", 1))]
+    program = Program("/c", "/l", kernels)
+    assign_shares(program, {"/c/a": 10.0, "/c/b": 50.0, "/c/c": 0.5}, "unused")
+    assert program.share_source == "measured"
+    assert [k.name for k in program.ranked()] == ["a", "b"]  # 100 us, 50 us; c has 0.5 us of 150.5
+    assert kernels[2].skip and "under 1%" in kernels[2].skip
+    fresh = Program("/c", None, [ProgramKernel(f"/c/{n}", n, n, "cuda:90") for n in "xy"])
+    assign_shares(fresh, None, "no GPU here")
+    assert fresh.share_source == "equal" and fresh.share_note == "no GPU here"
+    assert all(k.share == 0.5 for k in fresh.kernels)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The search's gate and guard, on a scripted engine (no processes)
+# ---------------------------------------------------------------------------------------------------
+class ScriptedEngine:
+    """Answers build/check/measure from a table keyed by pipeline spelling; counts what it was asked."""
+
+    def __init__(self, verdicts: dict[str, Verdict], speedups: dict[str, list[float]]) -> None:
+        self.verdicts, self.speedups = verdicts, speedups
+        self.measured: list[str] = []
+        self.checked: list[str] = []
+
+    def build(self, cand: Any, env: Any = None) -> BuildResult:
+        spec = cand.edit.spec
+        return BuildResult(cand.key, "changed", entry=f"/builds/{spec}", binary_digest=hashlib.sha256(spec.encode()).hexdigest())
+
+    def check(self, base: str, built: BuildResult, launches: Any, **kw: Any) -> CheckResult:
+        spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
+        self.checked.append(spec)
+        v = self.verdicts.get(spec, Verdict.EQUIVALENT)
+        ev = (Evidence("gpu differential", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
+        return CheckResult(v, v.value, ev)
+
+    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any) -> Measurement:
+        spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
+        self.measured.append(spec)
+        rounds = self.speedups.get(spec, [1.0, 1.0])
+        s = sorted(rounds)[len(rounds) // 2]
+        return Measurement("timed", "", 10.0, 10.0 / s, s, {"speedup_range": [min(rounds), max(rounds)],
+                                                             "spread_before_pct": 1.0, "spread_after_pct": 1.0})
+
+    def built_entry(self, built: BuildResult) -> str:
+        return built.entry or ""
+
+
+def _atoms() -> list[Space]:
+    nw = tuple(Atom("options", "ttgir", "num-warps", f"num-warps{{n={n}}}", "ulp=4") for n in (2, 8))
+    ev = (Atom("ttir", "ttir", "load-eviction", "load-eviction{policy=evict_first}"),)
+    ch = (Atom("ptx", "ptx", "cache-hints", "cache-hints{loads=cs stores=none}"),)
+    return [Space("options", nw), Space("ttir", ev), Space("ptx", ch)]
+
+
+def test_search_gates_before_timing_and_the_guard_needs_every_round_faster() -> None:
+    spaces = _atoms()
+    nw8, ev = "ttgir(num-warps{n=8})", "ttir(load-eviction{policy=evict_first})"
+    engine = ScriptedEngine({ev: Verdict.DIFFERENT},
+                            {nw8: [1.30, 1.25, 1.32], "ttgir(num-warps{n=2})": [1.2, 0.95, 1.3],
+                             "ptx(cache-hints{loads=cs stores=none})": [1.01, 1.01]})
+    cfg = SearchConfig(budget=8, seed=3, device="cuda")
+    result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", spaces, cfg,  # type: ignore[arg-type]
+                           mode="measured", mode_note="test")
+    by = {t.pipeline: t for t in result.trials}
+    assert by[ev].status == "different" and ev not in engine.measured  # a different candidate is never timed
+    assert set(engine.measured) <= set(engine.checked)  # nothing timed before its check
+    assert result.best is not None and result.best.pipeline == nw8 and result.best.speedup == pytest.approx(1.30)
+    # one slower round: not a winner; 1% is inside the noise: not a winner
+    assert by["ttgir(num-warps{n=2})"].measured and by["ttgir(num-warps{n=2})"] is not result.best
+    assert len(result.trials) <= cfg.budget
+    assert any(t.phase == "anneal" and "," in t.pipeline for t in result.trials)  # sequences of edits were tried
+    again = search_kernel(ScriptedEngine(engine.verdicts, engine.speedups), "b" * 64, "k", "/c/k", "cuda:90",  # type: ignore[arg-type]
+                          "/l/k.json", spaces, cfg, mode="measured", mode_note="test")
+    assert [t.pipeline for t in again.trials] == [t.pipeline for t in result.trials]  # seeded: reproducible
+
+
+def test_on_the_cpu_low_level_edits_are_unproven_and_nothing_is_timed() -> None:
+    engine = ScriptedEngine({}, {})
+    cfg = SearchConfig(budget=6, device="cpu", unmeasured_reason="unmeasured: no GPU")
+    result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
+                           mode="unranked", mode_note="test")
+    by = {t.pipeline: t for t in result.trials}
+    assert by["ptx(cache-hints{loads=cs stores=none})"].status == "unproven"  # EQUIVALENT, but no GPU evidence
+    assert "only the GPU differential run checks" in by["ptx(cache-hints{loads=cs stores=none})"].reason
+    assert by["ttgir(num-warps{n=2})"].status == "equivalent"
+    assert not engine.measured and result.best is None
+    assert all(t.unmeasured == "unmeasured: no GPU" for t in result.trials if t.status in ("equivalent", "unproven"))
+
+
+def test_pipeline_of_orders_stages_by_level() -> None:
+    a = _atoms()
+    assert pipeline_of([a[2].atoms[0], a[0].atoms[1], a[1].atoms[0]]) == \
+        "ttir(load-eviction{policy=evict_first}),ttgir(num-warps{n=8}),ptx(cache-hints{loads=cs stores=none})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# End to end on the CPU
+# ---------------------------------------------------------------------------------------------------
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(root)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _program(suite_cache: Path, tmp_path: Path, name: str, target: str) -> tuple[Path, Path]:
+    """A cache holding the suite kernel `name` for `target`, and the launch record `kstrata record` would
+    write for a program that launched it (its cache key, the suite's own arguments)."""
+    from kstrata.ir.triton_layout import read_index
+    from kstrata.testsuite.kernels import get_kernel
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    cache = copy_suite_subset(suite_cache, tmp_path / "cache", (name,), (target,))
+    records = tmp_path / "records"
+    for key, rec in read_index(cache).items():
+        meta = json.loads((cache / key / f"{rec['name']}.json").read_text())
+        r = dataclasses.replace(suite_launch_record(get_kernel(name), target), cache_key=meta["hash"])
+        r.save(records / f"{rec['name']}-1.json")
+    return cache, records
+
+
+def _optimize(cache: Path, records: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
+    before = _tree_digest(cache)
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", str(cache), "--launches", str(records),
+                           "--out", str(tmp_path / "out"), "--device", "cpu", "--engine-cache", str(tmp_path / "engine"),
+                           "--json", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _tree_digest(cache) == before  # the input cache is only read
+    report: dict[str, Any] = json.loads(proc.stdout)
+    assert report["share_source"] == "equal" and "no timing possible" in report["share_note"]
+    assert not report["timed"] and not report["outputs"]["tuned"] and not report["outputs"]["overrides"]
+    return report
+
+
+@pytest.mark.slow
+def test_optimize_a_gfx942_kernel_statically(suite_cache: Path, tmp_path: Path) -> None:
+    cache, records = _program(suite_cache, tmp_path, "row_sum_bf16", "hip:gfx942")
+    report = _optimize(cache, records, tmp_path, "--budget", "3", "--spaces", "amdgcn,ttir")
+    (kernel,) = report["kernels"]
+    amd = kernel["search"]
+    assert amd["mode"] == "surrogate" and amd["base_surrogate"]["cycles_per_iteration"] > 0
+    window = amd["base_surrogate"]["window"]
+    assert window["source"].startswith("static") and window["header"] == ".LBB0_2"  # row_sum's column loop
+    ranked = [t for t in amd["trials"] if t["score"] is not None]
+    assert len(ranked) == 2 and all(t["pipeline"].startswith("amdgcn(nontemporal-hints") for t in ranked)
+    assert all("s_waitcnt: no new uses" in t["reason"] and "no AMD GPU" in t["unmeasured"] for t in ranked)
+    assert all(t["status"] == "unproven" and not t["measured"] for t in ranked)  # no AMD GPU: never "equivalent"
+    written = [Path(p) for p in report["outputs"]["unmeasured"]]
+    assert len(written) == 2 and all((p / "surrogate.json").is_file() and any(p.glob("*.hsaco")) for p in written)
+    info = json.loads((written[0] / "surrogate.json").read_text())
+    assert info["status"] == "unmeasured" and info["candidate"]["cost"] > 0
+    assert "unmeasured; surrogate best" in kernel["result"]
+    out = Path(report["out"])
+    assert len((out / "trajectory.jsonl").read_text().splitlines()) == len(amd["trials"]) == 3
+
+
+@pytest.mark.slow
+def test_optimize_a_cuda_kernel_through_the_cpu_path(suite_cache: Path, tmp_path: Path) -> None:
+    cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")
+    report = _optimize(cache, records, tmp_path, "--budget", "1", "--spaces", "ttir")
+    (kernel,) = report["kernels"]
+    cuda = kernel["search"]
+    assert cuda["mode"] == "unranked" and "no NVIDIA GPU" in cuda["mode_note"]
+    (trial,) = cuda["trials"]
+    assert trial["pipeline"].startswith("ttir(load-eviction") and trial["status"] == "equivalent"
+    assert trial["verdict"] == "equivalent" and "dynamic checks passed" in trial["reason"]  # the interpreter ran
+    assert not trial["measured"] and "no NVIDIA GPU" in trial["unmeasured"]
+    window = kernel["hot_window"]  # no GPU: the static window, and why it is not ncu's
+    assert window["level"] == "ptx" and window["source"].startswith("static") and window["why_static"] == "no NVIDIA GPU here"
+    assert "| singleton |" in (Path(report["out"]) / "optimize-compiled.md").read_text()
+
+
+def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: Path) -> None:
+    from kstrata.tools import bench_compiled
+
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.bench_compiled", "--results", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs an NVIDIA GPU" in proc.stderr
+    # the tables it writes after each model, from rows shaped as the run makes them (values made up here)
+    rows = [{"model": "mlp_fp16", "share_source": "measured",
+             "kernels": [{"kernel": "triton_red_0", "key": "K" * 12, "share": "61.0%", "trials": 9, "space": "options",
+                          "edit": "ttgir(num-warps{n=8})", "speedup": 1.3, "range": [1.25, 1.33], "verdict": "equivalent",
+                          "verdicts": {}},
+                         {"kernel": "triton_poi_1", "key": "L" * 12, "share": "39.0%", "trials": 9,
+                          "result": "no candidate beat the original beyond the noise", "verdicts": {}}],
+             "recheck": [{"kernel": "triton_red_0", "verdict": "equivalent"}],
+             "end_to_end": {"speedup": 1.1, "tuned_kernels": 1, "untouched_kernels": 1, "bitwise_equal": True,
+                            "max_abs_diff": 0.0}},
+            {"model": "conv_block_fp32", "error": "RuntimeError: boom"}]
+    env = {"date": "2026-12-01T00:00:00+00:00", "device": "test", "torch": "t", "triton": "t", "cuda": "t"}
+    summary = bench_compiled._write(tmp_path, env, rows, final=True, seconds=60.0)
+    assert summary["changed_kernels"] == 1 and summary["geomean_changed"] == pytest.approx(1.3)
+    assert summary["wrong_results"] == 0 and summary["geomean_end_to_end"] == pytest.approx(1.1)
+    md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
+    assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1 tuned / 1 as Inductor" in md
+
+
+def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", "--out", str(tmp_path / "o"), "--",
+                           sys.executable, "-c", "print('no kernels here')"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "launched no Triton kernel: nothing to optimize" in proc.stderr
+    assert (tmp_path / "o" / "records").is_dir() and not (tmp_path / "o" / "optimized").exists()
+    bad = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", "--out", str(tmp_path / "p"), "--",
+                          str(tmp_path / "missing-program"), "x"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot run" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_candidates_are_gated_by_the_differential_run_then_timed(suite_cache: Path, tmp_path: Path) -> None:
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+
+    cache, records = _program(suite_cache, tmp_path, "softmax_online", "cuda:90")
+    before = _tree_digest(cache)
+    report = optimize_cache(cache, records, tmp_path / "out", CompiledOptions(
+        budget=6, device="cuda", spaces=("options", "ptx"), engine_cache=str(tmp_path / "engine")))
+    assert _tree_digest(cache) == before
+    (kernel,) = report.kernels
+    s = kernel["search"]
+    assert s["mode"] == "measured" and report.share_source == "measured" and kernel["time_us"] > 0
+    timed = [t for t in s["trials"] if t["measured"]]
+    assert timed, s["trials"]
+    assert all(t["status"] == "equivalent" and t["speedup"] > 0 and t["speedup_range"] for t in timed)
+    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("different", "unproven", "failed"))
+    if s["winner"] is not None:  # a winner is deployed: an override (the suite cache knows the key) and tuned
+        assert report.outputs["overrides"] and report.outputs["tuned"]
+        assert min(s["trials"][s["winner"]]["speedup_range"]) > 1.0
+    assert kernel["hot_window"]["level"] == "ptx"
+
+
+def test_the_program_reads_launch_counts_and_skips_kernels_it_never_launched(suite_cache: Path, tmp_path: Path) -> None:
+    from kstrata.agents.compiled.program import COUNTS_FILE, load_program
+
+    cache, records = _program(suite_cache, tmp_path, "row_sum_bf16", "cuda:90")
+    copy_suite_subset(suite_cache, cache, ("vector_add",), ("cuda:90",))  # in the cache, never launched
+    key = next(p.name for p in cache.iterdir() if (p / "row_sum_kernel.ttir").exists())
+    (records / COUNTS_FILE).parent.mkdir()
+    (records / COUNTS_FILE).write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": [
+        {"kernel": "row_sum_kernel", "cache_key": key, "launches": 7}]}))
+    program = load_program(cache, records)
+    by = {k.name: k for k in program.kernels}
+    assert by["row_sum_kernel"].launches == 7 and by["row_sum_kernel"].record and by["row_sum_kernel"].skip is None
+    assert by["vector_add_kernel"].skip and "not launched by the recorded program" in by["vector_add_kernel"].skip

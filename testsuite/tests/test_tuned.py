@@ -1,0 +1,153 @@
+"""The tuned database (`kstrata.agents.tuned`, `kstrata tuned list|show|prune`) and the torch.compile
+backend's `tuned` option, on the CPU: Triton compiles for cuda:90 here, so the backend's stages hook is
+driven by real compiles of Inductor-named kernels; only the launch (and so the end-to-end model run)
+needs a GPU (tools/bench_compiled.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import triton
+import triton.language as tl
+
+from kstrata.agents.tuned import TunedDB, TunedError, TunedLookup, content_digest, strip_locations
+
+
+@triton.jit
+def triton_poi_scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0 + 1.0, mask=mask)
+
+
+@triton.jit
+def triton_poi_other(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) - 3.0, mask=mask)
+
+
+SIG = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+
+
+def _compile(fn: Any, cache: Path, block: int = 128) -> Path:
+    from kstrata.ir.triton_layout import compile_jit
+
+    bundle = compile_jit(fn, SIG, "cuda:90", {"BLOCK": block}, cache_dir=cache)
+    return Path(str(bundle.origin))
+
+
+def _cubin(entry: Path) -> bytes:
+    return next(entry.glob("*.cubin")).read_bytes()
+
+
+def test_content_digest_ignores_locations_but_not_code_or_options() -> None:
+    a = '#loc = loc("/tmp/u1/x.py":3:0)\nmodule {\n  %0 = arith.constant 1 : i32 loc(#loc)\n} loc(#loc)\n'
+    b = a.replace("/tmp/u1", "/home/u2")
+    assert strip_locations(a) == strip_locations(b) and "loc" not in strip_locations(a)
+    assert content_digest(a, {"num_warps": 4}) == content_digest(b, {"num_warps": 4, "debug": True})
+    assert content_digest(a, {"num_warps": 4}) != content_digest(a, {"num_warps": 8})
+    assert content_digest(a, {}) != content_digest(a.replace("1 : i32", "2 : i32"), {})
+
+
+@pytest.fixture(scope="module")
+def tuned_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    """A tuned database with one variant of `triton_poi_scale` (num-warps 8, built by the engine)."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    root = tmp_path_factory.mktemp("tuned")
+    original = _compile(triton_poi_scale, root / "cache")
+    with Engine(root / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(original), "ttgir", PipelineEdit("ttgir(num-warps{n=8})")))
+    assert built.status == "changed" and built.entry
+    # the measurement is this test's, not a timing: the database stores what the optimizer measured
+    record = TunedDB(root / "db").add(original, built.entry, edit="ttgir(num-warps{n=8})", tolerance=None,
+                                      spaces=["options"], verdict="equivalent: test", speedup=1.25,
+                                      speedup_range=[1.2, 1.3], time_before_us=10.0, time_after_us=8.0,
+                                      device="test (constructed record, not a timing)")
+    return root, Path(built.entry), record
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_tuned_list_show_prune(tuned_db: tuple[Path, Path, Any], tmp_path: Path) -> None:
+    root, _, record = tuned_db
+    db = tmp_path / "db"
+    shutil.copytree(root / "db", db)
+    listed = json.loads(_cli("tuned", "list", str(db), "--json").stdout)["tuned"]
+    assert [(r["kernel"], r["edit"], r["applies_here"]) for r in listed] == [("triton_poi_scale", "ttgir(num-warps{n=8})", True)]
+    shown = json.loads(_cli("tuned", "show", str(db), "triton_poi_scale", "--json").stdout)["tuned"][0]
+    assert shown["content"] == record.content and shown["metadata_changes"]["num_warps"] == 8
+    missing = _cli("tuned", "show", str(db), "nope")
+    assert missing.returncode == 2 and "no tuned kernel named 'nope'" in missing.stderr
+    assert _cli("tuned", "list", str(tmp_path)).returncode == 2  # not a tuned database: one line, exit 2
+    # a record of other tool versions and a damaged one can never apply: prune removes them, keeps the good one
+    stale = db / (record.slug + "-old")
+    shutil.copytree(db / record.slug, stale)
+    data = json.loads((stale / "tuned.json").read_text())
+    (stale / "tuned.json").write_text(json.dumps({**data, "versions_digest": "0" * 64}))
+    broken = db / (record.slug + "-broken")
+    shutil.copytree(db / record.slug, broken)
+    (broken / "tuned.json").write_text("{")
+    dry = json.loads(_cli("tuned", "prune", str(db), "--dry-run", "--json").stdout)["removed"]
+    assert sorted(r["id"] for r in dry) == sorted([stale.name, broken.name]) and stale.exists()
+    _cli("tuned", "prune", str(db))
+    assert sorted(p.name for p in db.iterdir() if p.is_dir()) == [record.slug]
+
+
+def test_backend_applies_tuned_variants_to_matching_kernels_only(tuned_db: tuple[Path, Path, Any],
+                                                                tmp_path: Path) -> None:
+    from triton import knobs
+
+    from kstrata.tools.torch_backend import BackendConfig, _Session
+
+    root, tuned_entry, record = tuned_db
+    config = BackendConfig.from_options({"tuned": str(root / "db"), "cache_dir": str(tmp_path / "bk")})
+    assert config.pipeline == ""  # with tuned variants, nothing else is rewritten
+    session = _Session(config)
+    plain = {"same": _compile(triton_poi_scale, tmp_path / "plain"),
+             "block": _compile(triton_poi_scale, tmp_path / "plain-block", block=256),
+             "other": _compile(triton_poi_other, tmp_path / "plain-other")}
+    with knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = session.hook
+        hooked = {"same": _compile(triton_poi_scale, tmp_path / "hooked"),
+                  "block": _compile(triton_poi_scale, tmp_path / "hooked-block", block=256),
+                  "other": _compile(triton_poi_other, tmp_path / "hooked-other")}
+    # the matching kernel is the tuned variant: its binary, levels and launch metadata
+    assert hashlib.sha256(_cubin(hooked["same"])).hexdigest() == record.tuned_binary != record.original_binary
+    meta = json.loads(next(p for p in hooked["same"].glob("*.json") if not p.name.startswith("__grp__")).read_text())
+    assert meta["num_warps"] == 8
+    assert (hooked["same"] / "triton_poi_scale.ptx").read_text() == (tuned_entry / "triton_poi_scale.ptx").read_text()
+    # other code or options (BLOCK=256), and an unknown kernel: exactly what Triton makes without kstrata
+    assert _cubin(hooked["block"]) == _cubin(plain["block"]) and _cubin(hooked["other"]) == _cubin(plain["other"])
+    assert _cubin(plain["same"]) != _cubin(hooked["same"])
+    by_status = [(r.name, r.status, r.reason.split(":")[0]) for r in session.records]
+    assert by_status[0][:2] == ("triton_poi_scale", "tuned")
+    assert by_status[1] == ("triton_poi_scale", "unchanged",
+                            "a tuned variant of this name exists, but for other code or options")
+    assert by_status[2] == ("triton_poi_other", "unchanged", "no tuned variant")
+
+
+def test_lookup_refuses_a_variant_whose_parameters_differ(tuned_db: tuple[Path, Path, Any]) -> None:
+    root, _, record = tuned_db
+    lookup = TunedLookup(root / "db")
+    assert len(lookup) == 1
+    original = next((root / "cache").glob("*/triton_poi_scale.ttir"))
+    meta = json.loads(original.with_suffix(".json").read_text())
+    variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), meta)
+    assert variant is not None and why == "tuned" and variant.record.slug == record.slug
+    assert lookup.match("triton_poi_scale", "cuda:80", original.read_text(), meta)[0] is None  # another target
+    with pytest.raises(TunedError, match="only measured speedups"):
+        TunedDB(root / "db").add(original.parent, original.parent, edit="x", tolerance=None, spaces=[], verdict="",
+                                 speedup=0.9, speedup_range=None, time_before_us=None, time_after_us=None, device="")

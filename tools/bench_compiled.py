@@ -1,0 +1,282 @@
+"""On an NVIDIA GPU (H200): the compiled-kernel optimizer over the Inductor kernels of the project's models
+and tasks, and the tuned torch.compile backend end to end against plain Inductor.
+
+    python -m kstrata.tools.bench_compiled --results testsuite/results [--minutes 20] [--budget 16]
+                                           [--models mlp_fp16,...] [--all-tasks] [--work DIR] [--tag T]
+
+Per model (the MLP, transformer block and conv block of `gpu_torch_backend`, and three of the project's
+tasks, or every task with `--all-tasks`):
+
+1. **record**: the model compiled by Inductor and run in a child process under `kstrata record` with its
+   own `TRITON_CACHE_DIR` and Inductor cache, so the cache holds exactly the kernels the program compiled
+   and the records (with launch counts and buffer addresses) the ones it launched;
+2. **optimize**: `kstrata optimize CACHE --launches RECORDS` (kstrata.agents.compiled) on the GPU: shares
+   measured, every candidate gated by the differential run before it is timed, winners guarded; the
+   model's slice of `--minutes` is what is left divided by the models left;
+3. **re-check**: every winner verified again with fresh seeds (3 input sets, the GPU differential run):
+   a failure counts as a wrong result;
+4. **end to end**: plain `torch.compile(model)` against `torch.compile(model, backend="kstrata",
+   options={"tuned": OUT/tuned})`, outputs compared, each timed (CUDA events, L2 flushed, median of 50).
+
+Writes `compiled-bench-<date>.json` and `.md` under `--results` (after every model, so a run cut short
+keeps what it measured): per kernel the space and edit that won, speedup with its range over A/B rounds,
+trials and verdict counts; per model the tuned backend's speedup over Inductor and how many kernels it
+replaced; the geomean over changed kernels, wrong results, and the wall time of the whole run. Exit 0
+when the run completed with zero wrong results, 1 otherwise, 2 without an NVIDIA GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
+    from kstrata.tools.gpu_torch_backend import _models, _task_models
+
+    if name.startswith("task:"):
+        return _task_models(ROOT / "testsuite" / "tasks", all_tasks)[name]
+    return _models()[name]
+
+
+def _names(all_tasks: bool) -> list[str]:
+    from kstrata.tools.gpu_torch_backend import TASKS
+
+    names = ["mlp_fp16", "transformer_block_bf16", "conv_block_fp32"]
+    if all_tasks:
+        from kstrata.agents.tasks import find_tasks
+
+        paths = [Path(p).relative_to(ROOT / "testsuite" / "tasks") for p in find_tasks(ROOT / "testsuite" / "tasks")]
+    else:
+        paths = [Path(t) for t in TASKS]
+    return names + [f"task:{p.parent.name}/{p.stem}" for p in paths]
+
+
+def _child(name: str, all_tasks: bool) -> int:
+    """In the recorded process: compile the model with Inductor and run it a few times."""
+    import torch
+
+    torch.manual_seed(0)
+    model, inputs = _model(name, all_tasks)
+    with torch.no_grad():
+        compiled: Any = torch.compile(model)
+        for _ in range(3):
+            compiled(*inputs)
+        torch.cuda.synchronize()
+    return 0
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return [value]
+
+
+def _call(model: Any, inputs: tuple[Any, ...]) -> None:
+    model(*inputs)
+
+
+def _record(name: str, work: Path, all_tasks: bool) -> tuple[Path, Path]:
+    from kstrata.tools.record import record_command
+
+    cache, records = work / "triton-cache", work / "records"
+    env_keys = {"TRITON_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)
+    try:
+        cmd = [sys.executable, "-m", "kstrata.tools.bench_compiled", "--child", name, "--results", str(work)]
+        if all_tasks:
+            cmd.append("--all-tasks")
+        code, _ = record_command(cmd, records, max_per_kernel=1, timeout=900)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if code != 0:
+        raise RuntimeError(f"the recorded run of {name} exited with {code}")
+    return cache, records
+
+
+def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
+    """Every winner verified again on the GPU with fresh seeds; a failure is a wrong result."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, tool_env
+
+    rows = []
+    with Engine(tempfile.mkdtemp(prefix="kstrata-recheck-")) as engine:
+        for k in report.kernels:
+            s = k.get("search")
+            if not s or s.get("winner") is None:
+                continue
+            t = s["trials"][s["winner"]]
+            base = engine.add_kernel(k["entry"], k.get("override_key"))
+            # the ptxas the recorded program used (Inductor points Triton at torch's own): as the search built it
+            built = engine.build(Candidate(base, t["level"], PipelineEdit(t["pipeline"]), t["tolerance"]),
+                                 env=tool_env(k["record"]))
+            v = engine.check(base, built, [k["record"]], device="cuda", seeds=seeds, tolerance=t["tolerance"])
+            rows.append({"kernel": k["name"], "key": k["key"], "pipeline": t["pipeline"], "verdict": v.verdict.value,
+                         "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"]})
+    return rows
+
+
+def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str, Any]:
+    import torch
+
+    import kstrata.tools.torch_backend as tb
+    from kstrata.agents.tuned import TunedDB
+    from kstrata.backends.timing import time_gpu
+
+    TunedDB(tuned).create()  # no winner: an empty database, and the backend leaves every kernel as it is
+    torch.manual_seed(0)
+    model, inputs = _model(name, all_tasks)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        inductor: Any = torch.compile(model)
+        ref = inductor(*inputs)
+        t_ind = time_gpu(functools.partial(_call, inductor, inputs), runs=50)
+        torch._dynamo.reset()
+        before = len(tb.report())
+        ours: Any = torch.compile(model, backend="kstrata", options={"tuned": str(tuned), "cache_dir": str(work / "tb")})
+        out = ours(*inputs)
+        t_ks = time_gpu(functools.partial(_call, ours, inputs), runs=50)
+    kernels = tb.report()[before:]
+    pairs = list(zip(_flat(ref), _flat(out), strict=True))
+    return {"bitwise_equal": all(torch.equal(a, b) for a, b in pairs),
+            "max_abs_diff": max((float((a.double() - b.double()).abs().max()) if a.numel() else 0.0 for a, b in pairs),
+                                default=0.0),
+            "tuned_kernels": sum(k["status"] == "tuned" for k in kernels),
+            "untouched_kernels": sum(k["status"] != "tuned" for k in kernels),
+            "inductor_us": t_ind.to_json(), "tuned_us": t_ks.to_json(), "speedup": t_ind.median_us / t_ks.median_us}
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final: bool, seconds: float,
+           tag: str = "") -> dict[str, Any]:
+    results.mkdir(parents=True, exist_ok=True)
+    changed = [k for r in rows for k in r.get("kernels", []) if k.get("speedup")]
+    wrong = [c for r in rows for c in r.get("recheck", []) if c["verdict"] == "different"]
+    undecided = [c for r in rows for c in r.get("recheck", []) if c["verdict"] not in ("equivalent", "different")]
+    e2e = [r["end_to_end"]["speedup"] for r in rows if r.get("end_to_end", {}).get("speedup")]
+    summary = {"changed_kernels": len(changed), "geomean_changed": _geomean([k["speedup"] for k in changed]),
+               "wrong_results": len(wrong), "recheck_undecided": len(undecided), "geomean_end_to_end": _geomean(e2e), "seconds": seconds,
+               "complete": final}
+    stem = f"compiled-bench-{env['date'][:10]}" + (f"-{tag}" if tag else "")
+    (results / f"{stem}.json").write_text(json.dumps({"schema": "kstrata.compiled-bench/1", "environment": env,
+                                                      "summary": summary, "models": rows}, indent=1, default=str) + "\n")
+    g = summary["geomean_changed"]
+    lines = [f"# Compiled-kernel optimizer on {env['device']}", "",
+             f"{env['date']} · torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · "
+             f"{seconds / 60:.1f} min", "",
+             "" if final else f"**Incomplete run: {len(rows)} models before it stopped.**", "",
+             f"- changed kernels: {len(changed)}, geomean speedup {g:.3f}x" if g else "- no kernel changed",
+             f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
+             + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
+             f"- end to end (tuned backend vs Inductor), geomean: {summary['geomean_end_to_end']:.3f}x"
+             if summary["geomean_end_to_end"] else "- end to end: not measured", "",
+             "| model | kernel | share | space | edit | speedup (range) | trials | end to end |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error'][:160]} | | | | | | |")
+            continue
+        e = r.get("end_to_end", {})
+        e2e_cell = (f"{e['speedup']:.3f}x ({e['tuned_kernels']} tuned / {e['untouched_kernels']} as Inductor made them"
+                    f"{'' if e['bitwise_equal'] else ', max diff ' + format(e['max_abs_diff'], '.3g')})") if e.get("speedup") else ""
+        for i, k in enumerate(r.get("kernels", [])):
+            sp = f"{k['speedup']:.3f}x ({k['range'][0]:.3f}-{k['range'][1]:.3f})" if k.get("speedup") else k.get("result", "")
+            lines.append(f"| {r['model'] if i == 0 else ''} | {k['kernel']} | {k['share']} | {k.get('space', '')} | "
+                         f"`{k.get('edit', '')}` | {sp} | {k['trials']} | {e2e_cell if i == 0 else ''} |")
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def command(
+    results: Annotated[Path, typer.Option("--results", help="Where the dated results files go.")],
+    minutes: Annotated[float, typer.Option("--minutes", help="Time for the whole run (the issue: 20 on one H200).")] = 20.0,
+    budget: Annotated[int, typer.Option("--budget", help="Candidates per kernel.")] = 16,
+    models: Annotated[str, typer.Option("--models", help="Comma-separated model names (default: all).")] = "",
+    all_tasks: Annotated[bool, typer.Option("--all-tasks", help="Every task under testsuite/tasks, not three.")] = False,
+    work: Annotated[Path | None, typer.Option("--work", help="Where caches, records and outputs go (default: a "
+                                              "temporary directory).")] = None,
+    tag: Annotated[str, typer.Option("--tag", help="Appended to the results' file names (one call per group of "
+                                                   "models: a call may run 600 s).")] = "",
+    child: Annotated[str | None, typer.Option("--child", hidden=True)] = None,
+) -> int:
+    import torch
+    import triton
+
+    if child is not None:
+        return _child(child, all_tasks)
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        print("error: needs an NVIDIA GPU (this benchmark records, optimizes and times Inductor's CUDA kernels)",
+              file=sys.stderr)
+        return 2
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+
+    start = time.perf_counter()
+    root = work or Path(tempfile.mkdtemp(prefix="kstrata-compiled-bench-"))
+    names = [n.strip() for n in models.split(",") if n.strip()] or _names(all_tasks)
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version(), "budget": budget, "minutes": minutes}
+    rows: list[dict[str, Any]] = []
+    for i, name in enumerate(names):
+        row: dict[str, Any] = {"model": name}
+        safe = name.replace(":", "_").replace("/", "_")
+        try:
+            left = minutes - (time.perf_counter() - start) / 60
+            if left <= 0:
+                raise RuntimeError("the run's time ran out before this model")
+            cache, records = _record(name, root / safe, all_tasks)
+            report = optimize_cache(cache, records, root / safe / "out",
+                                    CompiledOptions(budget=budget, minutes=max(0.5, left / (len(names) - i) * 0.8),
+                                                    device="cuda", engine_cache=str(root / "engine"),
+                                                    progress=lambda m: print(m, flush=True)))
+            row["share_source"] = report.share_source
+            row["kernels"] = []
+            for k in report.kernels:
+                s = k.get("search") or {}
+                best = s["trials"][s["winner"]] if s.get("winner") is not None else None
+                row["kernels"].append({
+                    "kernel": k["name"], "key": k["key"][:12], "share": f"{k['share']:.1%}" if k.get("share") else "?",
+                    "trials": len(s.get("trials", [])), "result": k.get("skip") or k.get("result", ""),
+                    **({"space": ",".join(best["spaces"]), "edit": best["pipeline"], "speedup": best["speedup"],
+                        "range": best["speedup_range"], "verdict": best["verdict"]} if best else {}),
+                    "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
+                                 for st in ("equivalent", "unproven", "different", "failed", "error")}})
+            row["recheck"] = _recheck(report)
+            row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
+        except Exception as exc:  # a failing model is reported, the run goes on
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+        _write(results, env, rows, final=False, seconds=time.perf_counter() - start, tag=tag)
+    summary = _write(results, env, rows, final=True, seconds=time.perf_counter() - start, tag=tag)
+    print(json.dumps(summary, indent=1))
+    ok = summary["wrong_results"] == 0 and summary["recheck_undecided"] == 0 and all("error" not in r for r in rows)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kstrata.tools.console import run_command
+
+    return run_command(command, argv, help=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""`kstrata optimize CACHE_DIR --launches RECORDS` and `kstrata optimize --out OUT -- CMD ...`: the
+compiled-kernel optimizer's command line (kstrata.agents.compiled); `kstrata optimize` sends a Triton
+cache directory, or a command of two or more words, here. A command is run once under `kstrata record`
+with `TRITON_CACHE_DIR=OUT/triton-cache` (and a fresh Inductor cache, so Inductor compiles its kernels
+there), its launches recorded in `OUT/records`, and the cache then optimized into `OUT/optimized`.
+
+Exit codes: 0 the run finished (whether or not a kernel got faster: the report says); 2 a user error
+(no such directory, an output inside the cache, a bad option), one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from kstrata.tools.console import emit_json, err, out
+
+
+def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budget: int, minutes: float, device: str,
+                 spaces: str, exact: bool, seed: int, jobs: int, engine_cache: Path | None, only: list[str] | None,
+                 max_edits: int, timeout: float, as_json: bool) -> None:
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+    from kstrata.ir.errors import KstrataError
+
+    if device not in ("", "cuda", "cpu"):
+        raise KstrataError(f"--device {device!r}: choose cuda or cpu")
+    stream = err if as_json else out
+
+    def progress(msg: str) -> None:
+        if stream.is_terminal:
+            stream.print(msg, highlight=False, markup=False, soft_wrap=True)
+        else:
+            print(msg, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    opts = CompiledOptions(budget=budget, minutes=minutes, device=device, exact=exact,
+                           spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None, seed=seed,
+                           jobs=jobs, engine_cache=str(engine_cache) if engine_cache else None,
+                           only=tuple(only or ()), max_edits=max_edits, timeout_s=timeout, progress=progress)
+    report = optimize_cache(cache_dir, launches, out_dir, opts)
+    payload: dict[str, Any] = report.to_json()
+    if as_json:
+        emit_json(payload)
+        return
+    for k in report.kernels:
+        out.print(f"{k['name']} ({k['target']}, share {k['share']:.1%}): " if k.get("share") is not None
+                  else f"{k['name']} ({k['target']}): ", end="", highlight=False)
+        out.print(k.get("skip") or k.get("result", ""), highlight=False, markup=False)
+    for note in report.notes:
+        out.print(f"note: {note}", highlight=False, markup=False)
+    out.print(f"report: {Path(report.out) / 'optimize-compiled.md'}", highlight=False, markup=False)
+
+
+def record_and_optimize(command: list[str], out_dir: Path, **options: Any) -> None:
+    """Run `command` under the launch recorder with its own Triton cache, then optimize that cache."""
+    import os
+
+    from kstrata.ir.errors import KstrataError
+    from kstrata.tools.record import record_command
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache, records = out_dir / "triton-cache", out_dir / "records"
+    env = {"TRITON_CACHE_DIR": str(cache.resolve()), "TORCHINDUCTOR_CACHE_DIR": str((out_dir / "inductor-cache").resolve())}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        code, recorded = record_command(command, records)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise KstrataError(f"cannot run {command[0]!r}: {exc.strerror}") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if code != 0:
+        raise KstrataError(f"the recorded program {' '.join(command)} exited with {code}; nothing was optimized")
+    if not recorded:
+        raise KstrataError(f"the program {' '.join(command)} launched no Triton kernel: nothing to optimize")
+    (err if options.get("as_json") else out).print(f"recorded {len(recorded)} launches into {records}",
+                                                   highlight=False, markup=False)
+    run_compiled(cache, out_dir / "optimized", records, **options)
