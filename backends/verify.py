@@ -172,10 +172,12 @@ class VerifyReport:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> VerifyReport:
-        """The report `to_json` gave (a cached check's); verdict, evidence and reasons follow from the checks."""
-        return cls(str(data["kernel"]), str(data["target"]), list(data["differing_levels"]),
-                   [Check(**c) for c in data["checks"]], list(data.get("rebuilt_levels") or []),
-                   data.get("launch_source"), list(data.get("notes") or []), bool(data.get("static_only")))
+        """The report `to_json` gave (a cached check's): every field back; verdict, evidence and reasons follow."""
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in names},
+                      "checks": [Check(**c) for c in data["checks"]]})
 
 
 def _add(report: VerifyReport, name: str, level: str, fn: Any) -> None:

@@ -622,3 +622,17 @@ def test_amd_num_warps_changes_the_workgroup_size_on_purpose() -> None:
     lying = dataclasses.replace(new, metadata={**new.metadata, "num_warps": 2})  # 128 threads, but the code says 512
     abi = next(c for c in verify_static(hip, lying).checks if c.name == "abi")
     assert abi.verdict == "fail" and "max workgroup size 256 → 512" in abi.detail
+
+
+def test_a_report_round_trips_through_json() -> None:
+    # a cached verify report (the engine's) is rebuilt from its JSON: every field must come back
+    import dataclasses
+
+    report = VerifyReport("k", "cuda:90", ["ttir", "ptx"], [Check("interpreter (seed 0)", "ttir", "pass", "equal"),
+                                                           Check("differential", "cubin", "skipped", "no GPU")],
+                          rebuilt_levels=["cubin"], launch_source="the given launch record", notes=["n"],
+                          static_only=False, truth_level="ptx")
+    data = json.loads(json.dumps(report.to_json()))
+    assert {f.name for f in dataclasses.fields(VerifyReport)} <= set(data)
+    again = VerifyReport.from_json(data)
+    assert again == report and again.to_json() == report.to_json()
