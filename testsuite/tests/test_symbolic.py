@@ -191,8 +191,13 @@ def test_verify_takes_a_symbolic_proof_as_evidence_and_a_confirmed_counterexampl
     enable()
     original = bundle_for(get_kernel("vector_add"), Target.parse("cuda:90"), tmp_path)
     text = original.text("ttir")
-    commuted = rebuild_from(original, "ttir", text.replace("%2 = arith.addf %x_5, %y_7", "%2 = arith.addf %y_7, %x_5"))
-    report = verify(original, commuted, None, device="cpu", find_launch=False, symbolic=True, sanitizer=None)
+    # Eviction hints on the loads: the same values, another binary (commuted operands, the earlier example,
+    # rebuild to the identical binary, which is evidence of its own and leaves the solver out)
+    from kstrata.passes.pipeline import parse_pipeline, run_pipeline
+
+    hinted = run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle
+    report = verify(original, hinted, None, device="cpu", find_launch=False, symbolic=True, sanitizer=None)
+    assert "cubin" in report.differing_levels, report.differing_levels
     assert report.verdict is Verdict.EQUIVALENT and report.evidence() == ["symbolic"], report.checks
     wrong = rebuild_from(original, "ttir", text.replace("arith.cmpi slt", "arith.cmpi sle"))
     report = verify(original, wrong, None, device="cpu", find_launch=False, symbolic=True, sanitizer=None)
