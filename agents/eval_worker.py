@@ -40,8 +40,6 @@ _current_stream = torch.cuda.current_stream
 _clone = torch.Tensor.clone
 _copy = torch.Tensor.copy_
 _equal = torch.equal
-_save = torch.save
-
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -58,6 +56,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from kstrata.agents.evaluate import DISTRIBUTIONS  # noqa: E402
 from kstrata.agents.tasks import import_task_module  # noqa: E402
+from kstrata.agents.trial_io import save_trial as _save_trial  # noqa: E402  (bound before any candidate runs)
 from kstrata.backends.timing import CudaClock, time_gpu  # noqa: E402
 
 #: Bytes of the poisoned block (at least; more when the inputs are larger).
@@ -344,7 +343,7 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     outputs64 = None
             entry = {"input_digest": digest(inputs), "outputs": [o.cpu() if isinstance(o, torch.Tensor) else o for o in out],
                      "outputs64": outputs64, "fp64_note": fp64_note}
-            _save(entry, Path(args.workdir) / f"trial{i}.pt")
+            _save_trial(entry, Path(args.workdir) / f"trial{i}.pt")
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
                            "seed": trial_seed(args.seed, i), "checks": []})
             del out, outputs64, entry
@@ -437,7 +436,7 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
             tampered = timer_tampering()
             t_checks.append({"name": "timer-integrity", "ok": not tampered,
                              "detail": f"replaced by the candidate: {', '.join(tampered)}" if tampered else ""})
-            _save({"input_digest": in_digest, "outputs": [s.cpu() if isinstance(s, torch.Tensor) else s for s in snapshot]},
+            _save_trial({"input_digest": in_digest, "outputs": [s.cpu() if isinstance(s, torch.Tensor) else s for s in snapshot]},
                   Path(args.workdir) / f"trial{i}.pt")
             kept_outputs.extend(o for o in out if isinstance(o, torch.Tensor))
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
@@ -475,7 +474,7 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
             _synchronize()
             timed_outputs = {"last": last, "random": kept.get("random"), "random_call": pick - warmup,
                              "calls": calls[0]}
-            _save({k: ([x.cpu() if isinstance(x, torch.Tensor) else x for x in v] if isinstance(v, list) else v)
+            _save_trial({k: ([x.cpu() if isinstance(x, torch.Tensor) else x for x in v] if isinstance(v, list) else v)
                    for k, v in timed_outputs.items()}, Path(args.workdir) / "timed.pt")
             del kept, last, timed_outputs
             tampered = timer_tampering()

@@ -627,10 +627,10 @@ def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
 
 
 def _load_trial(workdir: Path, index: int) -> dict[str, Any]:
-    path = workdir / f"trial{index}.pt"
+    from kstrata.agents.trial_io import load_trial
+
     # mapped, not read: a trial of a published-size task is 19 GB (outputs and their float64 copies)
-    data: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    path.unlink()
+    data: dict[str, Any] = load_trial(workdir / f"trial{index}.pt")
     return data
 
 
@@ -791,8 +791,10 @@ def _after_timing(cand: WorkerRun, last_ref: dict[str, Any] | None) -> list[Chec
     path = cand.workdir / "timed.pt"
     if last_ref is None or not path.exists():
         return []
+    from kstrata.agents.trial_io import load_trial
+
     try:
-        timed: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        timed: dict[str, Any] = load_trial(path)
     except Exception as exc:
         return [Check("correct-after-timing", False, f"the timed outputs could not be read back ({type(exc).__name__})")]
     finally:

@@ -256,11 +256,24 @@ def test_lockstep_trials_judge_one_trial_at_a_time(tmp_path: Path, monkeypatch: 
         return dataclasses.replace(real(spec, device, trials), mode="lockstep")
 
     monkeypatch.setattr(ev, "memory_plan", lockstep)
+    # and every output tensor through the raw trial files of published-size tasks (trial_io)
+    from kstrata.agents import trial_io
+
+    monkeypatch.setenv("KSTRATA_RAW_TRIAL_BYTES", "64")
+    mapped: list[int] = []
+    real_from_file = trial_io._from_file
+
+    def from_file(*a: object, **kw: object) -> torch.Tensor:
+        mapped.append(1)
+        return real_from_file(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trial_io, "_from_file", from_file)
     relu = shrunk_task(tmp_path, *RELU)
     seen: list[tuple[str, int]] = []
     v = ev.evaluate(relu, ADVERSARIAL / "correct_torch_ops.py", device="cpu", timeout_s=120, trials=5,
                     on_progress=lambda role, done, total, s: seen.append((role, done)))
     assert v.accepted and len(v.trials) == 5 and v.memory["plan"]["mode"] == "lockstep", v.reason
+    assert len(mapped) >= 3 * 5, mapped  # per trial: the reference's output and float64 copy, the candidate's
     # the two processes alternate: reference trial i, then candidate trial i
     assert seen == [(role, i) for i in range(1, 6) for role in ("reference", "candidate")], seen
     wrong = write(tmp_path, "identity.py", "import torch\nclass ModelNew(torch.nn.Module):\n"
