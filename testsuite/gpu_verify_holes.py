@@ -1,6 +1,7 @@
 """Issue 20 on an NVIDIA GPU, in one run: the verification holes closed, and evaluation at KernelBench's sizes.
 
     python -m kstrata.testsuite.gpu_verify_holes [--results DIR] [--steps mutants,planted,eval,bench] [--work DIR]
+        [--eval-tasks 19,23]
 
 Steps (all by default; about 7 minutes on an H200):
 
@@ -48,9 +49,12 @@ MUTANTS = (("widened-predicate", "row_scale", "\tsetp.lt.s32 \t%p1, %r4, %r2;", 
            ("sub-to-add", "softmax_onepass", "\tsub.f32 \t%r47, %r1, %r46;", "\tadd.f32 \t%r47, %r1, %r46;"))
 
 
-def _cli(*args: str, timeout: float = 600) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd=ROOT)
+def _cli(*args: str, timeout: float = 600, live: bool = False) -> tuple[int, dict[str, Any] | None, str]:
+    """Run the CLI; `live`: its stderr (progress) goes straight to ours, so it survives a kill of this run."""
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], stdout=subprocess.PIPE,
+                          stderr=None if live else subprocess.PIPE, text=True, timeout=timeout, check=False, cwd=ROOT)
+    if live:
+        proc.stderr = ""
     try:
         data = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -139,13 +143,19 @@ def step_planted(work: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def step_eval(work: Path) -> list[dict[str, Any]]:
+EVAL_TASKS = {"19": ("level1/19_ReLU.py", "correct_relu_triton_int64.py"),
+              "23": ("level1/23_Softmax.py", "correct_softmax_torch.py")}
+
+
+def step_eval(work: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
     rows = []
-    for task, cand in (("level1/19_ReLU.py", "correct_relu_triton_int64.py"),
-                       ("level1/23_Softmax.py", "correct_softmax_torch.py")):
+    for key, (task, cand) in EVAL_TASKS.items():
+        if only and key not in only:
+            continue
         start = time.monotonic()
+        print(f"-- eval {task} (progress below)", file=sys.stderr, flush=True)
         rc, v, last = _cli("eval", str(PUBLISHED / task), str(ROOT / "testsuite" / "adversarial" / cand), "--json",
-                           "--trials", "5", "--runs", "20", timeout=900)
+                           "--trials", "5", "--runs", "20", timeout=900, live=True)
         mem = (v or {}).get("memory", {})
         peaks = {role: mem.get(role) for role in ("reference", "candidate", "evaluator")}
         plan = mem.get("plan") or {}
@@ -235,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "testsuite" / "results")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kstrata-verify-holes"))
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated: {', '.join(STEPS)}")
+    parser.add_argument("--eval-tasks", default=",".join(EVAL_TASKS),
+                        help="the published-size tasks of the eval step, comma-separated (19: ReLU, 23: Softmax); "
+                             "one per call fits a 600 s limit more surely")
     ns = parser.parse_args(argv)
+    eval_only = [t for t in ns.eval_tasks.split(",") if t]
+    if set(eval_only) - set(EVAL_TASKS):
+        print(f"error: --eval-tasks: {', '.join(sorted(set(eval_only) - set(EVAL_TASKS)))} unknown "
+              f"({', '.join(EVAL_TASKS)})", file=sys.stderr)
+        return 2
     steps = [s for s in ns.steps.split(",") if s]
     unknown = set(steps) - set(STEPS)
     if unknown:
@@ -249,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.work.mkdir(parents=True, exist_ok=True)
     env = _environment()
     rows: list[dict[str, Any]] = []
-    fns = {"mutants": step_mutants, "planted": step_planted, "eval": step_eval, "bench": step_bench}
+    fns = {"mutants": step_mutants, "planted": step_planted, "eval": lambda w: step_eval(w, eval_only),
+           "bench": step_bench}
     for step in steps:
         start = time.monotonic()
         try:
@@ -264,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'ok  ' if r['ok'] else 'MISS'} {r['case'][:52]:52s} {str(r['verdict'])[:40]:40s} "
                   f"{str(r.get('caught_by') or '')[:90]}", flush=True)
     md = render(rows, env)
-    stem = f"verify-holes-gpu-{env['date'][:10]}"
+    # a run of some steps only does not overwrite the day's full run
+    stem = f"verify-holes-gpu-{env['date'][:10]}" + ("" if steps == list(STEPS) else "-" + "-".join(steps))
     targets = [ns.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in targets:
         d.mkdir(parents=True, exist_ok=True)
