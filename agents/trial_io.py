@@ -50,7 +50,7 @@ class TrialFileError(Exception):
 
 
 def _write_raw(t: torch.Tensor, path: Path) -> None:
-    data = memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    data = memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     fd = _open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         def write(lo: int) -> None:
