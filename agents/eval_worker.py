@@ -140,7 +140,8 @@ def reshape_values(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Te
 
 
 #: A GPU tensor of at least this many bytes is hashed on the device (`device_hash`): sha256 on the host
-#: runs at about 0.5 GB/s, 13 s for one 6.4 GB input of a published-size task, twice per trial.
+#: (with the copy out of the tensor) took 2.4 s per GiB on the 2-core development machine, about 14 s for
+#: one 6.4 GB input of a published-size task, twice per trial.
 DEVICE_HASH_BYTES = 1 << 26
 _HASH_PRIME = (1 << 31) - 1
 _HASH_CHUNK = 1 << 24  # words per step: int64 temporaries of 128 MiB each

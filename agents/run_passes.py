@@ -120,6 +120,13 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+def refuse_output_in_cache(src: Path, out: Path) -> None:
+    """A `KstrataError` when the output directory is inside the cache being read, or contains it."""
+    if _inside(out, src) or _inside(src, out):
+        raise KstrataError(f"the output directory {out} must not be inside the cache directory (or contain it): "
+                           "kstrata never writes into a cache it reads", path=src)
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -532,9 +539,7 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
     src, out = Path(cache_dir).expanduser(), Path(out_dir).expanduser()
     if not src.is_dir():
         raise KstrataError("no such cache or dump directory", path=src)
-    if _inside(out, src) or _inside(src, out):
-        raise KstrataError(f"the output directory {out} must not be inside the cache directory (or contain it): "
-                           "kstrata never writes into a cache it reads", path=src)
+    refuse_output_in_cache(src, out)
     entries = [str(e) for e in iter_cache_entries(src)]
     is_cache = bool(entries)
     if not entries:  # a dump directory: entries are directories holding a .ttgir

@@ -4,7 +4,8 @@
 A trial of a KernelBench problem at its published size holds 19 GB (outputs and their float64 copies).
 `torch.save` writes that through one zip stream (about 0.7 s per GiB on a tmpfs here); a tensor of at least
 `RAW_BYTES` is instead written beside the file as raw bytes, by several threads at their own offsets
-(`os.pwrite`: 0.45 s per GiB on one thread here, more threads where there are cores), and replaced in the
+(`os.pwrite`: 0.45 s per GiB on one thread on the 2-core development machine, 0.38 s with four; what
+threads give on a 16-core GPU host is not measured yet), and replaced in the
 saved structure by a marker. Loading maps the raw files (`torch.from_file`, copy-on-write: nothing is read
 until it is compared) and removes them.
 

@@ -31,7 +31,6 @@ import datetime as _dt
 import functools
 import json
 import math
-import os
 import platform
 import sys
 import tempfile
@@ -94,19 +93,10 @@ def _record(name: str, work: Path, all_tasks: bool) -> tuple[Path, Path]:
 
     cache, records = work / "triton-cache", work / "records"
     env_keys = {"TRITON_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
-    saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ.update(env_keys)
-    try:
-        cmd = [sys.executable, "-m", "kstrata.tools.bench_compiled", "--child", name, "--results", str(work)]
-        if all_tasks:
-            cmd.append("--all-tasks")
-        code, _ = record_command(cmd, records, max_per_kernel=1, timeout=900)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    cmd = [sys.executable, "-m", "kstrata.tools.bench_compiled", "--child", name, "--results", str(work)]
+    if all_tasks:
+        cmd.append("--all-tasks")
+    code, _ = record_command(cmd, records, max_per_kernel=1, timeout=900, env=env_keys)
     if code != 0:
         raise RuntimeError(f"the recorded run of {name} exited with {code}")
     return cache, records

@@ -53,7 +53,6 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
 
 def record_and_optimize(command: list[str], out_dir: Path, **options: Any) -> None:
     """Run `command` under the launch recorder with its own Triton cache, then optimize that cache."""
-    import os
 
     from kstrata.ir.errors import KstrataError
     from kstrata.tools.record import record_command
@@ -61,18 +60,10 @@ def record_and_optimize(command: list[str], out_dir: Path, **options: Any) -> No
     out_dir.mkdir(parents=True, exist_ok=True)
     cache, records = out_dir / "triton-cache", out_dir / "records"
     env = {"TRITON_CACHE_DIR": str(cache.resolve()), "TORCHINDUCTOR_CACHE_DIR": str((out_dir / "inductor-cache").resolve())}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        code, recorded = record_command(command, records)
+        code, recorded = record_command(command, records, env=env)
     except (FileNotFoundError, PermissionError) as exc:
         raise KstrataError(f"cannot run {command[0]!r}: {exc.strerror}") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if code != 0:
         raise KstrataError(f"the recorded program {' '.join(command)} exited with {code}; nothing was optimized")
     if not recorded:

@@ -347,18 +347,20 @@ class _AfterImport:
 
 
 def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, snapshots: bool = False,
-                   timeout: float | None = None) -> tuple[int, list[Path]]:
-    """Run `command` with the recorder installed; returns its exit code and the records written."""
+                   timeout: float | None = None, env: dict[str, str] | None = None) -> tuple[int, list[Path]]:
+    """Run `command` with the recorder installed (and `env` added to its environment); returns its exit
+    code and the records written."""
     if not command:
         raise ValueError("no command to record")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kstrata-record-") as shim:
         (Path(shim) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (shim, env.get("PYTHONPATH", "")) if x)
-        env.update({ENV_DIR: str(out_dir.resolve()), ENV_MAX: str(max_per_kernel), ENV_SNAPSHOTS: "1" if snapshots else "0"})
-        env.setdefault(ENV_STATIC_LAUNCHER, "0")
-        proc = subprocess.run(command, env=env, timeout=timeout, check=False)
+        child_env = {**os.environ, **(env or {})}
+        child_env["PYTHONPATH"] = os.pathsep.join(x for x in (shim, child_env.get("PYTHONPATH", "")) if x)
+        child_env.update({ENV_DIR: str(out_dir.resolve()), ENV_MAX: str(max_per_kernel),
+                          ENV_SNAPSHOTS: "1" if snapshots else "0"})
+        child_env.setdefault(ENV_STATIC_LAUNCHER, "0")
+        proc = subprocess.run(command, env=child_env, timeout=timeout, check=False)
     return proc.returncode, sorted(out_dir.glob("*.json"))
 
 

@@ -123,14 +123,6 @@ def _pct(x: float | None) -> str:
     return f"{x:.1%}" if x is not None else "?"
 
 
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
-
-
 def time_original_job(p: dict[str, Any]) -> dict[str, Any]:
     """Worker (on one GPU): the original kernel's time per launch on its launch record."""
     from kstrata.agents.engine import _load_one
@@ -168,12 +160,11 @@ def _shares(program: Program, engine: Engine, device: str) -> None:
 def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: str | Path,
                    opts: CompiledOptions) -> CompiledReport:
     """Optimize the kernels of `cache_dir`; see the module docstring."""
+    from kstrata.agents.run_passes import refuse_output_in_cache
     from kstrata.ir.triton_layout import load_any
 
     src, out = Path(cache_dir).expanduser(), Path(out_dir).expanduser()
-    if _inside(out, src) or _inside(src, out):
-        raise KstrataError(f"the output directory {out} must not be inside the cache directory (or contain it): "
-                           "kstrata never writes into a cache it reads", path=src)
+    refuse_output_in_cache(src, out)
     if opts.spaces:
         bad = [s for s in opts.spaces if s not in SPACES]
         if bad:
