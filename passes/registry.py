@@ -31,6 +31,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "cache-hints": "kstrata.passes.ptx:CacheHints",
     "ptxas-options": "kstrata.passes.ptx:PtxasOptionsPass",
     "max-registers": "kstrata.passes.ptx:MaxRegisters",
+    "ptx-reorder": "kstrata.passes.ptx_sched:PtxReorder",
     "nontemporal-hints": "kstrata.passes.amdgcn:NontemporalHints",
     "mfma-priority": "kstrata.passes.amdgcn:MfmaPriority",
 }

@@ -375,6 +375,8 @@ def space_bundles() -> dict[str, KernelBundle]:
     ("dot-precision", "matmul_fp32_tf32", ["dot-precision{precision=tf32x3}", "dot-precision{precision=ieee}",
                                            "dot-precision{precision=bf16x3}", "dot-precision{precision=bf16x6}"]),
     ("ld-nc", "vector_add", ["ld-nc{assume_noalias=true}"]),
+    ("ptx-reorder", "vector_add", ["ptx-reorder{strategy=hoist-loads scope=hot}"]),
+    ("ptx-reorder", "vector_add_hip", "applies to cuda only"),
     ("nontemporal-hints", "vector_add", "applies to hip only"),
     ("nontemporal-hints", "vector_add_hip", ["nontemporal-hints{stores=false loads=true}",
                                              "nontemporal-hints{stores=true loads=false}",

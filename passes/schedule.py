@@ -1,0 +1,142 @@
+"""Dependency graphs of straight-line code and the list scheduler the reordering passes share
+(`ptx_sched.py` for PTX, `amdgcn_sched.py` for AMDGCN).
+
+A region is a run of instructions with no label, branch or barrier inside it; each instruction says
+what it reads and writes (`Effects`: registers, and memory by state space), and `dependency_graph`
+orders every pair that touches the same register (read after write, write after read, write after
+write) or the same memory where one of them writes. Any topological order of that graph computes the
+same thing as the original order: each instruction sees the same register values and the same memory,
+and leaves the same. The target-specific parts — which instructions are understood at all (the others
+end a region), what counts as a memory space, extra ordering such as AMD's in-order memory counters —
+are the callers'; `extra_edges` carries those.
+
+`list_schedule` picks, at each step, the ready instruction of the smallest rank (the strategies:
+`hoist_rank` issues the loads and what feeds them first, `sink_rank` keeps stores back until nothing
+else is ready); ties keep the original order, so an order with nothing to gain is the original one.
+`order_violations` is the check the tests and the passes run on every result: each edge of the graph
+must point forward in the new order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+#: Memory spaces that every other space may alias (PTX generic addresses, AMD flat).
+ANY_SPACE = "generic"
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What one instruction reads and writes. Registers are names (`%r1`, `v7`); memory is by space."""
+
+    defs: frozenset[str] = frozenset()
+    uses: frozenset[str] = frozenset()
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    #: A load the hoisting strategy issues early (global memory loads).
+    hoistable_load: bool = False
+    #: A store the sinking strategy keeps back.
+    sinkable_store: bool = False
+
+
+def _spaces_overlap(a: str, b: str, read_only: frozenset[str]) -> bool:
+    if a in read_only or b in read_only:
+        return False  # nothing writes a read-only space (PTX .param, .const)
+    return a == b or ANY_SPACE in (a, b)
+
+
+def _memory_conflict(x: Effects, y: Effects, read_only: frozenset[str]) -> bool:
+    return any(_spaces_overlap(a, b, read_only) for a in x.writes for b in (y.reads | y.writes)) or \
+        any(_spaces_overlap(a, b, read_only) for a in x.reads for b in y.writes)
+
+
+def dependency_graph(effects: Sequence[Effects], *, read_only: Iterable[str] = (),
+                     extra_edges: Iterable[tuple[int, int]] = ()) -> list[set[int]]:
+    """`preds[i]`: the instructions that must stay before instruction `i` (indices into `effects`)."""
+    ro = frozenset(read_only)
+    n = len(effects)
+    preds: list[set[int]] = [set() for _ in range(n)]
+    last_def: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for i, e in enumerate(effects):
+        for r in e.uses:
+            if r in last_def:
+                preds[i].add(last_def[r])  # read after write
+        for r in e.defs:
+            if r in last_def:
+                preds[i].add(last_def[r])  # write after write
+            preds[i].update(j for j in readers.get(r, ()) if j != i)  # write after read
+        for r in e.uses:
+            readers.setdefault(r, []).append(i)
+        for r in e.defs:
+            last_def[r] = i
+            readers[r] = [i] if r in e.uses else []
+    memory = [i for i, e in enumerate(effects) if e.reads or e.writes]
+    for k, i in enumerate(memory):
+        for j in memory[:k]:
+            if _memory_conflict(effects[j], effects[i], ro):
+                preds[i].add(j)
+    for a, b in extra_edges:
+        if a < b:
+            preds[b].add(a)
+        elif b < a:
+            preds[a].add(b)
+    return preds
+
+
+def order_violations(preds: Sequence[set[int]], order: Sequence[int]) -> list[tuple[int, int]]:
+    """The edges (before, after) that `order` (a permutation of the instructions) puts backwards."""
+    if sorted(order) != list(range(len(preds))):
+        raise ValueError("not a permutation of the region's instructions")
+    position = {node: k for k, node in enumerate(order)}
+    return [(p, i) for i in range(len(preds)) for p in preds[i] if position[p] > position[i]]
+
+
+def list_schedule(preds: Sequence[set[int]], rank: Callable[[int], tuple[int, ...]]) -> list[int]:
+    """A topological order of the graph: at each step the ready instruction of the smallest
+    `(rank(i), i)`."""
+    n = len(preds)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    waiting = [len(p) for p in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    heap = [(rank(i), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for s in succs[i]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(heap, (rank(s), s))
+    if len(order) != n:
+        raise ValueError("the dependency graph has a cycle")
+    return order
+
+
+def ancestors_of(preds: Sequence[set[int]], seeds: Iterable[int]) -> set[int]:
+    """The seeds and every instruction they depend on, transitively."""
+    out: set[int] = set()
+    stack = list(seeds)
+    while stack:
+        i = stack.pop()
+        if i in out:
+            continue
+        out.add(i)
+        stack.extend(preds[i])
+    return out
+
+
+def hoist_rank(preds: Sequence[set[int]], effects: Sequence[Effects]) -> Callable[[int], tuple[int, ...]]:
+    """Loads (and the address arithmetic and predicates they wait for) before everything else."""
+    feeding = ancestors_of(preds, [i for i, e in enumerate(effects) if e.hoistable_load])
+    return lambda i: (0 if i in feeding else 1,)
+
+
+def sink_rank(effects: Sequence[Effects]) -> Callable[[int], tuple[int, ...]]:
+    """Stores last: one is taken only when nothing else is ready."""
+    return lambda i: (1 if effects[i].sinkable_store else 0,)
