@@ -43,9 +43,10 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kstrata.backends.ptx import Blank, Brace, Comment, Directive, Instruction, PtxLine, PtxModule, parse_ptx
+from kstrata.ir.bundle import KernelBundle
 
 from .base import KernelPass, PassContext, PassResult
 from .schedule import Effects, dependency_graph, hoist_rank, list_schedule, order_violations, sink_rank
@@ -288,7 +289,7 @@ class PtxReorder(KernelPass):
     scope: Literal["hot", "all"] = "hot"
 
     @classmethod
-    def space_values(cls, bundle: object) -> dict[str, Sequence[object]]:
+    def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
         return {"strategy": ("hoist-loads", "sink-stores"), "scope": ("hot",)}
 
     def _reorder(self, text: str) -> Reordering:

@@ -32,6 +32,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "ptxas-options": "kstrata.passes.ptx:PtxasOptionsPass",
     "max-registers": "kstrata.passes.ptx:MaxRegisters",
     "ptx-reorder": "kstrata.passes.ptx_sched:PtxReorder",
+    "redundant-cvt": "kstrata.passes.ptx_cvt:RedundantConversions",
     "nontemporal-hints": "kstrata.passes.amdgcn:NontemporalHints",
     "mfma-priority": "kstrata.passes.amdgcn:MfmaPriority",
 }

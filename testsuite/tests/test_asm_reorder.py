@@ -7,9 +7,11 @@ proven bit for bit with numpy."""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kstrata.backends.ptx import Blank, Brace, Comment, Directive, Instruction, parse_line, parse_ptx, render
@@ -283,3 +285,172 @@ def test_real_kernels_keep_every_dependency_and_reassemble_with_ptxas(suite_cach
         built = assemble_ptx(result.text, PtxasOptions.from_bundle(bundle))  # type: ignore[arg-type]
         assert built.cubin[:4] == b"\x7fELF"
     assert moved_any, f"{name}: nothing moved"
+
+
+# ---------------------------------------------------------------------------------------------------
+# redundant-cvt: each rule proven on the bits, then the pass executed on hand-made PTX
+# ---------------------------------------------------------------------------------------------------
+def _samples(bits: int, n: int = 1 << 18) -> np.ndarray:
+    """Every value of a 16-bit type; for wider ones random bit patterns plus edges (0, ±1, extremes,
+    each single bit)."""
+    kind = {16: np.uint16, 32: np.uint32, 64: np.uint64}[bits]
+    if bits == 16:
+        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    rng = np.random.default_rng(bits)
+    edges = [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1] + [1 << k for k in range(bits)]
+    return np.concatenate([rng.integers(0, 1 << bits, n, dtype=np.uint64, endpoint=False).astype(kind)
+                           if bits < 64 else rng.integers(0, np.iinfo(np.uint64).max, n, dtype=np.uint64),
+                           np.array(edges, dtype=kind)])
+
+
+_NP_INT = {"u16": np.uint16, "s16": np.int16, "u32": np.uint32, "s32": np.int32, "u64": np.uint64, "s64": np.int64}
+
+
+@pytest.mark.parametrize("bits", [16, 32, 64])
+def test_rule_same_width_integer_conversions_copy_the_bits(bits: int) -> None:
+    x = _samples(bits)
+    for src in (f"u{bits}", f"s{bits}"):
+        for dst in (f"u{bits}", f"s{bits}"):
+            value = x.view(_NP_INT[src])
+            converted = value.astype(_NP_INT[dst])  # PTX cvt without .sat: the value modulo 2^bits
+            assert np.array_equal(converted.view(x.dtype), x), (src, dst)
+
+
+@pytest.mark.parametrize(("narrow", "wide"), [(16, 32), (16, 64), (32, 64)])
+def test_rule_narrowing_a_widening_gives_back_the_source(narrow: int, wide: int) -> None:
+    x = _samples(narrow)
+    for src in (f"u{narrow}", f"s{narrow}"):
+        for mid in (f"u{wide}", f"s{wide}"):
+            widened = x.view(_NP_INT[src]).astype(_NP_INT[mid])  # sign- or zero-extension by the source type
+            assert widened.dtype.itemsize * 8 == wide
+            for dst in (f"u{narrow}", f"s{narrow}"):
+                back = widened.astype(_NP_INT[dst])  # truncation
+                assert np.array_equal(back.view(x.dtype), x), (src, mid, dst)
+
+
+def test_rule_float_round_trips_are_exact_and_keep_nans_nan() -> None:
+    import torch
+
+    h = _samples(16).view(np.float16)
+    wide = h.astype(np.float32)
+    back = wide.astype(np.float16)
+    nan = np.isnan(h)
+    assert np.array_equal(back.view(np.uint16)[~nan], h.view(np.uint16)[~nan])  # every f16 value, ±0, inf, subnormals
+    assert np.isnan(back[nan]).all() and nan.sum() == 2046
+    assert np.array_equal(wide.astype(np.float16).astype(np.float32)[~nan], wide[~nan])  # a fixed point: any rounding mode
+    b = torch.from_numpy(_samples(16).view(np.int16).copy()).view(torch.bfloat16)
+    bw = b.to(torch.float32)
+    assert torch.equal(bw.view(torch.int32) >> 16 & 0xFFFF, b.view(torch.int16).to(torch.int32) & 0xFFFF)  # exact widening
+    bb = bw.to(torch.bfloat16)
+    bnan = torch.isnan(b)
+    assert torch.equal(bb.view(torch.int16)[~bnan], b.view(torch.int16)[~bnan]) and torch.isnan(bb[bnan]).all()
+    f = _samples(32).view(np.float32)
+    fnan = np.isnan(f)
+    with np.errstate(invalid="ignore"):  # numpy warns on casting NaNs; their NaN-ness is what is checked
+        ff = f.astype(np.float64).astype(np.float32)
+    assert np.array_equal(ff.view(np.uint32)[~fnan], f.view(np.uint32)[~fnan]) and np.isnan(ff[fnan]).all()
+
+
+def _width_of(reg: str) -> int:
+    return 16 if reg.startswith("%rs") else 64 if reg.startswith("%rd") else 1 if reg.startswith("%p") else 32
+
+
+def _signed(v: np.ndarray, bits: int) -> np.ndarray:
+    v = v.astype(np.uint64) & np.uint64((1 << bits) - 1 if bits < 64 else ~0 & 0xFFFFFFFFFFFFFFFF)
+    return v.astype(np.int64) - ((v >> np.uint64(bits - 1)) & np.uint64(1)).astype(np.int64) * (1 << bits) \
+        if bits < 64 else v.view(np.int64)
+
+
+def _evaluate(text: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A numpy model of the straight-line PTX the conversion tests use: every register as an array of
+    uint64 bit patterns (one lane per sample), cvt by its PTX definition."""
+    import torch
+
+    regs = dict(inputs)
+    for _, ins in parse_ptx(text).instructions():
+        ops = [o.strip() for o in ins.operands]
+        mods, base = ins.modifiers, ins.base_opcode
+        if base in ("ld", "st", "ret"):
+            continue
+        dest = ops[0]
+        dw = _width_of(dest)
+        if base == "setp":
+            new = (_signed(regs[ops[1]], 32) < _signed(regs[ops[2]], 32)).astype(np.uint64)
+        elif base == "add":
+            new = (regs[ops[1]] + np.uint64(int(ops[2]))) & np.uint64(0xFFFFFFFF)
+        elif base == "mov":
+            new = regs[ops[1]].copy()
+        else:
+            assert base == "cvt"
+            types = [m for m in mods if re.fullmatch(r"[usfb]f?\d+", m)]
+            dst, src = types
+            s = regs[ops[1]]
+            if dst in _NP_INT and src in _NP_INT:
+                sb, db = _INT_BITS[src], _INT_BITS[dst]
+                value = _signed(s, sb) if src[0] == "s" else (s & np.uint64((1 << sb) - 1 if sb < 64 else 0xFFFFFFFFFFFFFFFF)).astype(np.int64 if sb < 64 else np.uint64)
+                if "sat" in mods:
+                    lo, hi = (0, (1 << db) - 1) if dst[0] == "u" else (-(1 << (db - 1)), (1 << (db - 1)) - 1)
+                    value = np.clip(value.astype(np.float64), lo, hi).astype(np.int64)
+                bits = value.astype(np.uint64) & np.uint64((1 << db) - 1 if db < 64 else 0xFFFFFFFFFFFFFFFF)
+                new = (_signed(bits, db).astype(np.uint64) if dst[0] == "s" else bits) & \
+                    np.uint64((1 << dw) - 1 if dw < 64 else 0xFFFFFFFFFFFFFFFF)
+            else:
+                fl = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
+                ui = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+                if src == "bf16":
+                    value32 = ((s & np.uint64(0xFFFF)) << np.uint64(16)).astype(np.uint32).view(np.float32)
+                    srcv: np.ndarray = value32
+                else:
+                    srcv = s.astype(ui[_FLT_BITS[src]]).view(fl[src])
+                if dst == "bf16":
+                    t = torch.from_numpy(srcv.astype(np.float32)).to(torch.bfloat16).view(torch.int16).numpy()
+                    new = t.view(np.uint16).astype(np.uint64)
+                else:
+                    out = srcv.astype(fl[dst])
+                    if "ftz" in mods and dst == "f32":
+                        out = np.where(np.abs(out) < np.finfo(np.float32).tiny, np.copysign(0, out), out).astype(np.float32)
+                    new = out.view(ui[_FLT_BITS[dst]]).astype(np.uint64)
+        if ins.predicate:
+            guard = regs[ins.predicate.lstrip("@!")].astype(bool) ^ ins.predicate.startswith("@!")
+            new = np.where(guard, new, regs.get(dest, np.zeros_like(new)))
+        regs[dest] = new
+    return regs
+
+
+_INT_BITS = {"u16": 16, "s16": 16, "u32": 32, "s32": 32, "u64": 64, "s64": 64}
+_FLT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+CONVERSIONS = Path(__file__).resolve().parents[1] / "filecheck" / "ptx" / "inputs" / "conversions.ptx"
+
+
+def test_redundant_cvt_computes_the_same_registers_and_reassembles() -> None:
+    """Executed: the original and the rewritten kernel on 2^18 random and edge inputs per parameter (NaN
+    bit patterns included) give the same bits in every register the rewritten one still defines (NaNs
+    may differ only in payload, and only in the float round trips)."""
+    from kstrata.backends.nvidia import PtxasOptions, assemble_ptx
+    from kstrata.passes.ptx_cvt import remove_redundant_conversions
+
+    text = CONVERSIONS.read_text()
+    result = remove_redundant_conversions(text)
+    assert len(result.rewritten) == 8 and len(result.deleted) == 5
+    x = _samples(32)
+    y = np.random.default_rng(2).permutation(x)
+    inputs = {"%r1": x.astype(np.uint64), "%r20": y.astype(np.uint64), "%rd1": np.zeros(len(x), np.uint64)}
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and out-of-range casts are what the model computes
+        before, after = _evaluate(text, inputs), _evaluate(result.text, inputs)
+    floats = {"%rs3": np.float16, "%rs6": np.float16, "%r9": np.float32, "%r14": np.float32}
+    def bf16_nan(v: np.ndarray) -> np.ndarray:
+        return ((v & np.uint64(0x7F80)) == np.uint64(0x7F80)) & ((v & np.uint64(0x7F)) != np.uint64(0))
+
+    for reg, value in after.items():
+        same = before[reg] == value
+        if reg == "%rs5":  # the bf16 round trip
+            same |= bf16_nan(before[reg]) & bf16_nan(value)
+        elif reg in floats:
+            kind = floats[reg]
+            width = {np.float16: np.uint16, np.float32: np.uint32}[kind]
+            same |= np.isnan(before[reg].astype(width).view(kind)) & np.isnan(value.astype(width).view(kind))
+        assert same.all(), reg
+    assert set(before) - set(after) == {"%rd2", "%r6", "%r8", "%rd3", "%r11"}  # the deleted producers
+    for ptx in (text, result.text):
+        opts = PtxasOptions(arch="sm_90a")
+        assert assemble_ptx(ptx, opts).cubin[:4] == b"\x7fELF"
