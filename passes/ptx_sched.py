@@ -49,7 +49,16 @@ from kstrata.backends.ptx import Blank, Brace, Comment, Directive, Instruction, 
 from kstrata.ir.bundle import KernelBundle
 
 from .base import KernelPass, PassContext, PassResult
-from .schedule import Effects, dependency_graph, hoist_rank, list_schedule, order_violations, sink_rank
+from .schedule import (
+    Effects,
+    Unit,
+    dependency_graph,
+    hoist_rank,
+    list_schedule,
+    order_violations,
+    render_units,
+    sink_rank,
+)
 
 _REGISTER = re.compile(r"%[A-Za-z_$][\w$]*")
 
@@ -119,16 +128,7 @@ def ptx_effects(ins: Instruction) -> Effects | None:
 # ---------------------------------------------------------------------------------------------------
 # Regions and their text
 # ---------------------------------------------------------------------------------------------------
-@dataclass
-class _Unit:
-    """One instruction with the lines that travel with it."""
-
-    index: int  # line index of the instruction in PtxModule.lines
-    line: Instruction
-    effects: Effects
-    before: list[PtxLine]  # comments and blank lines that precede it (its `.loc` lines are dropped)
-    after: list[PtxLine]  # `// end inline asm` after it
-    loc: Directive | None  # the `.loc` in effect at it
+_Unit = Unit[PtxLine]
 
 
 @dataclass
@@ -197,25 +197,14 @@ def regions(module: PtxModule) -> list[Region]:
     return out
 
 
-def _same_loc(a: Directive | None, b: Directive | None) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and a.rest == b.rest)
+def _same_loc(a: PtxLine | None, b: PtxLine | None) -> bool:
+    if isinstance(a, Directive) and isinstance(b, Directive):
+        return a.rest == b.rest
+    return a is None and b is None
 
 
 def _render_region(region: Region, order: Sequence[int]) -> list[PtxLine]:
-    lines: list[PtxLine] = []
-    emitted = region.loc_before
-    for k in order:
-        u = region.units[k]
-        if u.loc is not None and not _same_loc(u.loc, emitted):
-            lines.append(u.loc)
-            emitted = u.loc
-        lines.extend(u.before)
-        lines.append(u.line)
-        lines.extend(u.after)
-    final = region.units[-1].loc
-    if final is not None and not _same_loc(final, emitted):
-        lines.append(final)  # what follows the region keeps the line info it had
-    return lines
+    return render_units(region.units, order, region.loc_before, _same_loc)
 
 
 Strategy = Literal["hoist-loads", "sink-stores"]

@@ -35,6 +35,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "redundant-cvt": "kstrata.passes.ptx_cvt:RedundantConversions",
     "nontemporal-hints": "kstrata.passes.amdgcn:NontemporalHints",
     "mfma-priority": "kstrata.passes.amdgcn:MfmaPriority",
+    "amdgcn-reorder": "kstrata.passes.amdgcn_sched:AmdgcnReorder",
 }
 
 

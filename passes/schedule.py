@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 #: Memory spaces that every other space may alias (PTX generic addresses, AMD flat).
 ANY_SPACE = "generic"
@@ -94,9 +97,15 @@ def order_violations(preds: Sequence[set[int]], order: Sequence[int]) -> list[tu
     return [(p, i) for i in range(len(preds)) for p in preds[i] if position[p] > position[i]]
 
 
-def list_schedule(preds: Sequence[set[int]], rank: Callable[[int], tuple[int, ...]]) -> list[int]:
+class Stuck(Exception):
+    """No ready instruction may be placed at the next slot (`list_schedule`'s `eligible` held them all)."""
+
+
+def list_schedule(preds: Sequence[set[int]], rank: Callable[[int], tuple[int, ...]],
+                  eligible: Callable[[int, int, dict[int, int]], bool] | None = None) -> list[int]:
     """A topological order of the graph: at each step the ready instruction of the smallest
-    `(rank(i), i)`."""
+    `(rank(i), i)`. `eligible(i, slot, placed)`, when given, may refuse an instruction at a slot
+    (`placed`: instruction -> slot so far); when it refuses every ready one, `Stuck` is raised."""
     n = len(preds)
     succs: list[list[int]] = [[] for _ in range(n)]
     waiting = [len(p) for p in preds]
@@ -106,8 +115,19 @@ def list_schedule(preds: Sequence[set[int]], rank: Callable[[int], tuple[int, ..
     heap = [(rank(i), i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(heap)
     order: list[int] = []
+    placed: dict[int, int] = {}
     while heap:
-        _, i = heapq.heappop(heap)
+        if eligible is None:
+            _, i = heapq.heappop(heap)
+        else:
+            ok = sorted(heap)
+            pick = next((item for item in ok if eligible(item[1], len(order), placed)), None)
+            if pick is None:
+                raise Stuck(f"no ready instruction may take slot {len(order)}")
+            heap.remove(pick)
+            heapq.heapify(heap)
+            i = pick[1]
+        placed[i] = len(order)
         order.append(i)
         for s in succs[i]:
             waiting[s] -= 1
@@ -140,3 +160,41 @@ def hoist_rank(preds: Sequence[set[int]], effects: Sequence[Effects]) -> Callabl
 def sink_rank(effects: Sequence[Effects]) -> Callable[[int], tuple[int, ...]]:
     """Stores last: one is taken only when nothing else is ready."""
     return lambda i: (1 if effects[i].sinkable_store else 0,)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Regions as lines of text: what travels with an instruction, and the region printed in a new order
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Unit(Generic[T]):
+    """One instruction of a region with the lines that travel with it (`T`: the level's line type)."""
+
+    index: int  # the instruction's line index in its file
+    line: T
+    effects: Effects
+    #: Comments and blank lines before it (its line-info directives are not kept: see `loc`).
+    before: list[T] = field(default_factory=list)
+    #: Lines that close it (`// end inline asm`).
+    after: list[T] = field(default_factory=list)
+    #: The line-info directive (`.loc`) in effect at it.
+    loc: T | None = None
+
+
+def render_units(units: Sequence[Unit[T]], order: Sequence[int], loc_before: T | None,
+                 same_loc: Callable[[T | None, T | None], bool]) -> list[T]:
+    """The region's lines in `order`: each instruction with its comments, and a `.loc` wherever the
+    line changes from the one in effect; the line in effect after the region is the original's."""
+    lines: list[T] = []
+    emitted = loc_before
+    for k in order:
+        u = units[k]
+        if u.loc is not None and not same_loc(u.loc, emitted):
+            lines.append(u.loc)
+            emitted = u.loc
+        lines.extend(u.before)
+        lines.append(u.line)
+        lines.extend(u.after)
+    final = units[-1].loc
+    if final is not None and not same_loc(final, emitted):
+        lines.append(final)
+    return lines

@@ -383,6 +383,7 @@ def space_bundles() -> dict[str, KernelBundle]:
                                              "nontemporal-hints{stores=true loads=false}",
                                              "nontemporal-hints{stores=true loads=true}"]),
     ("mfma-priority", "vector_add_hip", "no MFMA"),
+    ("amdgcn-reorder", "vector_add_hip", "hoist-loads: nothing to move in the hot window"),
     ("grouped-pid", "matmul_fp16", "already groups"),
 ])
 def test_schedule_space(space_bundles: dict[str, KernelBundle], name: str, kernel: str,
