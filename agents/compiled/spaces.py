@@ -4,8 +4,10 @@
 - `options`: passes that re-lower with other launch/compile options (`num-warps`, `num-stages`) and the
   PTX assembler's (`max-registers` = maxnreg, `ptxas-options`);
 - `ttir`, `ttgir`: IR rewrites; `llir`: LLVM IR (`noalias-args`, `flush-denormals`, …);
-- `ptx`: PTX hot-window edits (`cache-hints`, `ld-nc`); `amdgcn`: AMDGCN hot-window edits
-  (`nontemporal-hints`, `mfma-priority`).
+- `ptx`: PTX hot-window edits (`cache-hints`, `ld-nc`, `ptx-reorder` — instruction order inside the hot
+  window's blocks —, `redundant-cvt`); `amdgcn`: AMDGCN hot-window edits (`nontemporal-hints`,
+  `mfma-priority`, `amdgcn-reorder`, ranked like the others by the llvm-mca surrogate and checked for
+  `s_waitcnt` hazards).
 
 An **atom** is one pass instance; a candidate is a sequence of atoms (at most one per pass) spelled as
 one pipeline (`ttgir(num-warps{n=8}),ptx(cache-hints{…})`), built by the engine with the lower levels

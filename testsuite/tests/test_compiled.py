@@ -279,6 +279,41 @@ def test_optimize_a_gfx942_kernel_statically(suite_cache: Path, tmp_path: Path) 
     assert len((out / "trajectory.jsonl").read_text().splitlines()) == len(amd["trials"]) == 3
 
 
+def test_the_reorder_passes_are_in_the_kernel_spaces(suite_cache: Path) -> None:
+    """`kstrata optimize` enumerates the reordering edits from the passes' schedule spaces: offered where
+    the hot window has something to move, skipped with the reason where it has not."""
+    from kstrata.agents.compiled.spaces import kernel_spaces
+    from kstrata.ir.triton_layout import load_cache_entry, read_index
+
+    index = read_index(suite_cache)
+
+    def bundle(name: str, target: str) -> Any:
+        key = next(k for k, r in index.items() if r.get("suite_kernel") == name and r.get("target") == target)
+        return load_cache_entry(suite_cache / key)
+
+    ptx = {s.name: s for s in kernel_spaces(bundle("vector_add", "cuda:90"), [], only=("ptx",))}["ptx"]
+    assert "ptx-reorder{strategy=hoist-loads scope=hot}" in [a.spelling for a in ptx.atoms]
+    assert "no redundant conversion" in dict(ptx.skipped)["redundant-cvt"]
+    amd = {s.name: s for s in kernel_spaces(bundle("layernorm_bwd_dx", "hip:gfx942"), [], only=("amdgcn",))}["amdgcn"]
+    assert [a.spelling for a in amd.atoms if a.pass_name == "amdgcn-reorder"] == ["amdgcn-reorder{strategy=hoist-loads scope=hot}"]
+    row_sum = {s.name: s for s in kernel_spaces(bundle("row_sum_bf16", "hip:gfx942"), [], only=("amdgcn",))}["amdgcn"]
+    assert "nothing to move in the hot window" in dict(row_sum.skipped)["amdgcn-reorder"]
+
+
+@pytest.mark.slow
+def test_optimize_a_gfx942_kernel_ranks_a_reordering_statically(suite_cache: Path, tmp_path: Path) -> None:
+    cache, records = _program(suite_cache, tmp_path, "layernorm_bwd_dx", "hip:gfx942")
+    report = _optimize(cache, records, tmp_path, "--budget", "1", "--spaces", "amdgcn")
+    (kernel,) = report["kernels"]
+    search = kernel["search"]
+    assert search["mode"] == "surrogate" and search["base_surrogate"]["cycles_per_iteration"] > 0
+    (trial,) = [t for t in search["trials"] if t["pipeline"] == "amdgcn(amdgcn-reorder{strategy=hoist-loads scope=hot})"]
+    assert trial["status"] == "unproven" and not trial["measured"] and "no AMD GPU" in trial["unmeasured"]
+    assert "s_waitcnt: no new uses" in trial["reason"]  # the hazard check ran on the reordered code
+    assert trial["score"] is not None and trial["surrogate"]["cycles_per_iteration"] > 0  # ranked by llvm-mca
+    assert any(Path(p).is_dir() for p in report["outputs"]["unmeasured"])
+
+
 @pytest.mark.slow
 def test_optimize_a_cuda_kernel_through_the_cpu_path(suite_cache: Path, tmp_path: Path) -> None:
     cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")
