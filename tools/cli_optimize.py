@@ -106,7 +106,7 @@ def optimize_cmd(
     max_edits: Annotated[int, typer.Option("--max-edits", help="Triton cache only: edits per candidate.")] = 3,
 ) -> None:
     """Optimize TARGET; see the README's optimizer section."""
-    from kstrata.agents.compiled.program import is_triton_cache
+    from kstrata.agents.compiled.program import bare_binary_kind, is_triton_cache
 
     compiled: dict[str, Any] = dict(budget=budget, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
                     jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
@@ -117,6 +117,14 @@ def optimize_cmd(
         record_and_optimize(targets, out_dir, **compiled)
         return
     target = Path(targets[0])
+    binary = bare_binary_kind(target)
+    if binary is not None:
+        raise KstrataError(
+            f"{target}: a bare {binary} is not an input kstrata optimize can edit yet: the only edits allowed "
+            "without its assembly are in-place binary patches (same-size instruction rewrites), and kstrata "
+            "cannot generate them from machine code yet (backends/binpatch.py applies and checks hand-written "
+            "ones); optimize the Triton cache entry that holds the kernel's PTX/AMDGCN instead "
+            "(kstrata optimize CACHE_DIR --launches RECORDS)")
     if is_triton_cache(target):  # compiled kernels: the hot-window search (kstrata.agents.compiled)
         from kstrata.tools.cli_compiled import run_compiled
 

@@ -70,6 +70,24 @@ def is_triton_cache(path: Path) -> bool:
     return path.is_dir() and next(iter_cache_entries(path), None) is not None
 
 
+def bare_binary_kind(path: Path) -> str | None:
+    """"cubin" or "hsaco" when `path` is a single GPU code object (an ELF file of an NVIDIA or AMD GPU
+    machine), else None."""
+    from kstrata.backends.elf import read_elf
+    from kstrata.ir.errors import KstrataError
+
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            return None
+    try:
+        machine = read_elf(path.read_bytes(), origin=str(path)).machine
+    except KstrataError:
+        return "cubin" if path.suffix == ".cubin" else "hsaco" if path.suffix in (".hsaco", ".co") else None
+    return {190: "cubin", 224: "hsaco"}.get(machine)
+
+
 def read_launch_counts(launches: Path) -> dict[tuple[str, str], int]:
     """(kernel name, base32 cache key) -> launches, from `launch-counts.json`; empty when there is none."""
     path = launches / COUNTS_FILE
