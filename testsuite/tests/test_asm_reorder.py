@@ -18,6 +18,8 @@ from kstrata.backends.ptx import Blank, Brace, Comment, Directive, Instruction, 
 from kstrata.passes.ptx_sched import READ_ONLY, ptx_effects, reorder_ptx
 from kstrata.passes.schedule import ANY_SPACE, Effects, dependency_graph, list_schedule, order_violations
 
+from .conftest import has_cuda
+
 HEAD = """\
 .version 8.7
 .target sm_90a
@@ -621,3 +623,59 @@ def test_a_real_gfx942_kernel_reorders_and_relinks_consistently(suite_cache: Pat
     assert Counter(i.words for i in ia) == Counter(i.words for i in ib) and ia != ib
     branches = [(i.address, i.words) for i in ia if i.mnemonic.startswith(("s_branch", "s_cbranch"))]
     assert branches == [(i.address, i.words) for i in ib if i.mnemonic.startswith(("s_branch", "s_cbranch"))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# On an NVIDIA GPU: the differential run decides (skipped here)
+# ---------------------------------------------------------------------------------------------------
+GPU_CASES = [("vector_add", "ptx(ptx-reorder)"), ("layernorm_fwd", "ptx(ptx-reorder)"),
+             ("layernorm_fwd", "ptx(ptx-reorder{strategy=sink-stores})"), ("dropout_philox", "ptx(ptx-reorder)"),
+             ("rmsnorm_bwd", "ptx(redundant-cvt)"), ("col_sum_i32", "ptx(redundant-cvt)")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize(("name", "pipeline"), GPU_CASES)
+def test_on_a_gpu_the_rewrites_are_equivalent_by_the_differential_run(name: str, pipeline: str) -> None:
+    from kstrata.backends.verify import Verdict, verify
+    from kstrata.ir.target import Target
+    from kstrata.passes.pipeline import parse_pipeline, run_pipeline
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    original = suite.bundle_for(suite.get_kernel(name), Target.parse("cuda:90"))
+    outcome = run_pipeline(original, parse_pipeline(pipeline))
+    assert outcome.changed, outcome.records[0].reason
+    report = verify(original, outcome.bundle, device="cuda", seeds=2, sanitizer="none")
+    assert report.verdict is Verdict.EQUIVALENT, [(c.name, c.verdict, c.detail) for c in report.checks]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_a_store_moved_above_its_value_is_caught() -> None:
+    """The planted counterpart: the first global store of vector_add moved up, above the add that computes
+    the value it stores (an order the dependency graph forbids), must be `different`."""
+    from kstrata.backends.rebuild import rebuild_from
+    from kstrata.backends.verify import Verdict, verify
+    from kstrata.ir.target import Target
+    from kstrata.tools.suite import load_suite
+
+    suite = load_suite()
+    original = suite.bundle_for(suite.get_kernel("vector_add"), Target.parse("cuda:90"))
+    wrong = rebuild_from(original, "ptx", _store_above_its_value(original.text("ptx")))
+    report = verify(original, wrong, device="cuda", seeds=1, sanitizer="none")
+    assert report.verdict is Verdict.DIFFERENT
+
+
+def _store_above_its_value(ptx: str) -> str:
+    lines = ptx.split("\n")
+    store = next(i for i, ln in enumerate(lines) if "st.global" in ln)
+    first_add = next(i for i, ln in enumerate(lines) if ln.strip().startswith("add.f32"))
+    return "\n".join(lines[:first_add] + [lines[store]] + [ln for i, ln in enumerate(lines) if i >= first_add and i != store])
+
+
+def test_the_planted_reordering_breaks_a_dependency(suite_cache: Path) -> None:
+    """On the CPU: the independent pairwise check rejects the planted order the GPU test runs."""
+    ptx, _ = _suite_ptx(suite_cache, "vector_add")
+    with pytest.raises(AssertionError):
+        check_reordering(ptx, _store_above_its_value(ptx))
