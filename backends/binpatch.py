@@ -136,9 +136,12 @@ def apply_binary_patch(binary: bytes, patch: BinaryPatch, vendor: str, arch: str
     if changed != expected:
         raise BinaryPatchError(f"{changed} bytes changed, the edits account for {expected}")
     report: list[dict[str, Any]] = []
+    listings: dict[str, tuple[dict[int, str], dict[int, str]]] = {}  # one disassembly per section and side
     for i, e in enumerate(patch.edits, 1):
-        before = _section_listing(binary, vendor, arch, e.section)
-        after = _section_listing(patched, vendor, arch, e.section)
+        if e.section not in listings:
+            listings[e.section] = (_section_listing(binary, vendor, arch, e.section),
+                                   _section_listing(patched, vendor, arch, e.section))
+        before, after = listings[e.section]
         if len(before) != len(after):
             raise BinaryPatchError(f"edit {i}: the disassembler decodes {len(after)} instructions in {e.section} "
                                    f"after the patch, {len(before)} before")

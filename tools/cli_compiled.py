@@ -51,6 +51,26 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
     out.print(f"report: {Path(report.out) / 'optimize-compiled.md'}", highlight=False, markup=False)
 
 
+def run_binary(binary: Path, out_dir: Path, launches: Path, *, as_json: bool) -> None:
+    """A bare hsaco: in-place patches, written unmeasured (`kstrata.agents.compiled.binary`)."""
+    from kstrata.agents.compiled.binary import optimize_binary
+
+    report = optimize_binary(binary, launches, out_dir)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    for c in report.candidates:
+        line = f"{report.kernel} ({report.target}): {c['edit']}: {c['status']}"
+        if c.get("edits"):
+            line += f", {c['edits']} instructions patched in place -> {c.get('written', 'not written')} ({c['unmeasured']})"
+        elif c.get("reason"):
+            line += f": {c['reason']}"
+        out.print(line, highlight=False, markup=False)
+    for note in report.notes:
+        out.print(f"note: {note}", highlight=False, markup=False)
+    out.print(f"report: {Path(report.out) / 'optimize-binary.json'}", highlight=False, markup=False)
+
+
 def record_and_optimize(command: list[str], out_dir: Path, **options: Any) -> None:
     """Run `command` under the launch recorder with its own Triton cache, then optimize that cache."""
 

@@ -118,13 +118,14 @@ def optimize_cmd(
         return
     target = Path(targets[0])
     binary = bare_binary_kind(target)
-    if binary is not None:
-        raise KstrataError(
-            f"{target}: a bare {binary} is not an input kstrata optimize can edit yet: the only edits allowed "
-            "without its assembly are in-place binary patches (same-size instruction rewrites), and kstrata "
-            "cannot generate them from machine code yet (backends/binpatch.py applies and checks hand-written "
-            "ones); optimize the Triton cache entry that holds the kernel's PTX/AMDGCN instead "
-            "(kstrata optimize CACHE_DIR --launches RECORDS)")
+    if binary is not None:  # a bare cubin/hsaco: in-place binary patches only (kstrata.agents.compiled.binary)
+        from kstrata.tools.cli_compiled import run_binary
+
+        if launches is None:
+            raise KstrataError(f"{target}: a bare {binary} needs --launches (the launch records of the program that "
+                               "ran it: kstrata record --out DIR -- CMD)")
+        run_binary(target, out_dir, launches, as_json=as_json)
+        return
     if is_triton_cache(target):  # compiled kernels: the hot-window search (kstrata.agents.compiled)
         from kstrata.tools.cli_compiled import run_compiled
 

@@ -314,6 +314,49 @@ def test_optimize_a_gfx942_kernel_ranks_a_reordering_statically(suite_cache: Pat
     assert any(Path(p).is_dir() for p in report["outputs"]["unmeasured"])
 
 
+def test_a_bare_hsaco_gets_in_place_nontemporal_patches(suite_cache: Path, tmp_path: Path) -> None:
+    """`kstrata optimize KERNEL.hsaco --launches R` (in process): nt added to the memory instructions by
+    same-size re-encodings, every byte outside the patched words and every non-code section unchanged, the
+    code object's metadata equal, each written hsaco reproduced by its own patch.json, all unmeasured."""
+    from kstrata.agents.compiled.binary import optimize_binary
+    from kstrata.backends.amd import code_object_metadata, compare_metadata, disassemble_hsaco
+    from kstrata.backends.binpatch import BinaryPatch, apply_binary_patch
+    from kstrata.backends.elf import read_elf
+    from kstrata.backends.tools import ToolNotFound
+
+    cache, records = _program(suite_cache, tmp_path, "vector_add", "hip:gfx942")
+    hsaco_path = next(cache.glob("*/vector_add_kernel.hsaco"))
+    original = hsaco_path.read_bytes()
+    try:
+        report = optimize_binary(hsaco_path, records, tmp_path / "out")
+    except ToolNotFound as exc:
+        pytest.skip(f"llvm-mc/llvm-objdump are not installed ({exc})")
+    assert hsaco_path.read_bytes() == original  # the input is only read
+    by = {c["edit"]: c for c in report.candidates}
+    stores, loads = by["nontemporal{stores=true loads=false}"], by["nontemporal{stores=false loads=true}"]
+    both = by["nontemporal{stores=true loads=true}"]
+    assert stores["edits"] + loads["edits"] == both["edits"] > 0
+    before = {i.address: i for i in disassemble_hsaco(original, "gfx942")}
+    for cand in (stores, loads, both):
+        assert cand["status"] == "unproven" and "no AMD GPU" in cand["unmeasured"]
+        written = Path(cand["written"])
+        patched = (written / "vector_add_kernel.hsaco").read_bytes()
+        again, _ = apply_binary_patch(original, BinaryPatch.from_json(json.loads((written / "patch.json").read_text())),
+                                      "amd", "gfx942")
+        assert again == patched
+        assert not compare_metadata(code_object_metadata(original), code_object_metadata(patched))
+        ea, eb = read_elf(original), read_elf(patched)
+        for sec in ea.sections:
+            if sec.name and sec.name != ".text":
+                assert sec.data == eb.section(sec.name).data, sec.name
+        after = {i.address: i for i in disassemble_hsaco(patched, "gfx942")}
+        changed = [a for a in before if before[a].words != after[a].words]
+        assert len(changed) == cand["edits"]
+        for a in changed:
+            assert after[a].text == before[a].text + " nt" and after[a].mnemonic.startswith(("global_", "buffer_"))
+        assert json.loads((written / "surrogate.json").read_text())["status"] == "unmeasured"
+
+
 @pytest.mark.slow
 def test_optimize_a_cuda_kernel_through_the_cpu_path(suite_cache: Path, tmp_path: Path) -> None:
     cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")

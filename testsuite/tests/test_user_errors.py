@@ -326,16 +326,18 @@ def test_verify_of_a_corrupt_amdgcn_candidate_quotes_a_few_diagnostics(tmp_path:
     assert "more lines of diagnostics" in proc.stderr and len(proc.stderr) < 4000, len(proc.stderr)
 
 
-def test_a_bare_cubin_or_hsaco_says_what_is_not_supported(tmp_path: Path, entry: Path) -> None:
+def test_a_bare_cubin_says_what_is_not_supported(tmp_path: Path, entry: Path) -> None:
     """`kstrata optimize KERNEL.cubin --launches R`: in-place binary patches are the only edits a bare binary
-    allows and kstrata does not generate them yet; one line saying so, not a misread as a task file. The
-    AMD case is an AMDGPU ELF header (the kind is read from the ELF machine, not the file name)."""
+    allows, and kstrata cannot generate SASS ones; one line saying so, not a misread as a task file. The
+    binary's kind is read from its ELF machine, not its file name."""
     from kstrata.agents.compiled.program import bare_binary_kind
 
     cubin = next(entry.glob("*.cubin"))
     proc = kstrata("optimize", str(cubin), "--launches", str(tmp_path), "--out", str(tmp_path / "o"))
-    one_line_error(proc, cubin.name, "a bare cubin", "in-place binary patches", "kstrata optimize CACHE_DIR")
+    one_line_error(proc, cubin.name, "a bare cubin", "in-place SASS patches", "kstrata optimize CACHE_DIR")
     assert not (tmp_path / "o").exists()
+    proc = kstrata("optimize", str(cubin), "--out", str(tmp_path / "o"))
+    one_line_error(proc, cubin.name, "needs --launches")
     amd = bytearray(cubin.read_bytes())
     amd[18:20] = (224).to_bytes(2, "little")  # e_machine: EM_AMDGPU
     fake = tmp_path / "kernel.bin"
