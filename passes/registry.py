@@ -33,6 +33,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "max-registers": "kstrata.passes.ptx:MaxRegisters",
     "ptx-reorder": "kstrata.passes.ptx_sched:PtxReorder",
     "redundant-cvt": "kstrata.passes.ptx_cvt:RedundantConversions",
+    "ptx-predicate": "kstrata.passes.ptx_predicate:PtxPredicate",
     "nontemporal-hints": "kstrata.passes.amdgcn:NontemporalHints",
     "mfma-priority": "kstrata.passes.amdgcn:MfmaPriority",
     "amdgcn-reorder": "kstrata.passes.amdgcn_sched:AmdgcnReorder",

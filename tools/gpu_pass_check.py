@@ -37,6 +37,7 @@ TWIN_PIPELINES = (
     "ttir(dot-precision)", "ttir(load-eviction)", "ttgir(num-warps{n=8})", "ttgir(num-stages{n=4})", "llir(noalias-args{assume=true})", "llir(flush-denormals)",
     "ptx(ld-nc{assume_noalias=true})", "ptx(cache-hints)", "ptx(ptxas-options{opt_level=1})",
     "ptx(max-registers{n=64})", "ptx(ptx-reorder)", "ptx(ptx-reorder{strategy=sink-stores})", "ptx(redundant-cvt)",
+    "ptx(ptx-predicate)",
 )
 PROOF_PIPELINE = "llir(noalias-args{assume=true}),ptx(ld-nc{assume_noalias=true},cache-hints)"
 

@@ -5,7 +5,7 @@
   PTX assembler's (`max-registers` = maxnreg, `ptxas-options`);
 - `ttir`, `ttgir`: IR rewrites; `llir`: LLVM IR (`noalias-args`, `flush-denormals`, …);
 - `ptx`: PTX hot-window edits (`cache-hints`, `ld-nc`, `ptx-reorder` — instruction order inside the hot
-  window's blocks —, `redundant-cvt`); `amdgcn`: AMDGCN hot-window edits (`nontemporal-hints`,
+  window's blocks —, `redundant-cvt`, `ptx-predicate` — if-conversion of short branches); `amdgcn`: AMDGCN hot-window edits (`nontemporal-hints`,
   `mfma-priority`, `amdgcn-reorder`, ranked like the others by the llvm-mca surrogate and checked for
   `s_waitcnt` hazards).
 

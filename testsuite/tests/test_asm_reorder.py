@@ -110,31 +110,58 @@ def test_nothing_crosses_a_label_or_a_branch() -> None:
 # ---------------------------------------------------------------------------------------------------
 # The graph is sufficient: random straight-line programs give the same state in every order it allows
 # ---------------------------------------------------------------------------------------------------
+def _step(ins: Instruction, regs: dict[str, int], memory: dict[tuple[str, int], int]) -> None:
+    """One instruction of the small straight-line subset the random programs use, on `regs` and `memory`."""
+    if ins.predicate and not regs[ins.predicate.lstrip("@!")] ^ ins.predicate.startswith("@!"):
+        return
+    ops = [o.strip() for o in ins.operands]
+    mods = ins.modifiers
+
+    def val(o: str) -> int:
+        return regs[o] if o.startswith("%") else int(o, 0)
+
+    if ins.base_opcode in ("ld", "st"):
+        space = {"global": "global", "shared": "shared"}.get(mods[0], "global")  # generic maps onto global
+        addr_op = ops[1] if ins.base_opcode == "ld" else ops[0]
+        addr = regs[addr_op.strip("[]")]
+        if ins.base_opcode == "ld":
+            regs[ops[0]] = memory.get((space, addr), 0)
+        else:
+            memory[(space, addr)] = val(ops[1])
+    elif ins.base_opcode == "setp":
+        regs[ops[0]] = int(val(ops[1]) < val(ops[2]))
+    else:
+        a, b = val(ops[1]), val(ops[2])
+        regs[ops[0]] = {"add": a + b, "mul": a * b, "xor": a ^ b}[ins.base_opcode] & 0xFFFFFFFF
+
+
 def _run(lines: list[Instruction], regs: dict[str, int], memory: dict[tuple[str, int], int]) -> tuple[object, ...]:
     regs, memory = dict(regs), dict(memory)
-    space_of = {"global": "global", "shared": "shared"}
     for ins in lines:
-        if ins.predicate and not regs[ins.predicate.lstrip("@!")] ^ ins.predicate.startswith("@!"):
+        _step(ins, regs, memory)
+    return tuple(sorted(regs.items())), tuple(sorted(memory.items()))
+
+
+def _run_cfg(text: str, regs: dict[str, int], memory: dict[tuple[str, int], int]) -> tuple[object, ...]:
+    """The same, following (forward) branches to labels."""
+    from kstrata.backends.ptx import Label
+
+    regs, memory = dict(regs), dict(memory)
+    module = parse_ptx(text)
+    entry = module.entry()
+    body = module.lines[entry.body_start + 1:entry.body_end]
+    labels = {ln.name: k for k, ln in enumerate(body) if isinstance(ln, Label)}
+    pc = 0
+    while pc < len(body):
+        ins = body[pc]
+        pc += 1
+        if not isinstance(ins, Instruction) or ins.base_opcode == "ret":
             continue
-        ops = [o.strip() for o in ins.operands]
-        mods = ins.modifiers
-
-        def val(o: str) -> int:
-            return regs[o] if o.startswith("%") else int(o, 0)
-
-        if ins.base_opcode in ("ld", "st"):
-            space = space_of.get(mods[0], "global")  # a generic address here maps onto global memory
-            addr_op = ops[1] if ins.base_opcode == "ld" else ops[0]
-            addr = regs[addr_op.strip("[]")]
-            if ins.base_opcode == "ld":
-                regs[ops[0]] = memory.get((space, addr), 0)
-            else:
-                memory[(space, addr)] = val(ops[1])
-        elif ins.base_opcode == "setp":
-            regs[ops[0]] = int(val(ops[1]) < val(ops[2]))
-        else:
-            a, b = val(ops[1]), val(ops[2])
-            regs[ops[0]] = {"add": a + b, "mul": a * b, "xor": a ^ b}[ins.base_opcode] & 0xFFFFFFFF
+        if ins.base_opcode == "bra":
+            taken = not ins.predicate or bool(regs[ins.predicate.lstrip("@!")] ^ ins.predicate.startswith("@!"))
+            pc = labels[ins.operands[0].strip()] if taken else pc
+            continue
+        _step(ins, regs, memory)
     return tuple(sorted(regs.items())), tuple(sorted(memory.items()))
 
 
@@ -180,6 +207,37 @@ def test_every_order_the_dependency_graph_allows_computes_the_same_state() -> No
             reordered += order != list(range(len(program)))
             assert _run([program[i] for i in order], regs0, memory0) == want, [str(program[i].opcode) for i in order]
     assert reordered > 1000  # the graph is not a chain: most random orders did move something
+
+
+def test_if_conversion_computes_what_the_branches_did() -> None:
+    """Random programs of short forward branches over random blocks (loads, stores, predicated and
+    predicate-writing instructions among them), run with every value of the predicates: the if-converted
+    program leaves the same registers and memory."""
+    from kstrata.passes.ptx_predicate import if_convert
+
+    rng = random.Random(41)
+    converted = refused = 0
+    for n in range(150):
+        body, label = [], 0
+        for _ in range(rng.randint(1, 4)):
+            body += [i.opcode + " " + ", ".join(i.operands) + ";" if not i.predicate else
+                     f"{i.predicate} {i.opcode} {', '.join(i.operands)};" for i in _random_program(rng)[:rng.randint(0, 3)]]
+            label += 1
+            guard = rng.choice(["@%p1", "@!%p1", "@%p2"])
+            block = [f"{i.predicate + ' ' if i.predicate else ''}{i.opcode} {', '.join(i.operands)};"
+                     for i in _random_program(rng)[:rng.randint(1, 5)]]
+            body += [f"{guard} bra $L__BB{n}_{label};", *block, f"$L__BB{n}_{label}:"]
+        text = _kernel("\n".join(body))
+        result = if_convert(text, 8)
+        converted += len(result.converted)
+        refused += len(result.refused)
+        for p1 in (0, 1):
+            for p2 in (0, 1):
+                regs0 = {**{f"%r{i}": 7 * i + 1 for i in range(1, 6)}, "%p1": p1, "%p2": p2, "%rd1": 64, "%rd2": 64,
+                         "%rd3": 128}
+                memory0 = {("global", 64): 5, ("shared", 128): 9}
+                assert _run_cfg(result.text, regs0, memory0) == _run_cfg(text, regs0, memory0), text
+    assert converted > 150 and refused > 20  # both kinds occur: predicated or predicate-writing blocks are refused
 
 
 def test_order_violations_names_a_backward_edge() -> None:
@@ -294,6 +352,29 @@ def test_real_kernels_keep_every_dependency_and_reassemble_with_ptxas(suite_cach
         built = assemble_ptx(result.text, PtxasOptions.from_bundle(bundle))  # type: ignore[arg-type]
         assert built.cubin[:4] == b"\x7fELF"
     assert moved_any, f"{name}: nothing moved"
+
+
+@pytest.mark.parametrize(("name", "branches"), [("row_clip_norm_if", 1), ("matmul_fp16_bias_gelu_residual", 64)])
+def test_real_branches_if_convert_and_reassemble(suite_cache: Path, name: str, branches: int) -> None:
+    """The suite's short branches (row_clip_norm's `if`, GELU's erf pieces): each converted one disappears,
+    its block gains the negated guard and nothing else changes; ptxas accepts the result."""
+    from kstrata.backends.nvidia import PtxasOptions, assemble_ptx
+    from kstrata.passes.ptx_predicate import if_convert
+
+    ptx, bundle = _suite_ptx(suite_cache, name)
+    result = if_convert(ptx, 8)
+    assert len(result.converted) == branches
+    before, after = _instructions(ptx), _instructions(result.text)
+    assert len(before) - len(after) == branches
+    guarded = sum(n for _, n in result.converted)
+    assert sum(1 for t in after if t.startswith("@")) - sum(1 for t in before if t.startswith("@")) == guarded - branches
+    def strip(texts: list[str]) -> Counter[str]:
+        return Counter(re.sub(r"^@!?%\w+ ", "", t) for t in texts)
+
+    removed = strip(before) - strip(after)
+    assert sum(removed.values()) == branches and all(t.startswith("bra ") for t in removed)  # only the branches went
+    assert not strip(after) - strip(before)  # and nothing new came
+    assert assemble_ptx(result.text, PtxasOptions.from_bundle(bundle)).cubin[:4] == b"\x7fELF"  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -630,7 +711,8 @@ def test_a_real_gfx942_kernel_reorders_and_relinks_consistently(suite_cache: Pat
 # ---------------------------------------------------------------------------------------------------
 GPU_CASES = [("vector_add", "ptx(ptx-reorder)"), ("layernorm_fwd", "ptx(ptx-reorder)"),
              ("layernorm_fwd", "ptx(ptx-reorder{strategy=sink-stores})"), ("dropout_philox", "ptx(ptx-reorder)"),
-             ("rmsnorm_bwd", "ptx(redundant-cvt)"), ("col_sum_i32", "ptx(redundant-cvt)")]
+             ("rmsnorm_bwd", "ptx(redundant-cvt)"), ("col_sum_i32", "ptx(redundant-cvt)"),
+             ("row_clip_norm_if", "ptx(ptx-predicate)"), ("matmul_fp16_bias_gelu_residual", "ptx(ptx-predicate)")]
 
 
 @pytest.mark.gpu

@@ -378,6 +378,7 @@ def space_bundles() -> dict[str, KernelBundle]:
     ("ptx-reorder", "vector_add", ["ptx-reorder{strategy=hoist-loads scope=hot}"]),
     ("ptx-reorder", "vector_add_hip", "applies to cuda only"),
     ("redundant-cvt", "vector_add", "no redundant conversion or copy chain"),
+    ("ptx-predicate", "vector_add", "no short forward branch to if-convert"),
     ("nontemporal-hints", "vector_add", "applies to hip only"),
     ("nontemporal-hints", "vector_add_hip", ["nontemporal-hints{stores=false loads=true}",
                                              "nontemporal-hints{stores=true loads=false}",
