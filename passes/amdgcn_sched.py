@@ -3,18 +3,22 @@
 The rules of `ptx_sched.py`, with AMD's:
 
 - **What ends a region**: labels, directives other than `.loc`, and every instruction outside the
-  lists below — in particular `s_waitcnt*`, `s_barrier`, `s_dcache_*`/`s_icache_*`, `buffer_wbl2`,
-  `buffer_inv`, `buffer_wbinvl1*`, branches and `s_endpgm`, `s_setprio`, `s_nop`, `s_sleep`,
-  `s_sendmsg`, `s_setreg`/`s_getreg`, `s_getpc`, `s_memtime`, atomics of every kind (`*_atomic_*`,
-  `ds_add_*`, …), LDS-direct and `tfe`/`lwe` loads, DPP and SDWA forms, `v_readlane`/`v_readfirstlane`/
-  `v_writelane`, `v_movrel*`, `v_interp*`, `v_div_*` (implicit VCC), `v_cmpx*`, `v_mfma*`/`v_smfmac*`,
-  `v_accvgpr_*`, `v_swap*`, `v_permlane*`, and anything that names `exec`, `m0`, `ttmp*`, `flat_scratch`
-  or `xnack_mask`: instructions whose effects are implicit or not certain are full barriers;
-- **s_waitcnt**: a wait never moves and nothing crosses it, and the vector memory ops (`global_`,
-  `buffer_`, `flat_`, `scratch_`: loads and stores) keep their order among themselves, as do the LGKM
-  ops (`ds_*`, `s_load*`, and `flat_*` again): the count of younger ops that every wait relies on is then
-  the original's, so a use of a loaded register stays after the wait that covers it. The `s_waitcnt`
-  hazard check (`backends/amd_hazards.py`) runs on every result and a new hazard is an error;
+  lists below — in particular `s_barrier`, `s_dcache_*`/`s_icache_*`, `buffer_wbl2`, `buffer_inv`,
+  `buffer_wbinvl1*`, branches and `s_endpgm`, `s_setprio`, `s_nop`, `s_sleep`, `s_sendmsg`,
+  `s_setreg`/`s_getreg`, `s_getpc`, `s_memtime`, atomics of every kind (`*_atomic_*`, `ds_add_*`, …),
+  LDS-direct and `tfe`/`lwe` loads, DPP and SDWA forms, `v_readlane`/`v_readfirstlane`/`v_writelane`,
+  `v_movrel*`, `v_interp*`, `v_div_*` (implicit VCC), `v_cmpx*`, `v_mfma*`/`v_smfmac*`, `v_accvgpr_*`,
+  `v_swap*`, `v_permlane*`, and anything that names `exec`, `m0`, `ttmp*`, `flat_scratch` or
+  `xnack_mask`: instructions whose effects are implicit or not certain are full barriers;
+- **s_waitcnt** (`s_waitcnt`, `s_waitcnt_vmcnt`, `s_waitcnt_lgkmcnt`) is an instruction of the region that
+  reads and writes every register any memory instruction of the function may write, and both counters:
+  no memory op crosses a wait, and no instruction that reads or writes a register a load may write
+  crosses one (so a use of a loaded register stays after the wait that covers it); other instructions
+  may cross it (`sink-waits` moves a wait down past them, so independent work issues before the wave
+  stalls). The vector memory ops (`global_`, `buffer_`, `flat_`, `scratch_`: loads and stores) keep
+  their order among themselves, as do the LGKM ops (`ds_*`, `s_load*`, and `flat_*` again): every wait
+  counts the same ops as before. The `s_waitcnt` hazard check (`backends/amd_hazards.py`) runs on every
+  result and a new hazard is an error;
 - **registers**: `v`, `s`, `a` registers and ranges, `vcc` (as `vcc_lo` + `vcc_hi`); an instruction's
   first operand is what it writes, the second too for VOP3b carry-outs (`*_co_*`, `v_mad_u64_u32`);
   scalar ALU instructions other than `s_mov*` read and write `scc`; every operand counts as read (MAC
@@ -31,7 +35,8 @@ The rules of `ptx_sched.py`, with AMD's:
   nearer the start of its region than it was (its producer may lie before the region, or at the end of
   the loop), nor does such a producer move nearer the end; and when the function holds MFMA
   instructions (whose results need up to 18 wait states) every instruction keeps its distances up to
-  19. A strategy whose schedule cannot keep them leaves the region as it is (counted as `held`).
+  19; a write of the registers a vector store reads keeps 2 from the store. A strategy whose schedule
+  cannot keep them leaves the region as it is (counted as `held`).
 
 The result must reassemble with `llvm-mc` to the same instruction encodings, permuted within the
 regions (`test_asm_reorder.py` checks it), and is unmeasured without an AMD GPU: it is ranked by the
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,10 +81,12 @@ _VALU_BARRIER = re.compile(r"(_dpp|_sdwa)$|^v_(readlane|readfirstlane|writelane|
                            r"accvgpr|swap|permlane|nop|pipeflush|s_)")
 _CARRY_OUT = re.compile(r"_co_|^v_mad_[iu]64_[iu]32")
 _DS = re.compile(r"^ds_(read|write|load|store)")
-#: Wait states kept (see the module docstring): VALU-written SGPR/VCC, forwarded VALU results, MFMA code.
+#: Wait states kept (see the module docstring): VALU-written SGPR/VCC, forwarded VALU results, MFMA code,
+#: a write of the registers a vector store reads.
 SGPR_DISTANCE = 5
 FORWARD_DISTANCE = 2
 MFMA_DISTANCE = 19
+STORE_DATA_DISTANCE = 2
 _TRANS = re.compile(r"^v_(exp|log|rcp|rsq|sqrt|sin|cos)_")
 
 
@@ -93,8 +100,32 @@ def _units(text: str) -> set[str]:
     return out
 
 
-def amdgcn_effects(mnemonic: str, operands: str) -> Effects | None:
-    """What one AMDGCN instruction reads and writes, or None when it is a barrier (see the docstring)."""
+_WAITS = frozenset({"s_waitcnt", "s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt"})
+_MEMORY_PREFIXES = ("global_", "buffer_", "flat_", "scratch_", "tbuffer_", "image_", "ds_", "s_load", "s_buffer_load",
+                    "s_scratch_load", "s_atomic", "s_buffer_atomic")
+_COUNTERS = frozenset({"%vm", "%lgkm"})
+
+
+def loaded_registers(text: str) -> frozenset[str]:
+    """Every register a memory instruction of `text` may write (the first operand of every load, atomic
+    and, conservatively, store): what an `s_waitcnt` may be waiting for."""
+    out: set[str] = set()
+    for line in text.split("\n"):
+        m = _INSTRUCTION.match(line)
+        if m and m["mn"].startswith(_MEMORY_PREFIXES) and m["ops"].strip():
+            out |= _units(m["ops"].split(",", 1)[0])
+    return frozenset(out)
+
+
+def amdgcn_effects(mnemonic: str, operands: str, loaded: frozenset[str] | None = None) -> Effects | None:
+    """What one AMDGCN instruction reads and writes, or None when it is a barrier (see the docstring).
+
+    With `loaded` (`loaded_registers` of the function), an `s_waitcnt` is not a barrier but an instruction
+    that reads and writes every register a load may write and both memory counters: every use of a loaded
+    register and every memory op keeps its side of the wait, while other instructions may cross it."""
+    if mnemonic in _WAITS and loaded is not None:
+        waited = loaded | _COUNTERS
+        return Effects(waited, waited)
     if _FORBIDDEN_OPERAND.search(operands) or "exec" in mnemonic:
         return None
     ops = [o.strip() for o in operands.split(",")] if operands.strip() else []
@@ -156,8 +187,9 @@ def _is_loc(line: str) -> bool:
     return line.lstrip().startswith(".loc\t") or line.lstrip().startswith(".loc ")
 
 
-def regions(text: str) -> list[AmdRegion]:
-    """The reorderable regions (two instructions or more) of every function of `text`."""
+def regions(text: str, waits_move: bool = True) -> list[AmdRegion]:
+    """The reorderable regions (two instructions or more) of every function of `text`; `s_waitcnt`s are
+    instructions of a region (see `amdgcn_effects`) unless `waits_move` is false."""
     lines = text.split("\n")
     functions = {m.group(1) for ln in lines if (m := _FUNCTION.match(ln))}
     out: list[AmdRegion] = []
@@ -170,6 +202,7 @@ def regions(text: str) -> list[AmdRegion]:
     loc_before: str | None = None
     mfma = bool(re.search(r"\bv_(mfma|smfmac)", text))
     watched = _watched(lines)
+    loaded = loaded_registers(text) if waits_move else None
 
     def close(units: list[Unit[str]], start: int | None, loc_before: str | None) -> None:
         if len(units) > 1 and start is not None:
@@ -194,7 +227,7 @@ def regions(text: str) -> list[AmdRegion]:
             loc = line
             continue
         m = _INSTRUCTION.match(line) if inside and not label and not stripped.startswith(".") else None
-        effects = amdgcn_effects(m["mn"], m["ops"]) if m else None
+        effects = amdgcn_effects(m["mn"], m["ops"], loaded) if m else None
         if effects is None:
             close(units, start, loc_before)
             units, start, pending = [], None, []
@@ -241,7 +274,7 @@ def _same_loc(a: str | None, b: str | None) -> bool:
 def _order(region: AmdRegion, strategy: str) -> list[int] | None:
     preds = dependency_graph(region.effects)
     n = len(region.units)
-    rank = hoist_rank(preds, region.effects) if strategy == "hoist-loads" else sink_rank(region.effects)
+    rank = _rank(region, preds, strategy)
     writes = [_hazard_writes(*_split(u.line)) for u in region.units]
     full = MFMA_DISTANCE if region.mfma else 0
     # the distance instruction i must keep from the start of the region (a producer before it) and the
@@ -250,7 +283,10 @@ def _order(region: AmdRegion, strategy: str) -> list[int] | None:
     end_bound = [max([full, *w.values()]) for w in writes]
 
     def pair_bound(p: int, i: int) -> int:
-        return max([full] + [b for r, b in writes[p].items() if r in region.units[i].effects.uses])
+        bound = max([full] + [b for r, b in writes[p].items() if r in region.units[i].effects.uses])
+        if region.effects[p].sinkable_store and region.effects[p].uses & region.effects[i].defs:
+            bound = max(bound, STORE_DATA_DISTANCE)  # a write of a store's data registers right after it
+        return bound
 
     def eligible(i: int, slot: int, placed: dict[int, int]) -> bool:
         if slot < min(i, start_bound[i]) or (n - 1 - slot) < min(n - 1 - i, end_bound[i]):
@@ -264,6 +300,15 @@ def _order(region: AmdRegion, strategy: str) -> list[int] | None:
     if order_violations(preds, order):
         raise PassError("amdgcn-reorder: the schedule broke a dependency (a bug in kstrata)")
     return order
+
+
+def _rank(region: AmdRegion, preds: Sequence[set[int]], strategy: str) -> Callable[[int], tuple[int, ...]]:
+    if strategy == "hoist-loads":
+        return hoist_rank(preds, region.effects)
+    if strategy == "sink-waits":
+        waits = {k for k, u in enumerate(region.units) if _split(u.line)[0] in _WAITS}
+        return lambda i: (1 if i in waits else 0,)
+    return sink_rank(region.effects)
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -290,9 +335,8 @@ def reorder_amdgcn(text: str, strategy: str, first_line: int = 1, last_line: int
     for region in sorted(found, key=lambda r: -r.start):
         if any(u.loc is None for u in region.units) and any(u.loc is not None for u in region.units):
             continue
-        free = list_schedule(dependency_graph(region.effects),
-                             hoist_rank(dependency_graph(region.effects), region.effects)
-                             if strategy == "hoist-loads" else sink_rank(region.effects))
+        graph = dependency_graph(region.effects)
+        free = list_schedule(graph, _rank(region, graph, strategy))
         order = _order(region, strategy)
         if order is None:
             held += free != list(range(len(free)))
@@ -320,20 +364,21 @@ class AmdgcnReorder(KernelPass):
     of the original, and never crossing a label, branch, `s_waitcnt`, barrier, cache control,
     `s_setprio` or an instruction the model does not understand (`passes/amdgcn_sched.py` has the rules).
 
-    `strategy=hoist-loads` issues vector memory loads as early as their operands allow (between two
-    waits); `sink-stores` keeps stores back to the end of their block. Sound by the dependency graph;
+    `strategy=hoist-loads` issues vector memory loads as early as their operands allow (memory ops never
+    cross an `s_waitcnt`); `sink-stores` keeps stores back to the end of their block; `sink-waits` moves
+    each `s_waitcnt` down past the instructions that do not touch a loaded register. Sound by the dependency graph;
     the `s_waitcnt` hazard check runs on the result. Unmeasured here (no AMD GPU): ranked by llvm-mca.
     """
 
     name = "amdgcn-reorder"
     level = "amdgcn"
     backends = ("hip",)
-    strategy: Literal["hoist-loads", "sink-stores"] = "hoist-loads"
+    strategy: Literal["hoist-loads", "sink-stores", "sink-waits"] = "hoist-loads"
     scope: Literal["hot", "all"] = "hot"
 
     @classmethod
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
-        return {"strategy": ("hoist-loads", "sink-stores"), "scope": ("hot",)}
+        return {"strategy": ("hoist-loads", "sink-stores", "sink-waits"), "scope": ("hot",)}
 
     def _reorder(self, text: str) -> AmdReordering:
         first, last = hot_lines(text) if self.scope == "hot" else (1, 1 << 30)

@@ -610,7 +610,9 @@ def test_amd_reordering_keeps_wait_state_distances() -> None:
 
 
 def _amd_segments(text: str) -> tuple[list[str], list[list[tuple[str, Effects]]]]:
-    from kstrata.passes.amdgcn_sched import amdgcn_effects
+    from kstrata.passes.amdgcn_sched import amdgcn_effects, loaded_registers
+
+    loaded = loaded_registers(text)
 
     fixed: list[str] = []
     segments: list[list[tuple[str, Effects]]] = [[]]
@@ -619,7 +621,7 @@ def _amd_segments(text: str) -> tuple[list[str], list[list[tuple[str, Effects]]]
         if not s or s.startswith(";") or s.startswith(".loc"):
             continue
         m = re.match(r"^\s+([a-z][a-z0-9_]*)\b([^;]*)", line)
-        eff = amdgcn_effects(m.group(1), m.group(2)) if m and not s.startswith(".") else None
+        eff = amdgcn_effects(m.group(1), m.group(2), loaded) if m and not s.startswith(".") else None
         if eff is None:
             fixed.append(s)
             segments.append([])
@@ -672,8 +674,40 @@ def test_amd_demo_reassembles_to_the_same_encodings_permuted() -> None:
         assert Counter(before) == Counter(after) and before != after  # each instruction encodes as before
 
 
-def test_a_real_gfx942_kernel_reorders_and_relinks_consistently(suite_cache: Path) -> None:
-    """layernorm_bwd_dx for gfx942 (its hot window is the whole kernel): the reordered text keeps every
+def test_amd_waits_sink_past_independent_work_only() -> None:
+    """`sink-waits`: an s_waitcnt moves down past instructions that touch no register a load may write; a
+    use of a loaded register, a write to one and every memory op stay on their side, and the s_waitcnt
+    hazard check finds nothing new."""
+    from kstrata.backends.amd_hazards import new_waitcnt_hazards
+    from kstrata.passes.amdgcn_sched import reorder_amdgcn
+
+    body = """
+    global_load_dword v1, v0, s[2:3]
+    global_load_dword v5, v0, s[2:3] offset:64
+    v_mul_f32_e32 v9, v8, v8
+    s_waitcnt vmcnt(1)
+    v_add_f32_e32 v2, v1, v1
+    v_mul_f32_e32 v3, v7, v7
+    v_mov_b32_e32 v5, 0
+    v_add_f32_e32 v4, v3, v6
+    global_store_dword v0, v4, s[4:5]
+    v_fma_f32 v10, v9, v9, v6
+    """
+    text = _amd_function(body)
+    result = reorder_amdgcn(text, "sink-waits")
+    out = _amd_instructions(result.text)
+    wait = out.index("s_waitcnt vmcnt(1)")
+    assert out.index("v_mul_f32_e32 v3, v7, v7") < wait and out.index("v_add_f32_e32 v4, v3, v6") < wait  # independent
+    assert out.index("v_fma_f32 v10, v9, v9, v6") < wait
+    assert wait < out.index("v_add_f32_e32 v2, v1, v1")  # reads the loaded v1
+    assert wait < out.index("v_mov_b32_e32 v5, 0")  # writes v5, which the second load may still write
+    assert wait < out.index("global_store_dword v0, v4, s[4:5]")  # a memory op: the count must not change
+    assert not new_waitcnt_hazards(text, result.text) and _check_amd(text, result.text) == result.moved > 0
+
+
+@pytest.mark.parametrize(("name", "strategy"), [("layernorm_bwd_dx", "hoist-loads"), ("rmsnorm_bwd", "sink-waits")])
+def test_a_real_gfx942_kernel_reorders_and_relinks_consistently(suite_cache: Path, name: str, strategy: str) -> None:
+    """Real gfx942 kernels (hot window: the whole kernel): the reordered text keeps every
     dependency, adds no s_waitcnt hazard, and reassembles and links to an hsaco whose non-debug sections
     are byte-identical to a re-assembly of the unmodified text and whose .text holds the same instruction
     words, permuted inside the blocks (branches at the same addresses)."""
@@ -685,9 +719,9 @@ def test_a_real_gfx942_kernel_reorders_and_relinks_consistently(suite_cache: Pat
     from kstrata.passes.amdgcn_sched import hot_lines, reorder_amdgcn
 
     index = read_index(suite_cache)
-    key = next(k for k, r in index.items() if r.get("suite_kernel") == "layernorm_bwd_dx" and r.get("target") == "hip:gfx942")
+    key = next(k for k, r in index.items() if r.get("suite_kernel") == name and r.get("target") == "hip:gfx942")
     text = load_cache_entry(suite_cache / key).text("amdgcn")
-    result = reorder_amdgcn(text, "hoist-loads", *hot_lines(text))
+    result = reorder_amdgcn(text, strategy, *hot_lines(text))
     assert result.moved > 0 and _check_amd(text, result.text) == result.moved
     assert not new_waitcnt_hazards(text, result.text)
     try:
