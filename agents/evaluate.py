@@ -372,6 +372,18 @@ def _where_worst(r: torch.Tensor, o: torch.Tensor, tol: float) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Running the two processes
 # ---------------------------------------------------------------------------------------------------
+def _takes_five(fn: Any) -> bool:
+    if fn is None:
+        return False
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) >= 5
+
+
 @dataclass(frozen=True)
 class WorkerRun:
     """What one worker process left: its report (None if it died before writing one) and how it ended."""
@@ -439,6 +451,8 @@ class WorkerProcess:
         cmd += ["--cuda-graph"] if cuda_graph else []
         cmd += ["--lockstep"] if lockstep else []
         self.role, self.workdir, self.on_progress = role, workdir, on_progress
+        # a callback with a fifth parameter also gets where the trial's time went ("inputs=1.20,forward=0.31,...")
+        self._progress_takes_phases = _takes_five(on_progress)
         self.log_path = workdir / "log.txt"
         self._log = self.log_path.open("wb")
         self._read = 0
@@ -473,9 +487,12 @@ class WorkerProcess:
         for line in lines:
             if line.startswith("PROGRESS ") and self.on_progress is not None:
                 parts = line.split()
-                if len(parts) == 4 and "/" in parts[2]:
+                if len(parts) in (4, 5) and "/" in parts[2]:
                     done, total = parts[2].split("/")
-                    self.on_progress(parts[1], int(done), int(total), float(parts[3]))
+                    if len(parts) == 5 and self._progress_takes_phases:
+                        self.on_progress(parts[1], int(done), int(total), float(parts[3]), parts[4])
+                    else:
+                        self.on_progress(parts[1], int(done), int(total), float(parts[3]))
             elif line.startswith("READY "):
                 self.ready.append(line[6:].strip())
 

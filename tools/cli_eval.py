@@ -65,12 +65,13 @@ def eval_cmd(
                   f"{plan.host_need_bytes / gib:.1f} GiB of host memory here ({plan.host_available_bytes / gib:.0f} "
                   "GiB available)", highlight=False)
 
-    def on_progress(role: str, done: int, total: int, seconds: float) -> None:
-        # per trial, with an estimate of what is left of this process's trials
+    def on_progress(role: str, done: int, total: int, seconds: float, phases: str = "") -> None:
+        # per trial, with an estimate of what is left of this process's trials and where the trial's time went
         left = seconds / done * (total - done) if done else 0.0
         started.setdefault(role, seconds)
         err.print(f"  {role}: trial {done}/{total} done, {seconds:.1f} s so far"
-                  + (f", about {left:.0f} s left" if done < total else ""), highlight=False)
+                  + (f", about {left:.0f} s left" if done < total else "")
+                  + (f" (last trial, s: {phases.replace(',', ', ')})" if phases else ""), highlight=False)
 
     # through the candidate engine: the candidate is `Candidate.task(TASK, its source)`, evaluated in place
     options = TaskOptions(policy=policy, trials=trials, seed=seed, runs=runs, cuda_graph=cuda_graph,

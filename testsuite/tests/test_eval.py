@@ -141,6 +141,28 @@ def test_trial_inputs_keep_shapes_dtypes_domains_and_are_seeded(tmp_path: Path) 
     assert float(shifted.mean()) > 0.5 and float(shifted.std()) > 1.2
 
 
+def test_reshaped_inputs_are_built_in_chunks_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Published-size inputs are reshaped chunk by chunk (bounded temporaries); the finite statistics merge
+    exactly, the values do not depend on anything but the generator, and the input's layout is kept."""
+    from kstrata.agents import eval_worker
+
+    monkeypatch.setattr(eval_worker, "RESHAPE_CHUNK", 1000)
+    x = torch.randn(64, 97) * 3 + 2
+    x[3, 5], x[7, 1] = float("inf"), float("nan")
+    m, s, nonneg, n = eval_worker._finite_stats(x.reshape(-1))
+    fin = x[x.isfinite()].double()
+    assert n == fin.numel() and not nonneg
+    assert abs(m - float(fin.mean())) < 1e-12 and abs(s - float(fin.std())) < 1e-12
+    for dist in ("shifted-scaled", "uniform-offset", "heavy-tailed", "zeros-negatives"):
+        a = reshape_values(x, dist, torch.Generator().manual_seed(5))
+        assert torch.equal(a, reshape_values(x, dist, torch.Generator().manual_seed(5)))
+        assert a.shape == x.shape and a.dtype == x.dtype
+    t = x.t()  # a transposed input stays transposed, with the values of its contiguous copy
+    r = reshape_values(t, "heavy-tailed", torch.Generator().manual_seed(5))
+    assert r.stride() == t.stride()
+    assert torch.equal(r, reshape_values(t.contiguous(), "heavy-tailed", torch.Generator().manual_seed(5)))
+
+
 def test_storage_overlap_and_bitwise_equality() -> None:
     assert _overlaps((0, 10), (5, 20)) and not _overlaps((0, 10), (10, 20)) and not _overlaps((0, 0), (0, 5))
     nan = torch.tensor([float("nan"), 1.0])
@@ -520,3 +542,17 @@ def test_eval_goes_through_the_engine_with_its_options(tmp_path: Path) -> None:
         assert engine.stats.checks == 2 and engine.stats.check_cache_hits == 0
         if not has_cuda():
             assert engine.measure(base, built).status == "skipped"  # nothing timed on the CPU, nothing to reuse
+
+
+def test_a_cached_output_is_rejected_when_earlier_outputs_were_released(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At published sizes the candidate's process keeps only the newest outputs (a share of the device's
+    memory); the alias check then cannot see a result cached from a released trial, the trial's values
+    must still reject it, and the check says which trials it did not compare with."""
+    monkeypatch.setenv("KSTRATA_KEEP_OUTPUT_BYTES", "0")
+    path = shrunk_task(tmp_path, *RELU)
+    v = evaluate(path, ADVERSARIAL / "cached_output.py", device="cpu", timeout_s=60, trials=5)
+    assert not v.accepted and not v.correct_strict
+    assert "no-aliasing" not in v.reason, v.reason
+    details = [c.detail for t in v.trials for c in t.checks if c.name == "no-aliasing"]
+    assert any("released before this trial" in d for d in details), details
