@@ -2,6 +2,7 @@
 
     python -m kstrata.tools.bench_optimize [--suite testsuite/tasks] [--tasks a,b,...] [--total-minutes 9]
         [--parallel-tasks N] [--workers 2] [--budget 6] [--device cuda|cpu] [--out DIR] [--precision strict]
+        [--tag NAME]
 
 Runs `kstrata optimize` (one process) on the selected tasks, each with its share of the total budget as
 `optimize --minutes` (which covers the task's baselines, search, final re-evaluation and report: the
@@ -10,8 +11,8 @@ task is reported as unfinished with its provisional incumbent; the optimizer's t
 resumable). Then it prints and writes, per task: the incumbent baseline, the
 chosen space and edit, the speedup over the best baseline (interleaved medians) and over eager (the final
 fresh evaluation), %SOL before/after, the search time, which findings fired, and whether the final
-re-evaluation accepted the output. Results: `testsuite/results/optimize-<device>-<date>.{md,json}` (and
-under `$OUT` when set).
+re-evaluation accepted the output. Results: `testsuite/results/optimize-<device>-<date>[-<tag>].{md,json}`
+(and under `$OUT` when set).
 
 The default task list: the gap tasks of `testsuite/tasks/gaps/` when that folder exists (issue 19's tasks,
 the ones the Triton templates target: the `triton` space, through the templates proposer that `optimize`
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=REPO / "testsuite" / "results")
     ap.add_argument("--ceilings-dir", type=Path, default=REPO / "testsuite" / "results" / "bench-2026-11-30-run2")
     ap.add_argument("--extra", default="", help="more arguments for kstrata optimize (e.g. '--no-ncu')")
+    ap.add_argument("--tag", default="", help="results as optimize-<device>-<date>-<tag>.{md,json} (several runs a day)")
     a = ap.parse_args(argv)
 
     from kstrata.agents.tasks import find_tasks
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = [a.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in targets:
         d.mkdir(parents=True, exist_ok=True)
-        stem = f"optimize-{a.device}-{date}"
+        stem = f"optimize-{a.device}-{date}" + (f"-{a.tag}" if a.tag else "")
         (d / f"{stem}.md").write_text(text)
         (d / f"{stem}.json").write_text(json.dumps({"meta": meta, "tasks": rows}, indent=1, default=str) + "\n")
         print(f"wrote {d / stem}.md/.json")

@@ -884,8 +884,8 @@ class TaskSearch:
             rejected.add(nxt.key)
             was = self.nodes[ev["key"]].candidate.description
             self.say(f"final re-evaluation REJECTED {was} ({ev['key']}: {verdict.reason}); falling back to "
-                     f"{nxt.candidate.description}, the fastest measured baseline left"
-                     + (f" ({nxt.timing.median_us:.1f} us)" if nxt.timing else ""))
+                     f"{nxt.candidate.description}, " + (f"the fastest measured baseline left ({nxt.timing.median_us:.1f} us)"
+                                                         if nxt.timing else "the task's own model (nothing timed)"))
             ev.setdefault("fallback_from", ev["key"])
             ev.setdefault("rejected", []).append({"key": ev["key"], "description": was, "reason": verdict.reason})
             with self.lock:
