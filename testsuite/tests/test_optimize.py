@@ -749,4 +749,4 @@ def test_bench_default_tasks_and_per_task_budget(tmp_path: Path) -> None:
         (tmp_path / "gaps" / n).write_text("")
     assert default_tasks(tmp_path) == ["gaps/01_a_fp32", "gaps/02_b_fp32", *DEFAULT_WITH_GAPS]
     # the per-task limits (optimize --minutes covers the final re-evaluation): test_optimize_final.py
-    assert per_task_minutes(9.0, 10, 5) == pytest.approx(2 * per_task_minutes(9.0, 10, 10))
+    assert per_task_minutes(9.0, 10, 10) == pytest.approx(2 * per_task_minutes(9.0, 10, 5))  # one wave, not two
