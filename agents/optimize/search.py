@@ -40,7 +40,7 @@ from kstrata.agents.optimize.candidate import TaskCandidate
 from kstrata.agents.optimize.codegen import set_measured
 from kstrata.agents.optimize.configs import baseline_params, render
 from kstrata.agents.optimize.contract import Contract, Degeneracy, judge_degeneracy, make_contract, output_layouts
-from kstrata.agents.optimize.evaluation import Evaluator
+from kstrata.agents.optimize.evaluation import Evaluator, FinalVerdict
 from kstrata.agents.optimize.findings import AT_SOL, Evidence, Finding, analyze, discover_analyzers
 from kstrata.agents.optimize.planner import Plan, plan
 from kstrata.agents.optimize.proposers import Proposer, discover_proposers
@@ -74,7 +74,7 @@ MAX_AUTOTUNE_MIN_MINUTES = 4.0
 #: timed runs of the candidate and of eager: its cost is estimated as FINAL_CHECK_FACTOR times the measured
 #: check of the node, plus FINAL_TIMED_RUNS runs of both at FINAL_RUN_COST times their measured medians
 #: (warm-up, the L2 flush between runs), plus FINAL_OVERHEAD_S (process start, imports).
-FINAL_CHECK_FACTOR = 1.3
+FINAL_CHECK_FACTOR = 1.2
 FINAL_TIMED_RUNS = 110
 FINAL_RUN_COST = 2.0
 FINAL_OVERHEAD_S = 5.0
@@ -234,17 +234,17 @@ class TaskSearch:
         return FINAL_CHECK_FACTOR * check_s + timed_s + FINAL_OVERHEAD_S
 
     def final_reserve_s(self) -> float:
-        """What the end of the task needs: the incumbent's final re-evaluation, a fallback's when the incumbent
-        is not a baseline (the fallback is re-evaluated too), and the report."""
+        """What the end of the task needs: the incumbent's final re-evaluation and the report. A fallback's
+        re-evaluation (rare: the incumbent passed the same hardened check during the search) is not reserved:
+        it runs when it fits, and otherwise the output says it was not re-evaluated (`step_final`)."""
         with self.lock:
             inc = self.nodes.get(self.incumbent_key)
-            base = self.nodes.get(self.base_key)
         if inc is None:  # before the baselines: nothing measured yet
             return REPORT_S + FINAL_OVERHEAD_S
-        cost = self.final_cost_s(inc) + REPORT_S
-        if base is not None and base.key != inc.key:
-            cost += self.final_cost_s(base)
-        return cost
+        return self.final_cost_s(inc) + REPORT_S
+
+    def time_left_s(self) -> float:
+        return self.opts.minutes * 60 - self.elapsed()
 
     def next_candidate_s(self) -> float:
         """Estimated seconds of the next candidate (check, measurement, guard): the mean of the last three,
@@ -883,6 +883,7 @@ class TaskSearch:
             nxt = fallbacks[0]
             rejected.add(nxt.key)
             was = self.nodes[ev["key"]].candidate.description
+            need, left = self.final_cost_s(nxt), self.time_left_s() - REPORT_S
             self.say(f"final re-evaluation REJECTED {was} ({ev['key']}: {verdict.reason}); falling back to "
                      f"{nxt.candidate.description}, " + (f"the fastest measured baseline left ({nxt.timing.median_us:.1f} us)"
                                                          if nxt.timing else "the task's own model (nothing timed)"))
@@ -895,12 +896,29 @@ class TaskSearch:
                 nxt.status = "incumbent"
             write_atomic(path, set_measured(nxt.candidate.source, ["the optimized candidate failed its final "
                                                                    f"re-evaluation; this file is {nxt.candidate.description}"]))
+            if need > left:
+                # The deadline is the user's: the fallback passed the hardened check with the baselines, but it
+                # is not accepted without its fresh re-evaluation, and the output says so.
+                why = (f"the fallback {nxt.candidate.description} was not re-evaluated: its fresh re-evaluation "
+                       f"(about {need:.0f} s) did not fit in the {max(0.0, left):.0f} s left of the "
+                       f"{self.opts.minutes:g}-minute limit (it passed the hardened check with the baselines)")
+                self.say(why)
+                ev.update({"key": nxt.key, "accepted": False, "reason": why, "speedup_vs_eager": None,
+                           "roofline": None, "deadline": True})
+                verdict = FinalVerdict(False, why, None, None, "", {}, "deadline")
+                break
             verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
             ev.update({"key": nxt.key, "accepted": verdict.accepted, "reason": verdict.reason,
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
         if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent.space != "baseline"
                 and self.ev.timed and verdict.speedup):
-            ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
+            need = 3 * self.final_cost_s(self.incumbent)  # the skill gate re-evaluates on three other seeds
+            if need > self.time_left_s() - REPORT_S:
+                ev["skill"] = {"admitted": False, "reason": f"not tried: its reproductions (about {need:.0f} s) did not "
+                               f"fit before the {self.opts.minutes:g}-minute limit", "summary": "", "path": None}
+                self.say(f"skill: not tried — {ev['skill']['reason']}")
+            else:
+                ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
         self.final = ev
         self.emit(dict(ev))
         self.say(f"final (fresh process, seed {self.opts.final_seed}): " + ("ACCEPTED" if verdict.accepted else "REJECTED") +

@@ -175,7 +175,7 @@ def test_deadline_stops_the_search_in_time_for_the_final_re_evaluation(tmp_path:
     ev = _SlowEvaluator(tmp_path, clock, check_s=10.0, final_s=12.0)
     s = _search(tmp_path, ev, budget=50, minutes=2.0, clock=clock, spaces=("compiler", "library"))
     r = s.run()
-    # baselines 30 s, candidates 10 s each; the final (12 s, estimated 1.3 x 10 + 5) still fits in 120 s
+    # baselines 30 s, candidates 10 s each; the final (12 s, estimated 1.2 x 10 + 5) still fits in 120 s
     assert s.elapsed() <= 120.0 and ev.final_at and ev.final_at[-1] - 1000.0 <= 120.0 - 10.0
     assert r.cut_short and s.stop_reason.startswith("cut short by the deadline") and r.final_ok
     assert 1 <= r.candidates < 50
@@ -185,6 +185,18 @@ def test_deadline_stops_the_search_in_time_for_the_final_re_evaluation(tmp_path:
     # the candidates judged near the deadline had their processes' time capped, never below the minimum
     caps = [x for x in ev.limits if x is not None]
     assert caps and min(caps) >= MIN_CHILD_TIMEOUT_S and max(caps) < s.opts.timeout_s
+
+
+def test_a_fallback_that_does_not_fit_before_the_deadline_is_written_but_not_accepted(tmp_path: Path) -> None:
+    clock = _Clock()
+    ev = _SlowEvaluator(tmp_path, clock, check_s=10.0, final_s=25.0)  # the final takes longer than estimated
+    ev.final_ok = False  # the incumbent's final re-evaluation rejects it
+    s = _search(tmp_path, ev, budget=50, minutes=2.0, clock=clock)
+    r = s.run()
+    assert ev.finals == 1 and s.final is not None and not r.final_ok and s.final["deadline"] is True
+    assert "was not re-evaluated" in s.final["reason"] and "baseline compile" in s.final["reason"]
+    assert s.incumbent.candidate.description == "baseline compile" and s.elapsed() <= 120.0
+    assert "this file is baseline compile" in (tmp_path / "out" / "model_new.py").read_text()
 
 
 def test_without_time_for_any_candidate_the_search_is_skipped_and_the_final_still_runs(tmp_path: Path) -> None:
