@@ -324,3 +324,28 @@ def test_bench_gives_each_task_its_promised_minutes_and_runs_one_task_per_gpu() 
     import torch
 
     assert default_parallel_tasks("cuda") == max(1, torch.cuda.device_count())
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. The hardened evaluator's verdict (the final re-evaluation's) uses the same rule
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("cand_us", "accepted"), [(264.0, True), (100.0, False)])
+def test_eval_verdict_accepts_a_win_the_roofline_explains(tmp_path: Path, cand_us: float, accepted: bool) -> None:
+    from kstrata.agents.evaluate import OutputComparison, WorkerRun, _judge
+    from kstrata.backends.timing import Timing
+
+    def timing(us: float) -> dict[str, Any]:
+        return Timing(us, us * 0.99, us * 1.01, us * 0.98, 100).to_json()
+
+    out = OutputComparison("output0", "float32", True, 1e-4, True, "float64", 0.0)
+    trial = {"checks": [], "distribution": "task", "seed": 1}
+    ref = WorkerRun("reference", {"timing": timing(8392.0), "device_name": "fake"}, 0, False, "", tmp_path, 1.0)
+    cand = WorkerRun("candidate", {"ok": True, "trials": [trial], "timing": timing(cand_us)}, 0, False, "", tmp_path, 1.0)
+    v = _judge({"task": "t.py", "candidate": "c.py", "policy": "strict"}, _Spec(), ref, [{}], cand, 1, CEILINGS,
+               compared=[([], [out])])
+    assert v.correct_strict and v.accepted is accepted
+    if accepted:  # the H200 case that was rejected ("speedup 30.1x is above 10x"), now accepted with the reason
+        assert v.flags == () and "31.8x explained by the roofline: eager at 1.7% of SOL, candidate at 53%" in v.reason
+        assert v.roofline is not None and v.roofline["explanations"]
+    else:
+        assert v.failure == "flagged" and "faster than speed of light" in v.reason
