@@ -248,13 +248,14 @@ class TaskSearch:
 
     def next_candidate_s(self) -> float:
         """Estimated seconds of the next candidate (check, measurement, guard): the mean of the last three,
-        or before any, the slowest baseline check plus the baselines' measurement."""
+        or before any, the mean baseline check plus the baselines' measurement (the slowest check is the cold
+        compile of the compile baseline, which a template's or a configuration's check seldom repeats)."""
         with self.lock:
             recent = self._candidate_s[-3:]
         if recent:
             return sum(recent) / len(recent)
         checks = [n.check.seconds for n in self.baselines.values() if n.check]
-        return max(checks, default=0.0) + self._baseline_measure_s
+        return (sum(checks) / len(checks) if checks else 0.0) + self._baseline_measure_s
 
     def _child_limit(self) -> dict[str, Any]:
         """`timeout_s=` for a candidate's child processes when the deadline is nearer than `opts.timeout_s`."""

@@ -18,6 +18,14 @@ from kstrata.agents.optimize.search import Options, TaskSearch
 from kstrata.agents.optimize.state import CheckResult
 from kstrata.testsuite.tests.test_optimize import TINY, FakeEvaluator, FakeVerdict, _rule_us, _task_info
 
+@pytest.fixture(autouse=True)
+def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.md without its PNG plots (test_optimize.py tests them): a second per search saved."""
+    from kstrata.agents.optimize import report
+
+    monkeypatch.setattr(report, "_plots", lambda search, out: [])
+
+
 CEILINGS = roofline.Ceilings(device="fake", date="2026-12-01", copy_bytes_per_s=4e12,
                              matmul_flops_per_s={"float32": 50e12})
 
