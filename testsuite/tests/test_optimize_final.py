@@ -18,6 +18,7 @@ from kstrata.agents.optimize.search import Options, TaskSearch
 from kstrata.agents.optimize.state import CheckResult
 from kstrata.testsuite.tests.test_optimize import TINY, FakeEvaluator, FakeVerdict, _rule_us, _task_info
 
+
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     """report.md without its PNG plots (test_optimize.py tests them): a second per search saved."""
