@@ -466,7 +466,8 @@ def _finish_task(entry: dict[str, Any], spec: Any, ceilings: Any, baselines: lis
         t = r["timing"]["median_us"]
         speedup = eager_us / t if eager_us and b != "eager" else (1.0 if b == "eager" else None)
         r["speedup_vs_eager"] = speedup
-        point = assess(spec, ceilings, t * 1e-6, speedup)
+        point = assess(spec, ceilings, t * 1e-6, speedup, baseline_seconds=eager_us * 1e-6 if eager_us else None,
+                       baseline="eager")
         r["sol_fraction"] = point.fraction
         r["roofline"] = point.to_json()
         r["flags"] = list(point.flags)

@@ -68,7 +68,9 @@ Timing (`Timing`, when a GPU is present): CUDA events, a device-wide synchronize
 the L2 flushed before every run, warm-up, the median of `runs` (>= 100) runs with the 10th/90th
 percentiles, optionally through a CUDA graph. The reference is timed the same way in its own process.
 The speedup and the roofline fraction (`kstrata.agents.roofline`) go into the verdict; a result above
-speed of light or more than `roofline.SUSPICIOUS_SPEEDUP` faster is flagged and not accepted.
+speed of light, or more than `roofline.SUSPICIOUS_SPEEDUP` faster than the reference without the roofline
+explaining it (the reference far below SOL, the candidate not above it), is flagged and not accepted; an
+explained one is accepted and its reason says why ("eager at 1.7% of SOL, candidate at 53%").
 
 What the candidate process could still forge: its own report of the integrity checks (it can patch the
 worker). The values it returns cannot be forged that way: they are judged here.
@@ -893,13 +895,19 @@ def _judge(base: dict[str, Any], spec: Any, ref: WorkerRun, ref_trials: list[dic
     if cand_timing and ceilings is not None:
         from kstrata.agents.roofline import assess
 
-        point = assess(spec, ceilings, cand_timing.median_us * 1e-6, speedup)
+        point = assess(spec, ceilings, cand_timing.median_us * 1e-6, speedup,
+                       baseline_seconds=ref_timing.median_us * 1e-6 if ref_timing else None, baseline="eager")
         roof = point.to_json()
         flags.extend(point.flags)
+        explained = point.explanations
+    else:
+        explained = ()
     reason, failure_kind = _reason(results, run_checks, base["policy"], correct)
     accepted = correct and not flags
     if correct and flags:
         reason, failure_kind = "correct, but flagged and not accepted until explained: " + "; ".join(flags), "flagged"
+    elif accepted and explained:
+        reason += "; " + "; ".join(explained)
     return _verdict(base, accepted=accepted, reason=reason, failure=failure_kind, correct_strict=strict_ok,
                     correct_kernelbench=kb_ok, correct_kernelbench_task_inputs=kb_task, trials=tuple(results),
                     checks=run_checks, reference_timing=ref_timing, candidate_timing=cand_timing, speedup=speedup,

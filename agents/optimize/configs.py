@@ -42,13 +42,32 @@ def baseline_params(name: str) -> dict[str, Any]:
     raise ValueError(f"unknown baseline {name!r}")
 
 
+_MODE_OPTIONS_HELPER = '''
+def _kstrata_compile_options(mode, options):
+    """torch.compile takes a mode or an options dict, never both: the mode's own options, then these."""
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options(mode), **options}
+'''.strip("\n").splitlines()
+
+
+def _py(value: Any) -> str:
+    return json.dumps(value, sort_keys=True).replace("true", "True").replace("false", "False")
+
+
 def _compile_args(c: dict[str, Any]) -> str:
-    parts = []
-    if c.get("mode"):
-        parts.append(f"mode={c['mode']!r}")
-    if c.get("options"):
-        parts.append(f"options={json.dumps(c['options'], sort_keys=True)}".replace("true", "True").replace("false", "False"))
-    return ", ".join(parts)
+    """The keyword arguments of `torch.compile` for a `compile` parameter: a mode alone, options alone, or
+    (both given) the options dict that the mode stands for, updated with the options (torch.compile raises
+    "Either mode or options can be specified" for both; `torch._inductor.list_mode_options(mode)` is what
+    the mode applies, read by the candidate's own torch when it compiles)."""
+    mode, options = c.get("mode"), c.get("options")
+    if mode and options:
+        return f"options=_kstrata_compile_options({mode!r}, {_py(options)})"
+    if mode:
+        return f"mode={mode!r}"
+    if options:
+        return f"options={_py(options)}"
+    return ""
 
 
 def describe(params: dict[str, Any]) -> str:
@@ -98,6 +117,8 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         fwd.append("inputs = tuple(x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) "
                    "and x.dim() == 4 else x for x in inputs)")
     c = params.get("compile")
+    if c is not None and c.get("mode") and c.get("options"):
+        helpers += ["", "", *_MODE_OPTIONS_HELPER]
     if c is None:
         fwd.append("call = self.model")
     else:
