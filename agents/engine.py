@@ -452,7 +452,13 @@ class TaskOptions:
     runs: int = 100
     cuda_graph: bool = False
     timing: bool | None = None
+    #: Keep this evaluation (its timings and memory peaks included) in the engine cache, keyed by the
+    #: candidate's content, the base, these options, the device and the versions, and answer a repeat from
+    #: it (`kstrata bench`'s baselines). `kstrata eval` leaves it off: every eval evaluates.
+    keep: bool = False
     ceilings: Any = field(default=None, compare=False)
+    #: The environment of the evaluator's processes (a GPU worker's `CUDA_VISIBLE_DEVICES`); None: this one's.
+    env: Mapping[str, str] | None = field(default=None, compare=False)
     on_progress: Callable[..., None] | None = field(default=None, compare=False)
     on_plan: Callable[[Any], None] | None = field(default=None, compare=False)
 
@@ -873,7 +879,7 @@ class Engine:
                      "versions": dict(tool_versions())}
         cache = self.cache_dir / "checks" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
         if task is not None and base.kind == "task":
-            return self._evaluate_task(original, base, built, device, timeout, task)
+            return self._evaluate_task(original, base, built, device, timeout, task, use_cache)
         data = _read_json(cache) if use_cache else None
         if isinstance(data, dict) and (adopted is None or isinstance(data.get("report"), dict)):
             with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -970,27 +976,60 @@ class Engine:
                                f"({dynamic} dynamic checks passed)", tuple(evidence))
         return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))
 
+    def _kept_evaluation(self, original: str, built: BuildResult, device: str, options: TaskOptions) -> Path:
+        """Where a kept evaluation (`TaskOptions.keep`) of `built` lives: keyed by everything its figures
+        depend on (the base, the candidate's content, the evaluator's options, the device and GPU, torch and
+        the tool versions), so a changed task, option or version evaluates again."""
+        import platform
+
+        import torch
+
+        ident = {"original": original, "candidate": built.binary_digest, "device": device,
+                 "options": {"policy": options.policy, "trials": options.trials, "seed": options.seed,
+                             "runs": options.runs, "cuda_graph": options.cuda_graph, "timing": options.timing},
+                 "gpu": _gpu_visible() if device != "cpu" else None, "torch": torch.__version__,
+                 "python": platform.python_version(), "versions": dict(tool_versions())}
+        return self.cache_dir / "evaluations" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
+
     def _evaluate_task(self, original: str, base: BaseRef, built: BuildResult, device: str, timeout: float,
-                       options: TaskOptions) -> CheckResult:
+                       options: TaskOptions, use_cache: bool = True) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
 
         start = time.perf_counter()
+        memo = (original, built.binary_digest or "", ())
+        kept = self._kept_evaluation(original, built, device, options) if options.keep else None
+        data = _read_json(kept) if kept is not None and use_cache else None
+        if isinstance(data, dict) and isinstance(data.get("report"), dict):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                result = CheckResult.from_json(data, cached=True)
+                assert result.report is not None
+                with self._lock:
+                    self.stats.check_cache_hits += 1
+                    if result.report.get("reference_timing") and result.report.get("candidate_timing"):
+                        self._timings[memo] = _task_measurement(result.report)
+                return result
 
         def run() -> Any:
             return evaluate(base.path, self.built_entry(built), policy=options.policy, trials=options.trials,
                             seed=options.seed, device=device or None, timeout_s=timeout, timing=options.timing,
                             runs=options.runs, cuda_graph=options.cuda_graph, ceilings=options.ceilings,
-                            on_progress=options.on_progress, on_plan=options.on_plan)
+                            on_progress=options.on_progress, on_plan=options.on_plan,
+                            env=dict(options.env) if options.env is not None else None)
 
         # an evaluation that may time goes through the GPU queue: two timings never share a GPU
         v = run() if device == "cpu" or options.timing is False else self.pool.on_gpu(run)
+        report = v.to_json()
         result = _task_result(v, options.policy)
         with self._lock:
             self.stats.checks += 1
             if v.reference_timing is not None and v.candidate_timing is not None:
-                self._timings[(original, built.binary_digest or "", ())] = _task_measurement(v)
-        return CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
-                           report=v.to_json(), task_verdict=v)
+                self._timings[memo] = _task_measurement(report)
+        checked = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
+                              report=report, task_verdict=v)
+        # a crash or a hang may be the machine's (a GPU fault, an overloaded host): evaluated again next time
+        if kept is not None and v.failure not in ("crash", "timeout"):
+            _write_json(kept, checked.to_json())
+        return checked
 
     def _check_task(self, base: BaseRef, model_new: str, device: str, policy: str, timeout: float) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
@@ -1050,7 +1089,7 @@ class Engine:
                                               runs=budget.runs * budget.rounds, timeout_s=budget.timeout_s))
         with self._lock:
             self.stats.measured += 1
-        return _task_measurement(v)
+        return _task_measurement(v.to_json())
 
 
 def _task_result(v: Any, policy: str) -> CheckResult:
@@ -1064,15 +1103,15 @@ def _task_result(v: Any, policy: str) -> CheckResult:
     return CheckResult(Verdict.ERROR, v.reason, evidence)
 
 
-def _task_measurement(v: Any) -> Measurement:
-    """The evaluator's timings of a task candidate as a measurement."""
-    if v.reference_timing is None or v.candidate_timing is None:
-        return Measurement("failed", v.reason)
-    before, after = v.reference_timing.median_us, v.candidate_timing.median_us
-    return Measurement("timed", "" if v.accepted else v.reason, before, after, v.speedup,
-                       {"device": v.device, "versions": v.versions, "reference": v.reference_timing.to_json(),
-                        "candidate": v.candidate_timing.to_json(), "accepted": v.accepted},
-                       tuple(v.flags))
+def _task_measurement(v: Mapping[str, Any]) -> Measurement:
+    """The evaluator's timings of a task candidate (its verdict's JSON, `EvalVerdict.to_json()`) as a measurement."""
+    ref, cand = v.get("reference_timing"), v.get("candidate_timing")
+    if not ref or not cand:
+        return Measurement("failed", str(v.get("reason", "")))
+    return Measurement("timed", "" if v.get("accepted") else str(v.get("reason", "")), ref["median_us"],
+                       cand["median_us"], v.get("speedup"),
+                       {"device": v.get("device", ""), "versions": v.get("versions", {}), "reference": ref,
+                        "candidate": cand, "accepted": bool(v.get("accepted"))}, tuple(v.get("flags") or ()))
 
 
 def _verdict_of(evidence: list[Evidence]) -> CheckResult:
