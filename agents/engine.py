@@ -47,10 +47,12 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   (a GPU or a tool this machine lacks, decided again next time). `adopt_task(base, file)` is
   `kstrata eval`'s candidate: `Candidate.task` of the user's file, evaluated where it is.
 - Clients: `run-passes` (`agents/run_passes.py`), `kstrata verify` (`add_bundle`, `adopt`, `check` with
-  `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`).
-  `kstrata bench` times baselines (the task's own `Model`, eager and under torch.compile), which are not
-  candidates: it shares the timer (`backends/timing.py`) and the child protocol, not the engine. The
-  `torch.compile` backend rewrites inside Triton's stage hook, where no complete base kernel exists yet.
+  `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`), `kstrata bench`
+  (`agents/bench.py`: each baseline the optimizer's configuration candidate, `Candidate.task`, checked with
+  `TaskOptions(keep=True)` so a re-run answers from the cache, then `measure`), and the `torch.compile`
+  backend (`tools/torch_backend.py`: `add_stage_kernel` of the kernel at the level its pipeline rewrites,
+  `build` of `Candidate(base, level, PipelineEdit(pipeline))`, the built levels deployed only when the
+  build's static checks passed).
 - `Engine.measure(original, built, launches, budget)` -> `Measurement`: kernel candidates are timed
   against the original on replays of the launch record, outputs first compared byte for byte, then
   interleaved A/B rounds (`backends/timing.py`: CUDA events, device synchronize, L2 flush, warm-up,
@@ -679,6 +681,22 @@ class Engine:
             self._bundles[digest] = bundle
         return digest
 
+    def add_stage_kernel(self, bundle: Any) -> str:
+        """Register a kernel caught mid-compile as a base (the `torch.compile` backend's stage hook: the levels
+        Triton has made so far, down to the one a pipeline rewrites, and Triton's metadata at that point); returns
+        its content digest (`bundle_digest`). It is kept as a cache entry under `CACHE/bases/<digest>/`; a build
+        of a candidate of it first rebuilds its lower levels with Triton's stages, which gives Triton's own
+        binary, so the static checks compare the rewrite with the kernel Triton would have made."""
+        from kstrata.ir.triton_layout import write_cache_entry
+
+        digest = bundle_digest(bundle)
+        root = self.cache_dir / "bases" / digest
+        entries = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+        entry = entries[0] if entries else write_cache_entry(bundle, root, overwrite=True)
+        with self._lock:
+            self._bases[digest] = BaseRef("kernel", str(entry), bundle.override_key)
+        return digest
+
     def adopt(self, base: str, bundle: Any, *, edited: Sequence[str] | None = None) -> BuildResult:
         """A kernel candidate made outside the engine (a user's override entry, cache entry or IR file, loaded
         as `kstrata verify` loads it) as a build the engine checks. Its digest is its content (every level
@@ -1191,6 +1209,12 @@ def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     bundle = _load_one(p["base"], p.get("override_key"))
+    if ("cubin" if bundle.target.backend == "cuda" else "hsaco") not in bundle.levels:
+        # a kernel caught mid-compile (`add_stage_kernel`): its lower levels are Triton's own stages from its
+        # lowest level, so the original is complete (and byte-identical to Triton's) before the edit
+        from kstrata.backends.rebuild import rebuild_from
+
+        bundle = rebuild_from(bundle, [lv for lv in bundle.target.levels if lv in bundle.levels][-1])
     edit = edit_from_json(p["edit"])
     out: dict[str, Any] = {"kind": "kernel", "name": bundle.name, "target": str(bundle.target)}
     new = bundle
