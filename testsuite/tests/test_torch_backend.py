@@ -73,21 +73,26 @@ m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Li
 x = torch.randn(512, 256, device="cuda")
 ref = torch.compile(m)(x)
 torch._dynamo.reset()
-out = torch.compile(m, backend="kstrata", options={"cache_dir": sys.argv[1]})(x)
+out = torch.compile(m, backend="kstrata", options={"cache_dir": sys.argv[1], "engine_cache": sys.argv[2]})(x)
 print(json.dumps({"equal": bool(torch.equal(ref, out)), "report": tb.report()}))
 '''
     runs = []
-    for _ in range(2):  # the second process finds the rewritten kernels in the cache
-        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                              timeout=900, check=False, env={**__import__("os").environ,
-                                                             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"})
+    root = Path(str(tmp_path))
+    # the second process finds the rewritten kernels in Triton's cache; the third, with another Triton cache,
+    # compiles again and takes every rewrite from the engine's cache
+    for cache in ("triton", "triton", "triton-2"):
+        proc = subprocess.run([sys.executable, "-c", code, str(root / cache), str(root / "engine")],
+                              capture_output=True, text=True, timeout=900, check=False,
+                              env={**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(__import__("json").loads(proc.stdout.strip().splitlines()[-1]))
-    first, second = runs
-    assert first["equal"] and second["equal"]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second, third = runs
+    assert first["equal"] and second["equal"] and third["equal"]
     assert any(r["status"] == "rewritten" for r in first["report"])
     assert not any(r["status"] == "fallback" for r in first["report"])
     assert second["report"] == []  # no rewriting work the second time
+    rewritten = [r for r in third["report"] if r["status"] == "rewritten"]
+    assert rewritten and all(r["engine"]["cached"] for r in rewritten)
 
 
 # ---------------------------------------------------------------------------------------------------
