@@ -182,7 +182,7 @@ def _strict_reason(v: dict[str, Any]) -> str:
 def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Driver: one task's baselines through an engine on this job's worker (its GPU, when it has one):
     each built (`Candidate.task`), checked (`TaskOptions`, kept in the engine cache) and measured."""
-    from kstrata.agents.engine import Candidate, Engine, TaskOptions, WorkerPool
+    from kstrata.agents.engine import Candidate, Engine, Measurement, TaskOptions, WorkerPool
     from kstrata.agents.evaluate import MIN_TRIALS
     from kstrata.agents.workers import GpuDevice
 
@@ -205,7 +205,11 @@ def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                                      use_cache=bool(p.get("use_cache", True)))
                 if warm:
                     continue
-                timing = engine.measure(base, built)
+                report = check.report or {}
+                # the evaluation timed both sides when it could: `measure` returns those timings (it would
+                # evaluate again for a baseline the evaluation did not time, which is one that failed)
+                timing = engine.measure(base, built) if report.get("candidate_timing") else Measurement(
+                    "skipped", str(report.get("timing_note") or f"not timed: {check.reason}"))
             except KstrataError as exc:  # the harness could not run the task (it does not load, the reference fails)
                 results[b] = {"ok": False, "error": str(exc)}
                 # the reference's process died or hung (`evaluate`'s wording): on a GPU worker that may be the GPU
@@ -326,7 +330,7 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     common = {"runs": runs, "seed": seed, "device": device, "timeout_s": task_timeout_s,
               "engine_cache": str(cache_dir), "use_cache": use_cache}
     compiled = [b for b in baselines if b != "eager"]
-    if jobs > 1 and compiled and pending:
+    if jobs > 1 and compiled and pending and local:  # this machine's compile caches
         _warm(pool, pending, specs, compiled, common, jobs, on_progress)
     totals = {"evaluated": 0, "cached": 0}
     try:

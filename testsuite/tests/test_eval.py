@@ -426,7 +426,6 @@ def test_bench_goes_through_the_engine_resumes_and_answers_from_its_cache(tmp_pa
     monkeypatch.setattr(evaluate_module, "evaluate", refuse)
     fresh = run("c", use_cache=False)
     assert fresh["tasks"]["1_relu.py"]["baselines"]["eager"] == {"ok": False, "error": "evaluated again"}
-    assert run("d")["tasks"]["1_relu.py"]["baselines"]["eager"]["engine"]["cached"] is True  # the cache is kept
 
 
 def test_bench_has_no_timer_of_its_own() -> None:
@@ -560,3 +559,26 @@ def test_eval_goes_through_the_engine_with_its_options(tmp_path: Path) -> None:
         assert engine.stats.checks == 2 and engine.stats.check_cache_hits == 0
         if not has_cuda():
             assert engine.measure(base, built).status == "skipped"  # nothing timed on the CPU, nothing to reuse
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_bench_on_the_gpu_is_timed_by_the_engine_and_answered_from_its_cache(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    write(suite, "1_relu.py", TINY_TASK.replace("torch.randn(32, 64)", "torch.randn(4096, 4096, device='cuda')"))
+
+    def run(out: str, **kw: Any) -> dict[str, Any]:
+        return bench.run_bench(suite, ["eager", "compile"], tmp_path / out, runs=20, ceilings=CEILINGS,
+                               on_progress=lambda m: None, engine_cache=tmp_path / "engine", **kw)["tasks"]["1_relu.py"]
+
+    first = run("a")["baselines"]
+    for b in ("eager", "compile"):
+        assert first[b]["ok"] and first[b]["correct"] and first[b]["timing"]["runs"] == 20, first[b]
+        assert first[b]["memory"]["peak_gpu_bytes"] > 0 and first[b]["engine"]["cached"] is False
+    assert first["compile"]["speedup_vs_eager"] > 0
+    again = run("b")["baselines"]
+    assert all(again[b]["engine"]["cached"] for b in again)
+    assert again["compile"]["timing"] == first["compile"]["timing"]  # the kept measurement, not a new one
+    fresh = run("c", use_cache=False)["baselines"]
+    assert not fresh["compile"]["engine"]["cached"] and fresh["compile"]["timing"] != first["compile"]["timing"]
