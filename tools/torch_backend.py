@@ -114,6 +114,12 @@ class BackendConfig:
             from kstrata.agents.tuned import TunedDB
 
             TunedDB(config.tuned).check()  # not a tuned database: an error now, naming it
+        if config.pipeline and config.engine_cache:
+            try:  # the engine's cache cannot be made: an error now, not a fallback of every kernel
+                Path(config.engine_cache).expanduser().mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendOptionError(f"engine_cache {config.engine_cache!r} cannot be created: "
+                                         f"{exc.strerror or exc}") from None
         return config
 
     def cache_key(self) -> str:

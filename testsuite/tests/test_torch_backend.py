@@ -42,6 +42,8 @@ def test_options_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.pipeline == "ptx(cache-hints{loads=cg})" and config.only_inductor is False
     assert BackendConfig.from_options({"pipeline": "ptx(cache-hints)"}).pipeline == "ptx(cache-hints)"
     assert config.cache_key() != BackendConfig.from_options({"pipeline": "ptx(cache-hints)"}).cache_key()
+    with pytest.raises(BackendOptionError, match=r"engine_cache .* cannot be created"):
+        BackendConfig.from_options({"engine_cache": "/dev/null/engine"})
 
 
 def test_cpu_model_matches_eager_and_the_backend_says_why_once() -> None:
