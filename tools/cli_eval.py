@@ -136,7 +136,8 @@ def bench_cmd(
     as_json: JsonFlag = False,
     out_dir: Annotated[Path, typer.Option("--out", help="Results JSON, markdown report and plots go here.")] = Path("bench-out"),
     runs: Annotated[int, typer.Option("--runs", help="Timed runs per task and baseline (median).")] = 100,
-    task_timeout: Annotated[float, typer.Option("--task-timeout", help="Seconds one task may take.")] = 600.0,
+    task_timeout: Annotated[float, typer.Option("--task-timeout", help="Seconds each evaluation process (the "
+                                                "reference's, a baseline's) may take.")] = 600.0,
     only: Annotated[list[str] | None, typer.Option("--only", help="Only tasks whose path contains this (repeatable).")] = None,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings (default: --out).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Parallel workers that fill torch.compile's caches before the "
