@@ -25,7 +25,12 @@ PyTorch's defaults make. KernelBench's allclose against eager on the task's own 
 row says so (`errors[].judged_by`). What changed with the engine: the verdict covers the evaluator's
 `MIN_TRIALS` (5) trials (the task's own inputs first, then shifted, uniform, heavy-tailed and zero/negative
 inputs) and its integrity checks, not the task's own inputs alone; `errors[]` are the first trial's (the
-task's own inputs), as before. `precision` and `memory` are the candidate process's.
+task's own inputs), as before. `precision` and `memory` are the candidate process's. Every row's time is
+its candidate's (eager too: the task's `Model` called through the same `ModelNew` wrapper as the compiled
+baselines, so the speedups compare like with like). Gone with the old worker: `first_call_s` (the evaluator
+does not time the first call, which holds torch.compile's compile). The price of the hardening: each
+baseline is a whole evaluation (the reference process too), about five times the correctness work of the
+old one-process-per-task worker; at KernelBench's published sizes that is minutes per baseline.
 
 Caching: an evaluation is kept in the engine cache (`TaskOptions.keep`) under the candidate's content,
 the task's content, the options, the device and the torch/Triton/kstrata versions, so a re-run on
