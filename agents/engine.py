@@ -117,16 +117,9 @@ class EngineError(KstrataError):
 # ---------------------------------------------------------------------------------------------------
 # Versions: what a build's key must change with
 # ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
 def tool_versions() -> tuple[tuple[str, str], ...]:
-    """Triton, ptxas, LLVM (the AMD assembler and llvmlite) and kstrata versions, as sorted pairs.
-
-    Computed once per `TRITON_PTXAS_PATH`: Inductor sets it (to torch's own ptxas) in the middle of a
-    process, and the worker processes a build starts use the ptxas it names."""
-    return _tool_versions(os.environ.get("TRITON_PTXAS_PATH"))
-
-
-@functools.lru_cache(maxsize=4)
-def _tool_versions(ptxas_path: str | None) -> tuple[tuple[str, str], ...]:
+    """Triton, ptxas, LLVM (the AMD assembler and llvmlite) and kstrata versions, as sorted pairs."""
     import importlib.metadata
 
     import kstrata
@@ -142,7 +135,8 @@ def _tool_versions(ptxas_path: str | None) -> tuple[tuple[str, str], ...]:
     try:
         from kstrata.backends.nvidia import find_nvidia_tool
 
-        out["ptxas"] = f"{find_nvidia_tool('ptxas').version()}" + (f" ({ptxas_path})" if ptxas_path else "")
+        ptxas = os.environ.get("TRITON_PTXAS_PATH")
+        out["ptxas"] = f"{find_nvidia_tool('ptxas').version()}" + (f" ({ptxas})" if ptxas else "")
     except ToolError:
         out["ptxas"] = "absent"
     try:
