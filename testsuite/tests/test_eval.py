@@ -377,6 +377,7 @@ def test_bench_report_markdown_and_plots(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 1000 for p in written)
 
 
+@pytest.mark.slow  # about 25 s on the 2-core machine: two evaluator processes, five bench runs
 def test_bench_goes_through_the_engine_resumes_and_answers_from_its_cache(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """bench's baselines are engine candidates: the first run evaluates (the hardened evaluator, strict
