@@ -7,6 +7,8 @@ Inductor options, under cudnn.benchmark, replayed through a CUDA graph). Paramet
 - `compile`: None (eager) or {"mode": str | None, "options": {inductor option: value}}
 - `graph_forward`: a rewritten `def forward(self, ...)` (torch.fx code; see graph.py), `graph_rewrites`: names
 - `cudnn_benchmark`, `channels_last`, `cuda_graph`, `tf32`: bool
+- `torch_defaults`: bool: leave PyTorch's precision switches as they are (TF32 cuDNN convolutions by
+  default) instead of IEEE fp32: `kstrata bench` reports the baselines as PyTorch users run them
 - `sdpa`: None or an SDPBackend name (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)
 - `autocast`: None, "bfloat16" or "float16" (outputs cast back to the reference's dtypes)
 """
@@ -84,7 +86,7 @@ def describe(params: dict[str, Any]) -> str:
         if c.get("options"):
             s += " " + ",".join(f"{k}={v}" for k, v in sorted(c["options"].items()))
         parts.append(s)
-    for flag in ("cudnn_benchmark", "channels_last", "cuda_graph", "tf32"):
+    for flag in ("cudnn_benchmark", "channels_last", "cuda_graph", "tf32", "torch_defaults"):
         if params.get(flag):
             parts.append(flag.replace("_", "-"))
     if params.get("sdpa"):
@@ -105,7 +107,9 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         init.append("self.model.__class__ = _Rewritten  # the same module, with the rewritten forward")
     if params.get("cudnn_benchmark"):
         init.append("torch.backends.cudnn.benchmark = True")
-    if params.get("tf32"):
+    if params.get("torch_defaults"):
+        pass  # PyTorch's own precision defaults, whatever this process has
+    elif params.get("tf32"):
         init += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
     else:
         # IEEE fp32, as the strict policy's reference runs: PyTorch's default makes fp32 convolutions TF32.
