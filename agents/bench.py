@@ -1,25 +1,52 @@
-"""`kstrata bench`: every task of a suite under each baseline, timed, checked, placed on the roofline.
+"""`kstrata bench`: every task of a suite under each baseline, checked, timed and placed on the roofline,
+all through the candidate engine (`kstrata.agents.engine`).
 
 Baselines (`BASELINES`): `eager` (the task's `Model` as written), `compile` (`torch.compile(model)`),
-`compile-max-autotune` (`torch.compile(model, mode="max-autotune")`). Each task runs on its own inputs
-(`get_inputs()` under KernelBench's seed 42, made on the GPU), timed as `kstrata.agents.evaluate` times:
-CUDA events, a device-wide synchronize before the end event, the L2 flushed before each run, warm-up,
-the median of `runs` runs with the 10th/90th percentiles. Every baseline runs under PyTorch's default
-precision settings, reported per row (TF32 for matmuls and cuDNN, reduced-precision reductions). A
-compiled baseline is correct when its error against the float64 truth (the model and inputs in
-float64) is within `evaluate`'s strict bound scaled by eager's own error at those defaults: eager fp32
-convolutions are TF32 by PyTorch's default (`cudnn.allow_tf32`), so eager and torch.compile may each be
-~1e-3 from the truth and from each other — comparing them with each other at KernelBench's 1e-4 called
-torch.compile incorrect on the level2 conv + GroupNorm tasks for a difference PyTorch's defaults make.
-KernelBench's allclose against eager is reported too (`kernelbench_vs_eager`); when the float64 run is
-impossible (an op without float64), it decides and the row says so.
+`compile-max-autotune` (`torch.compile(model, mode="max-autotune")`). Each baseline is a task-level
+candidate, represented as the optimizer represents its baselines: a configuration of the task's own model
+(`agents/optimize/configs.py` `baseline_params` + `render`) rendered as a standalone `ModelNew`, here with
+`torch_defaults` (PyTorch's precision switches left as they are: TF32 cuDNN convolutions by default, so the
+figures are what a PyTorch user gets). The engine builds it (`Candidate.task`: content-addressed, cached),
+checks it (`Engine.check` with `TaskOptions`: the hardened evaluator, `agents/evaluate.py`, the reference
+and the candidate each in its own process with a timeout) and times it (`Engine.measure`: the evaluator's
+timing, `backends/timing.py`'s one GPU timer: CUDA events, a device-wide synchronize before the end event,
+the L2 flushed before each run, warm-up, the median of `runs` runs with p10/p90). This module has no timer
+and no child protocol of its own.
 
-The tasks run in a worker process (`python -m kstrata.agents.bench --worker`), one after another; a task
-that crashes the worker or outlasts `task_timeout_s` is recorded as failed and the worker restarts at the
-next task. Results go to `bench-results.json` after every task, so an interrupted run resumes where it
-stopped (tasks already in the file are skipped). At the end: `bench-report.md` (per-task time, speedup
-vs eager, fraction of speed of light, correctness; geometric means and KernelBench's fast_p) and PNG plots
-(`bench-speedup.png`, `bench-roofline.png`, `bench-sol-fraction.png`).
+Correctness (unchanged in meaning): a baseline is `correct` when its error against the float64 truth (the
+model and inputs in float64) is within the evaluator's strict bound scaled by *eager's own error at
+PyTorch's defaults*: the evaluation runs under the evaluator's `kernelbench` policy, whose reference is
+the task's `Model` at PyTorch's default precision, and bench takes the strict, float64-anchored verdict it
+computes beside it (`correct.strict`). Eager fp32 convolutions are TF32 by PyTorch's default, so eager
+and torch.compile may each be ~1e-3 from the truth and from each other; comparing them with each other at
+KernelBench's 1e-4 called torch.compile incorrect on the level2 conv + GroupNorm tasks for a difference
+PyTorch's defaults make. KernelBench's allclose against eager on the task's own inputs is reported too
+(`kernelbench_vs_eager`); when the float64 run is impossible (an op without float64), it decides and the
+row says so (`errors[].judged_by`). What changed with the engine: the verdict covers the evaluator's
+`MIN_TRIALS` (5) trials (the task's own inputs first, then shifted, uniform, heavy-tailed and zero/negative
+inputs) and its integrity checks, not the task's own inputs alone; `errors[]` are the first trial's (the
+task's own inputs), as before. `precision` and `memory` are the candidate process's. Every row's time is
+its candidate's (eager too: the task's `Model` called through the same `ModelNew` wrapper as the compiled
+baselines, so the speedups compare like with like). Gone with the old worker: `first_call_s` (the evaluator
+does not time the first call, which holds torch.compile's compile). The price of the hardening: each
+baseline is a whole evaluation (the reference process too), about five times the correctness work of the
+old one-process-per-task worker; at KernelBench's published sizes that is minutes per baseline.
+
+Caching: an evaluation is kept in the engine cache (`TaskOptions.keep`) under the candidate's content,
+the task's content, the options, the device and the torch/Triton/kstrata versions, so a re-run on
+unchanged tasks and versions answers from it (each row's `engine.cached`, and the run's
+`engine.check_cache_hits`, say so); `use_cache=False` (`--no-cache`) evaluates and times again. Without a
+GPU nothing is timed (`timing` is null with the engine's reason in `timing_note`); the verdicts stand.
+
+Each task is one job (`bench_task_job`) on `kstrata.agents.workers`: by default this machine, one task
+after another; with `--gpus` one GPU worker per device (a task whose evaluation dies with a CUDA fault is
+retried on another GPU, a GPU that keeps faulting is quarantined), with `--workers ray` on a Ray cluster.
+Results go to `bench-results.json` after every task, so an interrupted run resumes where it stopped (tasks
+already in the file are skipped). At the end: `bench-report.md` (per-task time, speedup vs eager, fraction
+of speed of light, correctness; geometric means and KernelBench's fast_p) and PNG plots
+(`bench-speedup.png`, `bench-roofline.png`, `bench-sol-fraction.png`). `jobs` > 1 first evaluates the
+compiled baselines untimed in that many parallel jobs, which fills torch.compile's on-disk caches for the
+timed pass (nothing from it is kept).
 
 fast_p follows KernelBench's `fastp` (src/score.py): the fraction of *all* tasks that are correct and
 faster than the baseline by more than p (speedup > p); fast_0 is the fraction correct.
@@ -30,22 +57,26 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-import sys
 import threading
-import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kstrata.agents.workers import JobContext, Workers, materialize
-from kstrata.backends.child import ChildStream, ChildTimeout
+from kstrata.agents.workers import JobContext, LocalWorkers, Workers, fault_in, file_ref, materialize
+from kstrata.ir.errors import KstrataError
 
-BENCH_SCHEMA = "kstrata.bench/1"
+BENCH_SCHEMA = "kstrata.bench/2"
 BASELINES = ("eager", "compile", "compile-max-autotune")
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 RESULTS_FILE = "bench-results.json"
 REPORT_FILE = "bench-report.md"
+#: The evaluator's options bench checks with: its `kernelbench` policy keeps PyTorch's precision defaults
+#: in the reference (the strict verdict beside it is bench's `correct`); the fewest trials it takes.
+EVAL_POLICY = "kernelbench"
+BENCH_TASK_JOB = "kstrata.agents.bench:bench_task_job"
+#: How `evaluate` says that a process of an evaluation died or hung (`WorkerRun.failure`).
+_PROCESS_LOST = ("process died", "timed out (killed)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -92,114 +123,120 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+
+
 # ---------------------------------------------------------------------------------------------------
-# The worker
+# Baselines as candidates, and the job that checks and times them through the engine
 # ---------------------------------------------------------------------------------------------------
-def _worker(task_paths: list[str], baselines: list[str], runs: int, seed: int, warm_only: bool = False,
-            device: str = "cuda") -> None:
-    import statistics
+def baseline_candidates(path: Path, spec: Any, baselines: list[str]) -> dict[str, dict[str, Any]]:
+    """Each baseline of the task at `path` as the optimizer's task candidate (`configs.render` of
+    `baseline_params`, with PyTorch's precision defaults), as the fields of the engine's `Candidate.task`."""
+    from kstrata.agents.optimize.configs import baseline_params, render
+    from kstrata.agents.optimize.state import TaskInfo
 
-    import torch
+    info = TaskInfo(path, path.stem, path.read_text(), spec)
+    out = {}
+    for b in baselines:
+        c = render(info, {**baseline_params(b), "torch_defaults": True}, space="baseline", proposer=f"baseline:{b}",
+                   description=f"baseline {b} (PyTorch's precision defaults)")
+        out[b] = c.engine_fields()
+    return out
 
-    from kstrata.agents.eval_worker import _build, _flat_outputs, _to_double, make_inputs, precision_settings, time_cuda
-    from kstrata.agents.evaluate import compare_output
-    from kstrata.agents.tasks import import_task_module
 
-    def emit(obj: dict[str, Any]) -> None:
-        sys.stdout.write("RESULT " + json.dumps(obj) + "\n")
-        sys.stdout.flush()
+def _row(check: Any, timing: Any, key: str) -> dict[str, Any]:
+    """One baseline's row of `bench-results.json` from the engine's check (the evaluator's verdict JSON)
+    and measurement."""
+    v: dict[str, Any] = check.report or {}
+    engine = {"candidate": key, "cached": bool(check.cached), "verdict": check.verdict.value}
+    if v.get("failure") in ("crash", "timeout", "import"):  # it did not run to a result
+        return {"ok": False, "error": str(v.get("reason") or check.reason), "engine": engine}
+    first = (v.get("trials") or [{}])[0]
+    errors = [{"output": o["output"], "judged_by": o["strict_basis"], "rel_l2_vs_fp64": o.get("candidate_rel_l2"),
+               "eager_rel_l2_vs_fp64": o.get("reference_rel_l2"), "bound_rel_l2": o.get("strict_bound_rel_l2"),
+               "detail": o.get("detail", "")} for o in first.get("outputs", [])]
+    finite = [o["max_abs_vs_ref"] for o in first.get("outputs", [])
+              if isinstance(o.get("max_abs_vs_ref"), (int, float)) and math.isfinite(o["max_abs_vs_ref"])]
+    correct = v.get("correct") or {}
+    row: dict[str, Any] = {
+        "ok": True, "correct": bool(correct.get("strict")),
+        "kernelbench_vs_eager": bool(correct.get("kernelbench_task_inputs")),
+        "kernelbench_all_trials": bool(correct.get("kernelbench")), "verdict": _strict_reason(v),
+        "trials": len(v.get("trials") or []), "max_abs_err_vs_eager": max(finite, default=0.0), "errors": errors,
+        "precision": (v.get("precision") or {}).get("candidate") or {},
+        "memory": (v.get("memory") or {}).get("candidate") or {}, "engine": engine,
+        "timing": timing.detail.get("candidate") if timing.status == "timed" else None}
+    if row["timing"] is None:
+        row["timing_note"] = timing.reason
+    return row
 
-    for path in task_paths:
-        sys.stdout.write(f"START {path}\n")
-        sys.stdout.flush()
-        try:
-            module = import_task_module(path)
-            model, _ = _build(module.Model, module, seed, device)
-            inputs = make_inputs(module, 0, seed, device)
-            with torch.no_grad():
-                ref = _flat_outputs(model(*inputs))
-            ref64: list[Any] | None = None
-            fp64_note = ""
-            try:  # the truth every baseline is judged against
-                with torch.no_grad():
-                    m64, ins64 = _to_double(model, inputs)
-                    ref64 = _flat_outputs(m64(*ins64))
-                del m64, ins64
-            except Exception as exc:
-                fp64_note = f"the float64 reference failed: {type(exc).__name__}: {str(exc)[:160]}"
-        except Exception as exc:
-            for b in baselines:
-                emit({"task": path, "baseline": b, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-            continue
-        for b in baselines:
+
+def _strict_reason(v: dict[str, Any]) -> str:
+    """Why bench's verdict (strict, against float64) is what it is, in one line."""
+    trials = v.get("trials") or []
+    failed = [c for c in v.get("checks") or [] if not c.get("ok")] + \
+        [c for t in trials for c in t.get("checks") or [] if not c.get("ok")]
+    if failed:
+        return f"{failed[0]['name']}: {failed[0].get('detail', '')}"
+    for t in trials:
+        for o in t.get("outputs") or []:
+            if not o.get("strict_ok"):
+                return f"trial {t['index']} ({t['distribution']} inputs), {o['output']}: {o.get('detail') or 'differs'}"
+    return f"correct on all {len(trials)} trials: within the strict bound against float64 (eager's own error as the scale)"
+
+
+def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Driver: one task's baselines through an engine on this job's worker (its GPU, when it has one):
+    each built (`Candidate.task`), checked (`TaskOptions`, kept in the engine cache) and measured."""
+    from kstrata.agents.engine import Candidate, Engine, Measurement, TaskOptions, WorkerPool
+    from kstrata.agents.evaluate import MIN_TRIALS
+    from kstrata.agents.workers import GpuDevice
+
+    task = materialize(p["task"], ctx)
+    warm = bool(p.get("warm_only"))
+    timed = p["device"] == "cuda" and not warm
+    options = TaskOptions(policy=EVAL_POLICY, trials=MIN_TRIALS, seed=p["seed"], runs=p["runs"], timing=timed,
+                          keep=not warm, env=ctx.environ() if ctx.env else None)
+    results: dict[str, Any] = {}
+    faults = []
+    # this job holds its worker's GPU: the engine's GPU queue is that one device, unpinned (the pinning is
+    # `options.env`, the job's own environment)
+    with Engine(p.get("engine_cache"), WorkerPool(1, gpus=[GpuDevice(0, "this job's GPU")])) as engine:
+        base = engine.add_task(task)
+        for b, fields in p["candidates"].items():
             try:
-                torch._dynamo.reset()
-                if b == "eager":
-                    fn: Any = model
-                elif b == "compile":
-                    fn = torch.compile(model)
-                elif b == "compile-max-autotune":
-                    fn = torch.compile(model, mode="max-autotune")
-                else:
-                    raise ValueError(f"unknown baseline {b!r}")
-                with torch.no_grad():
-                    t0 = time.perf_counter()
-                    out = _flat_outputs(fn(*inputs))
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    first_s = time.perf_counter() - t0
-                    correct, kb_vs_eager, max_err = True, True, 0.0
-                    errors: list[dict[str, Any]] = []
-                    for j, (r, o) in enumerate(zip(ref, out, strict=True)):
-                        if isinstance(r, torch.Tensor) and (r.shape != o.shape or r.dtype != o.dtype):
-                            correct = kb_vs_eager = False
-                            continue
-                        r64 = ref64[j] if ref64 is not None else None
-                        c = compare_output(f"output{j}", r, o, r64, fp64_note=fp64_note)
-                        correct &= c.strict_ok  # strict: against float64, bound scaled by eager's own error
-                        kb_vs_eager &= c.kernelbench_ok
-                        if math.isfinite(c.max_abs_vs_ref):
-                            max_err = max(max_err, c.max_abs_vs_ref)
-                        errors.append({"output": c.output, "judged_by": c.strict_basis,
-                                       "rel_l2_vs_fp64": c.candidate_rel_l2, "eager_rel_l2_vs_fp64": c.reference_rel_l2,
-                                       "bound_rel_l2": c.strict_bound_rel_l2, "detail": c.detail})
-                    if warm_only:  # compile caches filled; nothing measured
-                        continue
-                    if device == "cuda":
-
-                        def call(fn: Any = fn, inputs: list[Any] = inputs) -> Any:
-                            return fn(*inputs)
-
-                        timing = time_cuda(call, runs)
-                    else:  # CPU (tests only): wall time, no cache flush
-                        ts = []
-                        for _ in range(runs):
-                            t1 = time.perf_counter()
-                            fn(*inputs)
-                            ts.append((time.perf_counter() - t1) * 1e6)
-                        q = statistics.quantiles(ts, n=10)
-                        timing = {"median_us": statistics.median(ts), "p10_us": q[0], "p90_us": q[-1],
-                                  "min_us": min(ts), "runs": runs, "cuda_graph": False}
-                import resource
-
-                peaks = {"peak_host_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
-                if device == "cuda":
-                    peaks["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
-                emit({"task": path, "baseline": b, "ok": True, "correct": correct, "max_abs_err_vs_eager": max_err,
-                      "kernelbench_vs_eager": kb_vs_eager, "errors": errors, "precision": precision_settings(),
-                      "memory": peaks, "first_call_s": first_s, "timing": timing})
-                del out
-            except Exception as exc:
-                emit({"task": path, "baseline": b, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-        del model, inputs, ref, ref64
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        sys.stdout.write(f"DONE {path}\n")
-        sys.stdout.flush()
+                cand = Candidate.task(base, **fields)
+                built = engine.build(cand)
+                check = engine.check(base, built, device=p["device"], timeout=float(p["timeout_s"]), task=options,
+                                     use_cache=bool(p.get("use_cache", True)))
+                if warm:
+                    continue
+                report = check.report or {}
+                # the evaluation timed both sides when it could: `measure` returns those timings (it would
+                # evaluate again for a baseline the evaluation did not time, which is one that failed)
+                timing = engine.measure(base, built) if report.get("candidate_timing") else Measurement(
+                    "skipped", str(report.get("timing_note") or f"not timed: {check.reason}"))
+            except KstrataError as exc:  # the harness could not run the task (it does not load, the reference fails)
+                results[b] = {"ok": False, "error": str(exc)}
+                # the reference's process died or hung (`evaluate`'s wording): on a GPU worker that may be the GPU
+                if ctx.device is not None and any(w in str(exc) for w in _PROCESS_LOST):
+                    faults.append(b)
+                continue
+            results[b] = _row(check, timing, cand.key)
+            report = check.report or {}
+            # a baseline's process that died or hung on a GPU worker (a CUDA fault above all) may be the GPU's:
+            # the workers retry the task on another GPU, and a task that fails everywhere keeps its own failure
+            if ctx.device is not None and report.get("failure") in ("crash", "timeout") and (
+                    fault_in(str(report.get("reason", "")) + str(report.get("log_tail", "")))
+                    or any(w in str(report.get("reason", "")) for w in _PROCESS_LOST)):
+                faults.append(b)
+        stats = engine.stats.to_json()
+    gpu = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    return {"ok": True, "results": results, "engine": stats, "device_fault": bool(faults),
+            "error": f"CUDA fault in {', '.join(faults)}" if faults else "", "gpu": f"GPU {gpu}" if gpu else ""}
 
 
 # ---------------------------------------------------------------------------------------------------
-# The parent
+# The driver
 # ---------------------------------------------------------------------------------------------------
 def _versions() -> dict[str, str]:
     import platform
@@ -207,14 +244,14 @@ def _versions() -> dict[str, str]:
     import torch
 
     v = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda),
-         # PyTorch's precision defaults, which both baselines use: cuDNN's TF32 makes fp32 convolutions TF32.
+         # PyTorch's precision defaults, which the baselines use: cuDNN's TF32 makes fp32 convolutions TF32.
          "float32_matmul_precision": torch.get_float32_matmul_precision(),
          "cudnn_allow_tf32": str(torch.backends.cudnn.allow_tf32)}
     try:
         import triton
 
         v["triton"] = triton.__version__
-    except Exception:
+    except ImportError:
         pass
     return v
 
@@ -228,18 +265,21 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, *, runs: int = 100,
               seed: int = 42, task_timeout_s: float = 600.0, ceilings_dir: str | Path | None = None,
               only: list[str] | None = None, jobs: int = 1, on_progress: Callable[[str], None] = print,
-              device: str = "cuda", ceilings: Any = None, workers: Workers | None = None) -> dict[str, Any]:
+              device: str = "cuda", ceilings: Any = None, workers: Workers | None = None,
+              engine_cache: str | Path | None = None, use_cache: bool = True) -> dict[str, Any]:
     """Benchmark every task under `suite_dir` with `baselines`, resuming from `out_dir/bench-results.json`.
 
-    `device="cpu"` with given `ceilings` exists for tests of the driver; CPU times mean nothing here.
-    `workers` (`--gpus`, `--workers`): each task is a GPU job of its own (a bench worker process for that
-    task, on one GPU worker at a time), spread over the workers' GPUs; a task whose worker dies or hangs is
-    retried on another GPU, and a GPU that keeps faulting is quarantined (kstrata.agents.workers). Without
-    it, one worker process runs the tasks one after another on the default GPU.
+    `device="cpu"` with given `ceilings` exists for tests of the driver: the verdicts are real, nothing is
+    timed. `workers` (`--gpus`, `--workers`): each task is a GPU job of its own, spread over the workers'
+    GPUs (kstrata.agents.workers); without it, the tasks run one after another on this machine.
+    `engine_cache`: the engine's cache directory (default `KSTRATA_ENGINE_CACHE` or
+    ~/.cache/kstrata/engine); `use_cache=False` evaluates every baseline again (`--no-cache`).
+    `task_timeout_s` bounds each evaluation process (the reference's, each baseline's).
     """
     import torch
 
-    from kstrata.agents.roofline import assess, load_or_measure
+    from kstrata.agents.engine import Engine, default_cache_dir
+    from kstrata.agents.roofline import load_or_measure
     from kstrata.agents.tasks import TaskError, describe_tasks, find_tasks
 
     unknown = [b for b in baselines if b not in BASELINES]
@@ -253,6 +293,8 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     suite = Path(suite_dir)
+    cache_dir = Path(engine_cache).expanduser() if engine_cache is not None else default_cache_dir()
+    Engine(cache_dir).close()  # a cache that cannot be made: the one clear error, before any work
     if ceilings is None:
         ceilings, ceil_path = load_or_measure(ceilings_dir or out)
         source = ceil_path.name
@@ -275,8 +317,6 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     names = {p: str(p.relative_to(suite)) if p.is_relative_to(suite) else p.name for p in paths}
     todo = [p for p in paths if not all(b in results["tasks"].get(names[p], {}).get("baselines", {}) for b in baselines)]
     on_progress(f"{len(paths)} tasks, {len(paths) - len(todo)} already in {results_path}, {len(todo)} to run")
-    compiled = [b for b in baselines if b != "eager"]
-    warmers = _start_warmers(todo, compiled, jobs, seed) if jobs > 1 and compiled and todo else []
     specs: dict[Path, Any] = {}
     # Described in child processes with a timeout: task code must not take the benchmark down.
     for p, spec in describe_tasks(todo):
@@ -288,74 +328,28 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
         specs[p] = spec
         entry.update({"dtypes": list(spec.dtypes), "flops": spec.flops, "min_bytes": spec.min_bytes,
                       "arithmetic_intensity": spec.arithmetic_intensity})
-    todo = [p for p in todo if p in specs]
-    pending = list(todo)
-    if warmers:
-        _wait_warmers(warmers, task_timeout_s * len(pending) / jobs, on_progress)
-    done_count = len(paths) - len(todo)
-    if workers is not None:
-        _bench_on_workers(workers, pending, names, specs, results, results_path, baselines, runs=runs, seed=seed,
-                          device=device, timeout_s=task_timeout_s, ceilings=ceilings, on_progress=on_progress,
-                          done=done_count, total=len(paths))
-        results["workers"] = workers.describe()
-        pending = []
-    while pending:
-        need = {str(p): [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]] for p in pending}
-        worker_baselines = sorted({b for bs in need.values() for b in bs}, key=list(BASELINES).index)
-        # the one child protocol (backends/child.py): a new session, stdout read line by line with a deadline
-        proc = ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(runs),
-                            "--device", device,
-                            "--seed", str(seed), "--baselines", ",".join(worker_baselines),
-                            *[str(p) for p in pending]],
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        current: Path | None = None
-        deadline = time.monotonic() + task_timeout_s
-        restart = False
-        while True:
-            line: str | None
-            try:
-                line = proc.next_line(max(0.1, deadline - time.monotonic()))
-            except ChildTimeout:
-                line = "TIMEOUT"
-            if line is None or line == "TIMEOUT":
-                why = "timed out" if line == "TIMEOUT" else f"worker died (exit code {proc.proc.poll()})"
-                if current is not None:
-                    entry = results["tasks"][names[current]]
-                    for b in baselines:
-                        entry["baselines"].setdefault(b, {"ok": False, "error": why})
-                    pending.remove(current)
-                    done_count += 1
-                    on_progress(f"[{done_count}/{len(paths)}] {names[current]}: {why}")
-                    _write_json(results_path, results)
-                if proc.proc.poll() is None:
-                    proc.kill()
-                restart = current is not None or line == "TIMEOUT"
-                if not restart:  # died between tasks or before the first: the rest cannot run either
-                    for q in list(pending):
-                        for b in baselines:
-                            results["tasks"][names[q]]["baselines"].setdefault(b, {"ok": False, "error": why})
-                        pending.remove(q)
-                    _write_json(results_path, results)
-                break
-            if line.startswith("START "):
-                current = Path(line[6:].strip())
-                deadline = time.monotonic() + task_timeout_s
-            elif line.startswith("RESULT "):
-                r = json.loads(line[7:])
-                p = Path(r.pop("task"))
-                b = r.pop("baseline")
-                results["tasks"][names[p]]["baselines"][b] = r
-            elif line.startswith("DONE ") and current is not None:
-                _finish_task(results["tasks"][names[current]], specs[current], ceilings, baselines, assess)
-                pending.remove(current)
-                done_count += 1
-                on_progress(f"[{done_count}/{len(paths)}] {names[current]}: " + _progress_line(results["tasks"][names[current]], baselines))
-                _write_json(results_path, results)
-                current = None
-        proc.wait()
-        proc.close()
-        if not restart:
-            break
+    pending = [p for p in todo if p in specs]
+    local = workers is None
+    pool: Workers = workers if workers is not None else LocalWorkers(workdir=out / ".work")
+    kind = "gpu" if not local or device == "cuda" else "cpu"
+    common = {"runs": runs, "seed": seed, "device": device, "timeout_s": task_timeout_s,
+              "engine_cache": str(cache_dir), "use_cache": use_cache}
+    compiled = [b for b in baselines if b != "eager"]
+    if jobs > 1 and compiled and pending and local:  # this machine's compile caches
+        _warm(pool, pending, specs, compiled, common, jobs, on_progress)
+    totals = {"evaluated": 0, "cached": 0}
+    try:
+        _bench_on_workers(pool, kind, pending, names, specs, results, results_path, baselines, common,
+                          ceilings=ceilings, on_progress=on_progress, done=len(paths) - len(todo), total=len(paths),
+                          totals=totals)
+    finally:
+        if local:
+            pool.close()
+    if not local:
+        results["workers"] = pool.describe()
+    results["engine"] = {"cache_dir": str(cache_dir), "use_cache": use_cache, **totals}
+    on_progress(f"engine cache {cache_dir}: {totals['cached']} baseline results answered from it, "
+                f"{totals['evaluated']} evaluated" + ("" if use_cache else " (--no-cache: nothing read from it)"))
     results["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     results["summary"] = summarize(results)
     _write_json(results_path, results)
@@ -363,30 +357,40 @@ def run_bench(suite_dir: str | Path, baselines: list[str], out_dir: str | Path, 
     return results
 
 
-BENCH_TASK_JOB = "kstrata.agents.bench:bench_task_job"
+def _warm(pool: Workers, pending: list[Path], specs: dict[Path, Any], compiled: list[str], common: dict[str, Any],
+          jobs: int, on_progress: Callable[[str], None]) -> None:
+    """The compiled baselines of every task evaluated untimed, `jobs` at once (CPU-bound compiles), so the
+    timed pass finds torch.compile's caches warm. Nothing from it is kept; a failure shows again later."""
+    def one(p: Path) -> None:
+        pool.run(BENCH_TASK_JOB, {**common, "task": file_ref(p), "warm_only": True,
+                                  "candidates": baseline_candidates(p, specs[p], compiled)}, kind="cpu")
+
+    with ThreadPoolExecutor(max_workers=jobs) as threads:
+        list(threads.map(one, pending))
+    on_progress(f"compile caches warmed by {jobs} parallel jobs ({len(pending)} tasks)")
 
 
-def _bench_on_workers(workers: Workers, pending: list[Path], names: dict[Path, str], specs: dict[Path, Any],
-                      results: dict[str, Any], results_path: Path, baselines: list[str], *, runs: int, seed: int,
-                      device: str, timeout_s: float, ceilings: Any, on_progress: Callable[[str], None], done: int,
-                      total: int) -> None:
-    """Each task a GPU job (`bench_task_job`), as many at once as there are GPU workers."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def _bench_on_workers(workers: Workers, kind: str, pending: list[Path], names: dict[Path, str],
+                      specs: dict[Path, Any], results: dict[str, Any], results_path: Path, baselines: list[str],
+                      common: dict[str, Any], *, ceilings: Any, on_progress: Callable[[str], None], done: int,
+                      total: int, totals: dict[str, int]) -> None:
+    """Each task a job (`bench_task_job`), as many at once as there are GPU workers."""
     from kstrata.agents.roofline import assess
-    from kstrata.agents.workers import file_ref
 
     lock = threading.Lock()
     count = [done]
 
     def one(p: Path) -> None:
         need = [b for b in baselines if b not in results["tasks"][names[p]]["baselines"]]
-        out = workers.run(BENCH_TASK_JOB, {"task": file_ref(p), "baselines": need, "runs": runs, "seed": seed,
-                                           "device": device, "timeout_s": timeout_s}, kind="gpu", exclusive=True)
+        out = workers.run(BENCH_TASK_JOB, {**common, "task": file_ref(p),
+                                           "candidates": baseline_candidates(p, specs[p], need)},
+                          kind=kind, exclusive=True)
         with lock:
             entry = results["tasks"][names[p]]
             for b, r in (out.get("results") or {}).items():
                 entry["baselines"][b] = r
+                if r.get("engine"):
+                    totals["cached" if r["engine"]["cached"] else "evaluated"] += 1
             for b in baselines:
                 entry["baselines"].setdefault(b, {"ok": False, "error": str(out.get("error") or "not run")})
             if out.get("ok"):
@@ -400,73 +404,18 @@ def _bench_on_workers(workers: Workers, pending: list[Path], names: dict[Path, s
         list(threads.map(one, pending))
 
 
-def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Driver: one task's baselines in a bench worker process on this job's GPU (`--worker`, one task)."""
-    task = materialize(p["task"], ctx)
-    baselines = list(p["baselines"])
-    proc = ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--runs", str(p["runs"]),
-                        "--device", p["device"], "--seed", str(p["seed"]), "--baselines", ",".join(baselines),
-                        str(task)], env={**ctx.environ(), "PYTHONUNBUFFERED": "1"})
-    got: dict[str, Any] = {}
-    deadline = time.monotonic() + float(p["timeout_s"])
-    why = ""
-    try:
-        while True:
-            try:
-                line = proc.next_line(max(0.1, deadline - time.monotonic()))
-            except ChildTimeout:
-                why = f"timed out after {float(p['timeout_s']):g} s"
-                break
-            if line is None:
-                if not all(b in got for b in baselines):
-                    why = f"worker died (exit code {proc.proc.poll()})"
-                break
-            if line.startswith("RESULT "):
-                r = json.loads(line[7:])
-                r.pop("task", None)
-                got[r.pop("baseline")] = r
-            elif line.startswith("DONE "):
-                break
-    finally:
-        proc.close()
-    gpu = ctx.env.get("CUDA_VISIBLE_DEVICES")
-    return {"ok": not why, "results": got, "error": why, "device_fault": bool(why) and ctx.device is not None,
-            "gpu": f"GPU {gpu}" if gpu else ""}
-
-
-def _start_warmers(paths: list[Path], baselines: list[str], jobs: int, seed: int) -> list[ChildStream]:
-    """Compile every task in `jobs` parallel workers first (CPU-bound), so that the timed, sequential pass
-    finds torch.compile's caches warm. Nothing is measured there; a failure shows again in the timed pass."""
-    slices = [paths[i::jobs] for i in range(jobs)]
-    return [ChildStream([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--warm-only", "--seed", str(seed),
-                         "--baselines", ",".join(baselines), *[str(p) for p in part]])
-            for part in slices if part]
-
-
-def _wait_warmers(procs: list[ChildStream], timeout_s: float, on_progress: Callable[[str], None]) -> None:
-    start = time.monotonic()
-    for proc in procs:
-        try:
-            while proc.next_line(max(1.0, timeout_s - (time.monotonic() - start))) is not None:
-                pass  # their output is not used
-        except ChildTimeout:
-            pass
-        proc.close()  # kills it (and what it started) if it is still running
-    on_progress(f"compile caches warmed by {len(procs)} parallel workers ({time.monotonic() - start:.0f} s after the "
-                "task specs were read)")
-
-
 def _finish_task(entry: dict[str, Any], spec: Any, ceilings: Any, baselines: list[str], assess: Any) -> None:
     eager = entry["baselines"].get("eager", {})
-    eager_us = eager.get("timing", {}).get("median_us") if eager.get("ok") else None
+    eager_us = (eager.get("timing") or {}).get("median_us") if eager.get("ok") else None
     for b in baselines:
         r = entry["baselines"].get(b)
-        if not r or not r.get("ok"):
+        if not r or not r.get("ok") or not r.get("timing"):
             continue
         t = r["timing"]["median_us"]
         speedup = eager_us / t if eager_us and b != "eager" else (1.0 if b == "eager" else None)
         r["speedup_vs_eager"] = speedup
-        point = assess(spec, ceilings, t * 1e-6, speedup)
+        point = assess(spec, ceilings, t * 1e-6, speedup, baseline_seconds=eager_us * 1e-6 if eager_us else None,
+                       baseline="eager")
         r["sol_fraction"] = point.fraction
         r["roofline"] = point.to_json()
         r["flags"] = list(point.flags)
@@ -481,10 +430,12 @@ def _progress_line(entry: dict[str, Any], baselines: list[str]) -> str:
         if not r.get("ok"):
             parts.append(f"{b} FAILED ({r.get('error', '?')[:80]})")
             continue
-        s = f"{b} {r['timing']['median_us']:.1f} us"
+        s = f"{b} {r['timing']['median_us']:.1f} us" if r.get("timing") else f"{b} untimed"
         if b != "eager" and r.get("speedup_vs_eager"):
             s += f" ({r['speedup_vs_eager']:.2f}x)"
-        s += f" {100 * r.get('sol_fraction', 0):.0f}% SOL" + ("" if r.get("correct") else " INCORRECT")
+        if r.get("timing"):
+            s += f" {100 * r.get('sol_fraction', 0):.0f}% SOL"
+        s += ("" if r.get("correct") else " INCORRECT") + (" (engine cache)" if r.get("engine", {}).get("cached") else "")
         parts.append(s)
     return "; ".join(parts)
 
@@ -503,9 +454,14 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines = [f"# kstrata bench: {results['suite']}", "",
              f"Device: {results['device']}; versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) +
              f"; started {results.get('started')}, finished {results.get('finished', '(unfinished)')}.", "",
-             f"Timing: median of {results['runs']} runs (CUDA events, synchronize before the end event, L2 flushed "
-             "before each run, warm-up); ± is the 10th–90th percentile range. Inputs: the task's own `get_inputs()` "
-             f"(seed {results['seed']}). Correct: outputs match eager within KernelBench's tolerance for the dtype.", ""]
+             f"Timing: median of {results['runs']} runs (the engine's timer: CUDA events, synchronize before the end "
+             "event, L2 flushed before each run, warm-up); ± is the 10th–90th percentile range. Inputs: the task's own "
+             f"`get_inputs()` (seed {results['seed']}) and the evaluator's other trials. Correct: the error against "
+             "float64 is within the strict bound scaled by eager's own error at PyTorch's precision defaults.", ""]
+    eng = results.get("engine")
+    if eng:
+        lines += [f"Candidate engine: {eng.get('cached', 0)} baseline results answered from its cache "
+                  f"(`{eng.get('cache_dir')}`), {eng.get('evaluated', 0)} evaluated in this run.", ""]
     if c:
         lines += ["Ceilings (measured " + c.get("date", "?") + f"): copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s; matmul " +
                   ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in c["matmul_flops_per_s"].items()) +
@@ -542,8 +498,9 @@ def render_markdown(results: dict[str, Any]) -> str:
                 if b == "eager":
                     row += " |"
                 continue
-            t = r["timing"]
-            cell = f" {t['median_us']:.1f} ±{(t['p90_us'] - t['p10_us']) / 2:.1f} | {100 * r.get('sol_fraction', 0):.1f} |"
+            t = r.get("timing")
+            cell = (f" {t['median_us']:.1f} ±{(t['p90_us'] - t['p10_us']) / 2:.1f} | {100 * r.get('sol_fraction', 0):.1f} |"
+                    if t else " untimed | — |")
             if b != "eager":
                 flag = " ⚑" if r.get("flags") else ""
                 cell += f" {_fmt(r.get('speedup_vs_eager'), '.2f')}{flag} | {'yes' if r.get('correct') else 'NO'} |"
@@ -616,7 +573,7 @@ def render_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
                 px, py = [], []
                 for e in tasks.values():
                     r = e["baselines"].get(b, {})
-                    if r.get("ok") and e.get("arithmetic_intensity") and e.get("flops"):
+                    if r.get("ok") and r.get("timing") and e.get("arithmetic_intensity") and e.get("flops"):
                         px.append(e["arithmetic_intensity"])
                         py.append(e["flops"] / (r["timing"]["median_us"] * 1e-6) / 1e12)
                 ax.scatter(px, py, s=18, color=colors.get(b, "gray"), label=b, zorder=3)
@@ -669,22 +626,3 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def _main(argv: list[str]) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="kstrata.agents.bench")
-    p.add_argument("--worker", action="store_true", required=True)
-    p.add_argument("--baselines", required=True)
-    p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--warm-only", action="store_true")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("tasks", nargs="*")
-    a = p.parse_args(argv)
-    _worker(a.tasks, a.baselines.split(","), a.runs, a.seed, a.warm_only, a.device)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])

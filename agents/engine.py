@@ -47,10 +47,12 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   (a GPU or a tool this machine lacks, decided again next time). `adopt_task(base, file)` is
   `kstrata eval`'s candidate: `Candidate.task` of the user's file, evaluated where it is.
 - Clients: `run-passes` (`agents/run_passes.py`), `kstrata verify` (`add_bundle`, `adopt`, `check` with
-  `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`).
-  `kstrata bench` times baselines (the task's own `Model`, eager and under torch.compile), which are not
-  candidates: it shares the timer (`backends/timing.py`) and the child protocol, not the engine. The
-  `torch.compile` backend rewrites inside Triton's stage hook, where no complete base kernel exists yet.
+  `VerifyOptions`), `kstrata eval` (`add_task`, `adopt_task`, `check` with `TaskOptions`), `kstrata bench`
+  (`agents/bench.py`: each baseline the optimizer's configuration candidate, `Candidate.task`, checked with
+  `TaskOptions(keep=True)` so a re-run answers from the cache, then `measure`), and the `torch.compile`
+  backend (`tools/torch_backend.py`: `add_stage_kernel` of the kernel at the level its pipeline rewrites,
+  `build` of `Candidate(base, level, PipelineEdit(pipeline))`, the built levels deployed only when the
+  build's static checks passed).
 - `Engine.measure(original, built, launches, budget)` -> `Measurement`: kernel candidates are timed
   against the original on replays of the launch record, outputs first compared byte for byte, then
   interleaved A/B rounds (`backends/timing.py`: CUDA events, device synchronize, L2 flush, warm-up,
@@ -452,7 +454,13 @@ class TaskOptions:
     runs: int = 100
     cuda_graph: bool = False
     timing: bool | None = None
+    #: Keep this evaluation (its timings and memory peaks included) in the engine cache, keyed by the
+    #: candidate's content, the base, these options, the device and the versions, and answer a repeat from
+    #: it (`kstrata bench`'s baselines). `kstrata eval` leaves it off: every eval evaluates.
+    keep: bool = False
     ceilings: Any = field(default=None, compare=False)
+    #: The environment of the evaluator's processes (a GPU worker's `CUDA_VISIBLE_DEVICES`); None: this one's.
+    env: Mapping[str, str] | None = field(default=None, compare=False)
     on_progress: Callable[..., None] | None = field(default=None, compare=False)
     on_plan: Callable[[Any], None] | None = field(default=None, compare=False)
 
@@ -673,6 +681,22 @@ class Engine:
             self._bundles[digest] = bundle
         return digest
 
+    def add_stage_kernel(self, bundle: Any) -> str:
+        """Register a kernel caught mid-compile as a base (the `torch.compile` backend's stage hook: the levels
+        Triton has made so far, down to the one a pipeline rewrites, and Triton's metadata at that point); returns
+        its content digest (`bundle_digest`). It is kept as a cache entry under `CACHE/bases/<digest>/`; a build
+        of a candidate of it first rebuilds its lower levels with Triton's stages, which gives Triton's own
+        binary, so the static checks compare the rewrite with the kernel Triton would have made."""
+        from kstrata.ir.triton_layout import write_cache_entry
+
+        digest = bundle_digest(bundle)
+        root = self.cache_dir / "bases" / digest
+        entries = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+        entry = entries[0] if entries else write_cache_entry(bundle, root, overwrite=True)
+        with self._lock:
+            self._bases[digest] = BaseRef("kernel", str(entry), bundle.override_key)
+        return digest
+
     def adopt(self, base: str, bundle: Any, *, edited: Sequence[str] | None = None) -> BuildResult:
         """A kernel candidate made outside the engine (a user's override entry, cache entry or IR file, loaded
         as `kstrata verify` loads it) as a build the engine checks. Its digest is its content (every level
@@ -873,7 +897,7 @@ class Engine:
                      "versions": dict(tool_versions())}
         cache = self.cache_dir / "checks" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
         if task is not None and base.kind == "task":
-            return self._evaluate_task(original, base, built, device, timeout, task)
+            return self._evaluate_task(original, base, built, device, timeout, task, use_cache)
         data = _read_json(cache) if use_cache else None
         if isinstance(data, dict) and (adopted is None or isinstance(data.get("report"), dict)):
             with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -970,27 +994,60 @@ class Engine:
                                f"({dynamic} dynamic checks passed)", tuple(evidence))
         return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))
 
+    def _kept_evaluation(self, original: str, built: BuildResult, device: str, options: TaskOptions) -> Path:
+        """Where a kept evaluation (`TaskOptions.keep`) of `built` lives: keyed by everything its figures
+        depend on (the base, the candidate's content, the evaluator's options, the device and GPU, torch and
+        the tool versions), so a changed task, option or version evaluates again."""
+        import platform
+
+        import torch
+
+        ident = {"original": original, "candidate": built.binary_digest, "device": device,
+                 "options": {"policy": options.policy, "trials": options.trials, "seed": options.seed,
+                             "runs": options.runs, "cuda_graph": options.cuda_graph, "timing": options.timing},
+                 "gpu": _gpu_visible() if device != "cpu" else None, "torch": torch.__version__,
+                 "python": platform.python_version(), "versions": dict(tool_versions())}
+        return self.cache_dir / "evaluations" / f"{_digest(json.dumps(ident, sort_keys=True))[:32]}.json"
+
     def _evaluate_task(self, original: str, base: BaseRef, built: BuildResult, device: str, timeout: float,
-                       options: TaskOptions) -> CheckResult:
+                       options: TaskOptions, use_cache: bool = True) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
 
         start = time.perf_counter()
+        memo = (original, built.binary_digest or "", ())
+        kept = self._kept_evaluation(original, built, device, options) if options.keep else None
+        data = _read_json(kept) if kept is not None and use_cache else None
+        if isinstance(data, dict) and isinstance(data.get("report"), dict):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                result = CheckResult.from_json(data, cached=True)
+                assert result.report is not None
+                with self._lock:
+                    self.stats.check_cache_hits += 1
+                    if result.report.get("reference_timing") and result.report.get("candidate_timing"):
+                        self._timings[memo] = _task_measurement(result.report)
+                return result
 
         def run() -> Any:
             return evaluate(base.path, self.built_entry(built), policy=options.policy, trials=options.trials,
                             seed=options.seed, device=device or None, timeout_s=timeout, timing=options.timing,
                             runs=options.runs, cuda_graph=options.cuda_graph, ceilings=options.ceilings,
-                            on_progress=options.on_progress, on_plan=options.on_plan)
+                            on_progress=options.on_progress, on_plan=options.on_plan,
+                            env=dict(options.env) if options.env is not None else None)
 
         # an evaluation that may time goes through the GPU queue: two timings never share a GPU
         v = run() if device == "cpu" or options.timing is False else self.pool.on_gpu(run)
+        report = v.to_json()
         result = _task_result(v, options.policy)
         with self._lock:
             self.stats.checks += 1
             if v.reference_timing is not None and v.candidate_timing is not None:
-                self._timings[(original, built.binary_digest or "", ())] = _task_measurement(v)
-        return CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
-                           report=v.to_json(), task_verdict=v)
+                self._timings[memo] = _task_measurement(report)
+        checked = CheckResult(result.verdict, result.reason, result.evidence, time.perf_counter() - start,
+                              report=report, task_verdict=v)
+        # a crash or a hang may be the machine's (a GPU fault, an overloaded host): evaluated again next time
+        if kept is not None and v.failure not in ("crash", "timeout"):
+            _write_json(kept, checked.to_json())
+        return checked
 
     def _check_task(self, base: BaseRef, model_new: str, device: str, policy: str, timeout: float) -> CheckResult:
         from kstrata.agents.evaluate import evaluate
@@ -1050,7 +1107,7 @@ class Engine:
                                               runs=budget.runs * budget.rounds, timeout_s=budget.timeout_s))
         with self._lock:
             self.stats.measured += 1
-        return _task_measurement(v)
+        return _task_measurement(v.to_json())
 
 
 def _task_result(v: Any, policy: str) -> CheckResult:
@@ -1064,15 +1121,15 @@ def _task_result(v: Any, policy: str) -> CheckResult:
     return CheckResult(Verdict.ERROR, v.reason, evidence)
 
 
-def _task_measurement(v: Any) -> Measurement:
-    """The evaluator's timings of a task candidate as a measurement."""
-    if v.reference_timing is None or v.candidate_timing is None:
-        return Measurement("failed", v.reason)
-    before, after = v.reference_timing.median_us, v.candidate_timing.median_us
-    return Measurement("timed", "" if v.accepted else v.reason, before, after, v.speedup,
-                       {"device": v.device, "versions": v.versions, "reference": v.reference_timing.to_json(),
-                        "candidate": v.candidate_timing.to_json(), "accepted": v.accepted},
-                       tuple(v.flags))
+def _task_measurement(v: Mapping[str, Any]) -> Measurement:
+    """The evaluator's timings of a task candidate (its verdict's JSON, `EvalVerdict.to_json()`) as a measurement."""
+    ref, cand = v.get("reference_timing"), v.get("candidate_timing")
+    if not ref or not cand:
+        return Measurement("failed", str(v.get("reason", "")))
+    return Measurement("timed", "" if v.get("accepted") else str(v.get("reason", "")), ref["median_us"],
+                       cand["median_us"], v.get("speedup"),
+                       {"device": v.get("device", ""), "versions": v.get("versions", {}), "reference": ref,
+                        "candidate": cand, "accepted": bool(v.get("accepted"))}, tuple(v.get("flags") or ()))
 
 
 def _verdict_of(evidence: list[Evidence]) -> CheckResult:
@@ -1152,6 +1209,12 @@ def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     bundle = _load_one(p["base"], p.get("override_key"))
+    if ("cubin" if bundle.target.backend == "cuda" else "hsaco") not in bundle.levels:
+        # a kernel caught mid-compile (`add_stage_kernel`): its lower levels are Triton's own stages from its
+        # lowest level, so the original is complete (and byte-identical to Triton's) before the edit
+        from kstrata.backends.rebuild import rebuild_from
+
+        bundle = rebuild_from(bundle, [lv for lv in bundle.target.levels if lv in bundle.levels][-1])
     edit = edit_from_json(p["edit"])
     out: dict[str, Any] = {"kind": "kernel", "name": bundle.name, "target": str(bundle.target)}
     new = bundle

@@ -44,6 +44,7 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
@@ -106,37 +107,77 @@ def make_inputs(module: Any, trial: int, seed: int, device: str) -> list[Any]:
             for x in inputs]
 
 
+#: Elements per step of `reshape_values`: its temporaries stay at a few hundred MiB however large the input
+#: (at published sizes whole-tensor temporaries came to about 24 GiB per input and ran the H200 out of
+#: memory with three processes on it).
+RESHAPE_CHUNK = 1 << 25
+
+
+def _finite_stats(flat: torch.Tensor) -> tuple[float, float, bool, int]:
+    """Mean, standard deviation (n - 1), whether all are >= 0, and the count of the finite values of
+    `flat`, chunk by chunk in float64 (chunk means and squared deviations merged exactly as in Chan's
+    pairwise update)."""
+    n, mean, m2, lo = 0, 0.0, 0.0, math.inf
+    for c in flat.split(RESHAPE_CHUNK):
+        fin = c.isfinite()
+        k = int(fin.sum())
+        if not k:
+            continue
+        c64 = torch.where(fin, c, 0).double()
+        cm = float(c64.sum()) / k
+        cm2 = float(torch.where(fin, (c64 - cm) ** 2, 0.0).sum())
+        lo = min(lo, float(torch.where(fin, c64, math.inf).min()))
+        d, tot = cm - mean, n + k
+        mean += d * k / tot
+        m2 += cm2 + d * d * n * k / tot
+        n = tot
+    std = math.sqrt(m2 / (n - 1)) if n > 1 else 1.0
+    return mean, std, n > 0 and lo >= 0.0, n
+
+
 def reshape_values(x: torch.Tensor, dist: str, gen: torch.Generator) -> torch.Tensor:
-    """New values for `x` of another distribution, keeping its shape, dtype, location, scale and sign domain."""
-    xf = x.detach().float()
-    finite = xf[xf.isfinite()]
-    m = float(finite.mean()) if finite.numel() else 0.0
-    s = float(finite.std()) if finite.numel() > 1 else 1.0
+    """New values for `x` of another distribution, keeping its shape, dtype, layout, location, scale and
+    sign domain; computed in chunks of `RESHAPE_CHUNK` elements (the draws depend only on the generator's
+    state and the element count, so every process gets the same values)."""
+    if dist not in ("shifted-scaled", "uniform-offset", "heavy-tailed", "zeros-negatives"):
+        raise ValueError(f"unknown distribution {dist!r}")
+    src = x.detach()
+    dense = src.contiguous()
+    flat = dense.reshape(-1)
+    m, s, nonneg, count = _finite_stats(flat)
+    if not count:
+        m, s, nonneg = 0.0, 1.0, False
     if not math.isfinite(s) or s == 0.0:
         s = max(abs(m), 1.0)
-    nonneg = bool(finite.numel()) and float(finite.min()) >= 0.0
-    shape, dev = x.shape, x.device
-    z = torch.randn(shape, generator=gen, device=dev)
-    if dist == "shifted-scaled":
-        y = m + s * (1.5 * z + 1.0)
-    elif dist == "uniform-offset":
-        y = m + s * (4.0 * torch.rand(shape, generator=gen, device=dev) - 1.0)  # uniform on [m - s, m + 3s]
-    elif dist == "heavy-tailed":
-        w = torch.randn(shape, generator=gen, device=dev)
-        y = m + s * (z * torch.exp(0.75 * w)).clamp(-16.0, 16.0)
-    elif dist == "zeros-negatives":
-        u = torch.rand(shape, generator=gen, device=dev)
-        y = xf.clone()
-        if not nonneg:
-            y = torch.where(u < 0.35, -y, y)
-        y = torch.where((u >= 0.35) & (u < 0.55), torch.zeros_like(y), y)
-        y = torch.where((u >= 0.55) & (u < 0.60), torch.full_like(y, -0.0), y)
-        return y.to(x.dtype)
-    else:
-        raise ValueError(f"unknown distribution {dist!r}")
-    if nonneg:
-        y = y.abs()
-    return y.to(x.dtype)
+    dev = x.device
+    out = torch.empty(flat.shape, dtype=x.dtype, device=dev)
+    for lo in range(0, flat.numel(), RESHAPE_CHUNK):
+        xc = flat[lo:lo + RESHAPE_CHUNK].float()
+        n = xc.numel()
+        if dist == "zeros-negatives":
+            u = torch.rand(n, generator=gen, device=dev)
+            y = xc.clone()
+            if not nonneg:
+                y = torch.where(u < 0.35, -y, y)
+            y = torch.where((u >= 0.35) & (u < 0.55), torch.zeros_like(y), y)
+            y = torch.where((u >= 0.55) & (u < 0.60), torch.full_like(y, -0.0), y)
+        else:
+            z = torch.randn(n, generator=gen, device=dev)
+            if dist == "shifted-scaled":
+                y = m + s * (1.5 * z + 1.0)
+            elif dist == "uniform-offset":
+                y = m + s * (4.0 * torch.rand(n, generator=gen, device=dev) - 1.0)  # uniform on [m - s, m + 3s]
+            else:  # heavy-tailed
+                w = torch.randn(n, generator=gen, device=dev)
+                y = m + s * (z * torch.exp(0.75 * w)).clamp(-16.0, 16.0)
+            if nonneg:
+                y = y.abs()
+        out[lo:lo + n] = y.to(x.dtype)
+    if src.is_contiguous():
+        return out.view(x.shape)
+    shaped = torch.empty_like(src)  # the input's own layout (a transposed input stays transposed)
+    shaped.copy_(out.view(x.shape))
+    return shaped
 
 
 #: A GPU tensor of at least this many bytes is hashed on the device (`device_hash`): sha256 on the host
@@ -208,6 +249,28 @@ def poison_allocator(device: str, nbytes: int) -> None:
     del big, small
 
 
+#: The share of the device's memory that earlier trials' outputs may keep (see run_candidate).
+KEEP_FRACTION = 0.125
+
+
+def _keep_limit(device: str) -> int:
+    forced = os.environ.get("KSTRATA_KEEP_OUTPUT_BYTES")  # tests: the published-size behaviour on small tensors
+    if forced is not None:
+        return int(forced)
+    if device != "cuda":
+        return 1 << 62  # host memory: the outputs are freed with the process; keep them all, as before
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * KEEP_FRACTION)
+
+
+def _poison_cap(device: str, nbytes: int) -> int:
+    """The poison's size, at most a third of the device's free memory: the poison makes an output that
+    reuses freed memory hold NaN; it must not itself be what runs the device out of memory."""
+    if device != "cuda":
+        return nbytes
+    free, _ = torch.cuda.mem_get_info()
+    return max(POISON_BYTES, min(nbytes, free // 3))
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     st = t.untyped_storage()
     return st.data_ptr(), st.data_ptr() + st.nbytes()
@@ -267,9 +330,37 @@ def memory_peaks(device: str) -> dict[str, int]:
     return peaks
 
 
-def _progress(role: str, done: int, total: int, started: float) -> None:
-    """A line the parent reads from the log while it waits: trials done and the seconds so far."""
-    print(f"PROGRESS {role} {done}/{total} {time.perf_counter() - started:.3f}", flush=True)
+def _progress(role: str, done: int, total: int, started: float, phases: dict[str, float] | None = None) -> None:
+    """A line the parent reads from the log while it waits: trials done, the seconds so far, and where
+    the last trial's time went (`name=seconds,...`: at published sizes a trial takes tens of seconds)."""
+    tail = ""
+    if phases:
+        tail = " " + ",".join(f"{k}={v:.2f}" for k, v in phases.items())
+    print(f"PROGRESS {role} {done}/{total} {time.perf_counter() - started:.3f}{tail}", flush=True)
+
+
+class _Phases:
+    """Seconds per phase of one trial (the device synchronized at each mark, so a phase owns its GPU work)."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self._t = device, time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        if self.device == "cuda":
+            _synchronize()
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self._t
+        self._t = now
+
+
+def _release_cached(device: str) -> None:
+    """Return the caching allocator's free blocks to the driver between trials: three processes share the
+    GPU in lockstep, and at published sizes (6 GiB per tensor) blocks cached by one of them are memory the
+    others cannot get (measured on the H200: 38 -> 135 GB over three trials before this, then an OOM)."""
+    if device == "cuda":
+        _synchronize()
+        torch.cuda.empty_cache()
 
 
 def _step(args: argparse.Namespace, what: str) -> None:
@@ -326,29 +417,41 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
     trials = []
     started = time.perf_counter()
     with torch.no_grad():
+        inputs: list[Any] = []
         for i in range(args.trials):
             _step(args, f"trial {i}")
+            inputs = []  # the last trial's inputs are kept for the timing only
+            _release_cached(args.device)
+            ph = _Phases(args.device)
             inputs = make_inputs(module, i, args.seed, args.device)
+            ph.mark("inputs")
             out = _flat_outputs(model(*inputs))
-            if args.device == "cuda":
-                _synchronize()
+            ph.mark("forward")
             outputs64 = None
             if not fp64_note:
                 try:
                     if m64 is None:
                         m64, _ = _to_double(model, [])
                     _, ins64 = _to_double(torch.nn.Identity(), inputs)
-                    outputs64 = [o.cpu() if isinstance(o, torch.Tensor) else o for o in _flat_outputs(m64(*ins64))]
+                    out64 = _flat_outputs(m64(*ins64))
+                    del ins64
+                    ph.mark("float64")
+                    outputs64 = out64  # saved from the device straight into the trial file (trial_io)
+                    del out64
                 except Exception as exc:
                     fp64_note = f"the float64 reference failed: {type(exc).__name__}: {str(exc)[:200]}"
                     outputs64 = None
-            entry = {"input_digest": digest(inputs), "outputs": [o.cpu() if isinstance(o, torch.Tensor) else o for o in out],
-                     "outputs64": outputs64, "fp64_note": fp64_note}
+            in_digest = digest(inputs)
+            ph.mark("digest")
+            entry = {"input_digest": in_digest, "outputs": out, "outputs64": outputs64, "fp64_note": fp64_note}
+            del out
             _save_trial(entry, Path(args.workdir) / f"trial{i}.pt")
+            ph.mark("save")
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
                            "seed": trial_seed(args.seed, i), "checks": []})
-            del out, outputs64, entry
-            _progress("reference", i + 1, args.trials, started)
+            del outputs64, entry
+            _release_cached(args.device)  # before the candidate's process runs its trial
+            _progress("reference", i + 1, args.trials, started, ph.times)
         report["trials"] = trials
         report["fp64_note"] = fp64_note
         if args.timing and args.device == "cuda":
@@ -377,12 +480,19 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["phase"] = "forward"
     trials = []
     buffers: list[Any] | None = None
-    kept_outputs: list[torch.Tensor] = []  # alive, so a fresh honest output can never reuse their memory
+    # Earlier trials' outputs stay alive, so a fresh honest output can never reuse their memory (an output
+    # that overlaps one is a cached result) -- up to KEEP_FRACTION of the device's memory, newest first: at
+    # published sizes five 6 GiB outputs would not fit beside the reference's process. A cached output
+    # still fails the trial's values (every trial has other inputs); the check says which trials it saw.
+    kept_outputs: list[tuple[int, torch.Tensor]] = []
+    keep_limit = _keep_limit(device)
     stream0 = _current_stream() if device == "cuda" else None
     started = time.perf_counter()
     with torch.no_grad():
         for i in range(args.trials):
             _step(args, f"trial {i}")
+            _release_cached(device)
+            ph = _Phases(device)
             fresh = make_inputs(task_module, i, args.seed, device)
             if buffers is None:
                 buffers = fresh
@@ -394,10 +504,13 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     else:
                         buffers[j] = f
             del fresh
+            ph.mark("inputs")
             in_digest = digest(buffers)
             in_spans = [_span(b) for b in buffers if isinstance(b, torch.Tensor)]
+            ph.mark("digest")
             nbytes = max(POISON_BYTES, 2 * sum(b.numel() * b.element_size() for b in buffers if isinstance(b, torch.Tensor)))
-            poison_allocator(device, nbytes)
+            poison_allocator(device, _poison_cap(device, nbytes))
+            ph.mark("poison")
             threads_before = set(threading.enumerate())
             t_checks: list[dict[str, Any]] = []
             out = _flat_outputs(model(*buffers))
@@ -408,6 +521,7 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
             time.sleep(0.05)  # give a background thread the chance to write after the return
             if device == "cuda":
                 _synchronize()
+            ph.mark("forward")
             late = [k for k, (a, b) in enumerate(zip(snapshot, out, strict=True)) if not _same_bits(a, b)]
             t_checks.append({"name": "no-work-after-return", "ok": not late,
                              "detail": (f"output(s) {late} changed after forward returned: work left running on another "
@@ -431,19 +545,28 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 span = _span(o)
                 if any(_overlaps(span, s) for s in in_spans):
                     alias.append(f"output {k} shares memory with an input")
-                if any(_overlaps(span, _span(p)) for p in kept_outputs):
-                    alias.append(f"output {k} shares memory with an earlier trial's output (a cached result?)")
-            t_checks.append({"name": "no-aliasing", "ok": not alias, "detail": "; ".join(alias)})
+                hit = [t for t, p in kept_outputs if _overlaps(span, _span(p))]
+                if hit:
+                    alias.append(f"output {k} shares memory with the output of trial {hit[0]} (a cached result?)")
+            seen = sorted({t for t, _ in kept_outputs})
+            not_kept = [t for t in range(i) if t not in seen]
+            t_checks.append({"name": "no-aliasing", "ok": not alias, "detail": "; ".join(alias) or (
+                f"outputs of trials {not_kept} released before this trial (device memory), so not compared"
+                if not_kept else "")})
+            ph.mark("checks")
             tampered = timer_tampering()
             t_checks.append({"name": "timer-integrity", "ok": not tampered,
                              "detail": f"replaced by the candidate: {', '.join(tampered)}" if tampered else ""})
-            _save_trial({"input_digest": in_digest, "outputs": [s.cpu() if isinstance(s, torch.Tensor) else s for s in snapshot]},
-                  Path(args.workdir) / f"trial{i}.pt")
-            kept_outputs.extend(o for o in out if isinstance(o, torch.Tensor))
+            _save_trial({"input_digest": in_digest, "outputs": snapshot}, Path(args.workdir) / f"trial{i}.pt")
+            ph.mark("save")
+            kept_outputs.extend((i, o) for o in out if isinstance(o, torch.Tensor))
+            while kept_outputs and sum(o.untyped_storage().nbytes() for _, o in kept_outputs) > keep_limit:
+                kept_outputs.pop(0)
             trials.append({"index": i, "distribution": DISTRIBUTIONS[i % len(DISTRIBUTIONS)],
                            "seed": trial_seed(args.seed, i), "checks": t_checks})
             del snapshot, out
-            _progress("candidate", i + 1, args.trials, started)
+            _release_cached(device)  # before the reference's process runs the next trial
+            _progress("candidate", i + 1, args.trials, started, ph.times)
         report["trials"] = trials
         report["precision"] = precision_settings()  # as the candidate left them
         leftover = [t.name for t in set(threading.enumerate()) - threads_before_import
@@ -475,8 +598,7 @@ def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:
             _synchronize()
             timed_outputs = {"last": last, "random": kept.get("random"), "random_call": pick - warmup,
                              "calls": calls[0]}
-            _save_trial({k: ([x.cpu() if isinstance(x, torch.Tensor) else x for x in v] if isinstance(v, list) else v)
-                   for k, v in timed_outputs.items()}, Path(args.workdir) / "timed.pt")
+            _save_trial(timed_outputs, Path(args.workdir) / "timed.pt")  # device tensors straight to the file
             del kept, last, timed_outputs
             tampered = timer_tampering()
             if tampered:

@@ -68,7 +68,9 @@ Timing (`Timing`, when a GPU is present): CUDA events, a device-wide synchronize
 the L2 flushed before every run, warm-up, the median of `runs` (>= 100) runs with the 10th/90th
 percentiles, optionally through a CUDA graph. The reference is timed the same way in its own process.
 The speedup and the roofline fraction (`kstrata.agents.roofline`) go into the verdict; a result above
-speed of light or more than `roofline.SUSPICIOUS_SPEEDUP` faster is flagged and not accepted.
+speed of light, or more than `roofline.SUSPICIOUS_SPEEDUP` faster than the reference without the roofline
+explaining it (the reference far below SOL, the candidate not above it), is flagged and not accepted; an
+explained one is accepted and its reason says why ("eager at 1.7% of SOL, candidate at 53%").
 
 What the candidate process could still forge: its own report of the integrity checks (it can patch the
 worker). The values it returns cannot be forged that way: they are judged here.
@@ -372,6 +374,18 @@ def _where_worst(r: torch.Tensor, o: torch.Tensor, tol: float) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Running the two processes
 # ---------------------------------------------------------------------------------------------------
+def _takes_five(fn: Any) -> bool:
+    if fn is None:
+        return False
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) >= 5
+
+
 @dataclass(frozen=True)
 class WorkerRun:
     """What one worker process left: its report (None if it died before writing one) and how it ended."""
@@ -439,6 +453,8 @@ class WorkerProcess:
         cmd += ["--cuda-graph"] if cuda_graph else []
         cmd += ["--lockstep"] if lockstep else []
         self.role, self.workdir, self.on_progress = role, workdir, on_progress
+        # a callback with a fifth parameter also gets where the trial's time went ("inputs=1.20,forward=0.31,...")
+        self._progress_takes_phases = _takes_five(on_progress)
         self.log_path = workdir / "log.txt"
         self._log = self.log_path.open("wb")
         self._read = 0
@@ -473,9 +489,12 @@ class WorkerProcess:
         for line in lines:
             if line.startswith("PROGRESS ") and self.on_progress is not None:
                 parts = line.split()
-                if len(parts) == 4 and "/" in parts[2]:
+                if len(parts) in (4, 5) and "/" in parts[2]:
                     done, total = parts[2].split("/")
-                    self.on_progress(parts[1], int(done), int(total), float(parts[3]))
+                    if len(parts) == 5 and self._progress_takes_phases:
+                        self.on_progress(parts[1], int(done), int(total), float(parts[3]), parts[4])
+                    else:
+                        self.on_progress(parts[1], int(done), int(total), float(parts[3]))
             elif line.startswith("READY "):
                 self.ready.append(line[6:].strip())
 
@@ -876,13 +895,19 @@ def _judge(base: dict[str, Any], spec: Any, ref: WorkerRun, ref_trials: list[dic
     if cand_timing and ceilings is not None:
         from kstrata.agents.roofline import assess
 
-        point = assess(spec, ceilings, cand_timing.median_us * 1e-6, speedup)
+        point = assess(spec, ceilings, cand_timing.median_us * 1e-6, speedup,
+                       baseline_seconds=ref_timing.median_us * 1e-6 if ref_timing else None, baseline="eager")
         roof = point.to_json()
         flags.extend(point.flags)
+        explained = point.explanations
+    else:
+        explained = ()
     reason, failure_kind = _reason(results, run_checks, base["policy"], correct)
     accepted = correct and not flags
     if correct and flags:
         reason, failure_kind = "correct, but flagged and not accepted until explained: " + "; ".join(flags), "flagged"
+    elif accepted and explained:
+        reason += "; " + "; ".join(explained)
     return _verdict(base, accepted=accepted, reason=reason, failure=failure_kind, correct_strict=strict_ok,
                     correct_kernelbench=kb_ok, correct_kernelbench_task_inputs=kb_task, trials=tuple(results),
                     checks=run_checks, reference_timing=ref_timing, candidate_timing=cand_timing, speedup=speedup,

@@ -43,6 +43,7 @@ _load = torch.load
 _pwrite = os.pwrite
 _open = os.open
 _close = os.close
+_ftruncate = os.ftruncate
 _from_file = torch.from_file
 
 
@@ -70,17 +71,40 @@ def _write_raw(t: torch.Tensor, path: Path) -> None:
         _close(fd)
 
 
+def _write_raw_from_device(t: torch.Tensor, path: Path) -> None:
+    """A device tensor copied straight into the mapped file: one pass through host memory instead of a copy
+    to fresh host pages (about 1.3 GB/s on the H200 host, page faults) and then a write of that copy."""
+    flat = t.detach().contiguous().reshape(-1)
+    fd = _open(str(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        _ftruncate(fd, flat.numel() * flat.element_size())
+    finally:
+        _close(fd)
+    if flat.numel() == 0:
+        return
+    dst = _from_file(str(path), shared=True, size=flat.numel(), dtype=flat.dtype)
+    step = max(1, _CHUNK // flat.element_size())
+    for lo in range(0, flat.numel(), step):
+        dst[lo:lo + step].copy_(flat[lo:lo + step])
+    del dst
+
+
 def save_trial(obj: Any, path: str | Path) -> None:
-    """`torch.save(obj, path)` with every CPU tensor of at least `RAW_BYTES` written raw beside it."""
+    """`torch.save(obj, path)` with every tensor of at least `RAW_BYTES` written raw beside it (a device
+    tensor is copied into the raw file directly); smaller device tensors are saved as they are and load
+    onto the CPU."""
     path = Path(path)
     count = [0]
 
     def strip(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.numel() * x.element_size() >= RAW_BYTES \
+        if isinstance(x, torch.Tensor) and x.numel() * x.element_size() >= RAW_BYTES \
                 and str(x.dtype).removeprefix("torch.") in _DTYPES:
             name = f"{path.name}.{count[0]}.raw"
             count[0] += 1
-            _write_raw(x, path.parent / name)
+            if x.device.type == "cpu":
+                _write_raw(x, path.parent / name)
+            else:
+                _write_raw_from_device(x, path.parent / name)
             return {_MARK: name, "dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)}
         if isinstance(x, list):
             return [strip(v) for v in x]

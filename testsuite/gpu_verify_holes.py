@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     md = render(rows, env)
     # a run of some steps only does not overwrite the day's full run
     stem = f"verify-holes-gpu-{env['date'][:10]}" + ("" if steps == list(STEPS) else "-" + "-".join(steps))
+    if "eval" in steps and eval_only and sorted(eval_only) != sorted(EVAL_TASKS):
+        stem += "-" + "-".join(sorted(eval_only))  # one published-size task per call: one file each
     targets = [ns.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in targets:
         d.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,10 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
             return float(time_gpu(fn, runs=runs, warmup=3).median_us)
 
     def point(us: float, base_us: float | None = None) -> dict[str, Any]:
-        r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us)
-        return {"median_us": round(us, 2), "sol_fraction": round(r.fraction, 4), "flags": list(r.flags)}
+        r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us,
+                   baseline_seconds=None if base_us is None else base_us * 1e-6)
+        return {"median_us": round(us, 2), "sol_fraction": round(r.fraction, 4), "flags": list(r.flags),
+                "explanations": list(r.explanations)}
 
     env = TaskOnDevice(m)  # strict: model, inputs and eager output on the GPU
     strict: dict[str, Any] = entry["strict"]

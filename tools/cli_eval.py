@@ -65,12 +65,13 @@ def eval_cmd(
                   f"{plan.host_need_bytes / gib:.1f} GiB of host memory here ({plan.host_available_bytes / gib:.0f} "
                   "GiB available)", highlight=False)
 
-    def on_progress(role: str, done: int, total: int, seconds: float) -> None:
-        # per trial, with an estimate of what is left of this process's trials
+    def on_progress(role: str, done: int, total: int, seconds: float, phases: str = "") -> None:
+        # per trial, with an estimate of what is left of this process's trials and where the trial's time went
         left = seconds / done * (total - done) if done else 0.0
         started.setdefault(role, seconds)
         err.print(f"  {role}: trial {done}/{total} done, {seconds:.1f} s so far"
-                  + (f", about {left:.0f} s left" if done < total else ""), highlight=False)
+                  + (f", about {left:.0f} s left" if done < total else "")
+                  + (f" (last trial, s: {phases.replace(',', ', ')})" if phases else ""), highlight=False)
 
     # through the candidate engine: the candidate is `Candidate.task(TASK, its source)`, evaluated in place
     options = TaskOptions(policy=policy, trials=trials, seed=seed, runs=runs, cuda_graph=cuda_graph,
@@ -136,7 +137,8 @@ def bench_cmd(
     as_json: JsonFlag = False,
     out_dir: Annotated[Path, typer.Option("--out", help="Results JSON, markdown report and plots go here.")] = Path("bench-out"),
     runs: Annotated[int, typer.Option("--runs", help="Timed runs per task and baseline (median).")] = 100,
-    task_timeout: Annotated[float, typer.Option("--task-timeout", help="Seconds one task may take.")] = 600.0,
+    task_timeout: Annotated[float, typer.Option("--task-timeout", help="Seconds each evaluation process (the "
+                                                "reference's, a baseline's) may take.")] = 600.0,
     only: Annotated[list[str] | None, typer.Option("--only", help="Only tasks whose path contains this (repeatable).")] = None,
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings (default: --out).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", help="Parallel workers that fill torch.compile's caches before the "
@@ -145,8 +147,14 @@ def bench_cmd(
                                              "GPU worker per device (one task at a time on each).")] = None,
     workers: Annotated[str | None, typer.Option("--workers", help="Where tasks run: local (default), ray (a local "
                                                 "Ray cluster) or ray://HOST:PORT.")] = None,
+    engine_cache: Annotated[Path | None, typer.Option("--engine-cache", help="The candidate engine's cache, where "
+                                                      "baseline evaluations are kept (default KSTRATA_ENGINE_CACHE "
+                                                      "or ~/.cache/kstrata/engine).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Evaluate and time every baseline again: take "
+                                           "nothing from the engine's cache.")] = False,
 ) -> None:
-    """Every task under SUITE_DIR under each baseline; resumes from OUT/bench-results.json."""
+    """Every task under SUITE_DIR under each baseline, through the candidate engine (a re-run on unchanged
+    tasks and versions answers from its cache); resumes from OUT/bench-results.json."""
     from kstrata.agents.bench import run_bench
     from kstrata.agents.workers import make_workers
 
@@ -160,7 +168,8 @@ def bench_cmd(
     pool = make_workers(workers, gpus, on_event=progress) if gpus is not None or workers is not None else None
     try:
         results = run_bench(suite_dir, names, out_dir, runs=runs, task_timeout_s=task_timeout,
-                            ceilings_dir=ceilings_dir, only=only, jobs=jobs, on_progress=progress, workers=pool)
+                            ceilings_dir=ceilings_dir, only=only, jobs=jobs, on_progress=progress, workers=pool,
+                            engine_cache=engine_cache, use_cache=not no_cache)
     except (ValueError, RuntimeError) as exc:
         raise KstrataError(str(exc)) from None
     finally:

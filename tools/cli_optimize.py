@@ -58,7 +58,8 @@ def optimize_cmd(
                                                       "optimize (-- python prog.py).", metavar="TARGET | -- CMD ...")],
     out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
     budget: Annotated[int, typer.Option("--budget", help="Candidates per task beyond the baselines.")] = 24,
-    minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes).")] = 10.0,
+    minutes: Annotated[float, typer.Option("--minutes", help="Time limit per task (minutes), baselines, search, "
+                                           "final re-evaluation and report included.")] = 10.0,
     precision: Annotated[str, typer.Option("--precision", help="strict (default), tf32, bf16 or fp16.")] = "strict",
     workers: Annotated[str, typer.Option("--workers", help="Where jobs run: local (default), ray (a local Ray "
                                          "cluster started on demand) or ray://HOST:PORT; a number N is "

@@ -4,8 +4,11 @@
 
 For an MLP, a transformer block, a convolutional block and a few of the project's tasks: compile with
 Inductor and with the kstrata backend (same Inductor, kernels rewritten by the pipeline), compare the
-outputs, list what the backend rewrote, and time both (CUDA events, L2 flushed, median of 50). Writes
-`torch-backend-gpu-<date>.json` and `.md`.
+outputs, list what the backend rewrote, and time both (CUDA events, L2 flushed, median of 50). The
+rewrites go through the candidate engine (a fresh engine cache per run): each model is then compiled once
+more with a fresh Triton cache and the same engine cache, which must take every rewrite from the engine's
+cache (`engine cached`) and give outputs equal to the first compile's; both compile times are reported.
+Writes `torch-backend-gpu-<date>.json` and `.md`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -88,15 +92,18 @@ def _write(results: Path, pipeline: str, rows: list[dict[str, Any]], env: dict[s
     lines = [f"# torch.compile backend on {env['device']}", "", f"{env['date']} · torch {env['torch']} · triton "
              f"{env['triton']} · CUDA {env['cuda']} · pipeline `{pipeline}`", "",
              "" if final else f"**Incomplete run: {len(rows)} models measured before it stopped.**", "",
-             "| model | outputs equal Inductor's | kernels rewritten / unchanged / fallback | Inductor µs | kstrata µs | speedup |",
-             "|---|---|---|---|---|---|"]
+             "| model | outputs equal Inductor's | kernels rewritten / unchanged / fallback | Inductor µs | kstrata µs | speedup "
+             "| compile s (cold engine) | compile s (warm engine) | engine cached / deduplicated | warm equal |",
+             "|---|---|---|---|---|---|---:|---:|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error'][:120]} | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error'][:120]} | | | | | | | | |")
             continue
         lines.append(f"| {r['model']} | {'bit-identical' if r['bitwise_equal'] else 'max diff ' + format(r['max_abs_diff'], '.3g')} "
                      f"| {r['rewritten']} / {r['unchanged']} / {len(r['fallback'])} | {r['inductor_us']['median_us']:.1f} "
-                     f"| {r['kstrata_us']['median_us']:.1f} | {r['speedup']:.3f} |")
+                     f"| {r['kstrata_us']['median_us']:.1f} | {r['speedup']:.3f} | {r['compile_s']:.1f} "
+                     f"| {r['warm_compile_s']:.1f} | {r['engine_cached']} / {r['deduplicated']} "
+                     f"| {'yes' if r['warm_equal'] else 'NO'} |")
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     if final:
         print("\n".join(lines))
@@ -131,6 +138,7 @@ def command(
         print(f"tasks skipped: {type(exc).__name__}: {exc}", flush=True)
     rows: list[dict[str, Any]] = []
     cache = tempfile.mkdtemp(prefix="kstrata-tb-")
+    engine_cache = tempfile.mkdtemp(prefix="kstrata-tb-engine-")  # cold at the start of the run
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version()}
@@ -144,10 +152,22 @@ def command(
                 t_ind = time_gpu(functools.partial(_call, inductor, inputs), runs=50)
                 torch._dynamo.reset()
                 before = len(tb.report())
-                ours = torch.compile(model, backend="kstrata", options={"pipeline": pipeline, "cache_dir": cache})
-                out = _run(ours, inputs)
+                options: dict[str, Any] = {"pipeline": pipeline, "cache_dir": cache, "engine_cache": engine_cache}
+                start = time.perf_counter()
+                ours = torch.compile(model, backend="kstrata", options=options)
+                out = _run(ours, inputs)  # the compile happens at the first call
+                compile_s = time.perf_counter() - start
                 t_ks = time_gpu(functools.partial(_call, ours, inputs), runs=50)
-            kernels = tb.report()[before:]
+                kernels = tb.report()[before:]
+                # again with a fresh Triton cache and the same engine cache: every rewrite from the engine
+                torch._dynamo.reset()
+                before = len(tb.report())
+                start = time.perf_counter()
+                warm_model = torch.compile(model, backend="kstrata",
+                                           options={**options, "cache_dir": tempfile.mkdtemp(prefix="kstrata-tb-")})
+                warm_out = _run(warm_model, inputs)
+                warm_s = time.perf_counter() - start
+                warm = tb.report()[before:]
             pairs = list(zip(_flat(ref), _flat(out), strict=True))
             row.update(
                 bitwise_equal=all(torch.equal(a, b) for a, b in pairs),
@@ -156,16 +176,21 @@ def command(
                 unchanged=sum(k["status"] == "unchanged" for k in kernels),
                 fallback=[k for k in kernels if k["status"] == "fallback"],
                 kernels=kernels, inductor_us=t_ind.to_json(), kstrata_us=t_ks.to_json(),
-                speedup=t_ind.median_us / t_ks.median_us,
+                speedup=t_ind.median_us / t_ks.median_us, compile_s=compile_s, warm_compile_s=warm_s,
+                engine_cached=sum(bool(k.get("engine", {}).get("cached")) for k in warm),
+                deduplicated=sum(bool(k.get("engine", {}).get("duplicate_of")) for k in kernels),
+                warm_equal=all(torch.equal(a, b) for a, b in zip(_flat(out), _flat(warm_out), strict=True)),
+                warm_kernels=warm,
             )
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)
-        print(json.dumps({k: row.get(k) for k in ("model", "bitwise_equal", "rewritten", "speedup", "error")}),
+        print(json.dumps({k: row.get(k) for k in ("model", "bitwise_equal", "rewritten", "speedup", "compile_s",
+                                                  "warm_compile_s", "engine_cached", "warm_equal", "error")}),
               flush=True)
         _write(results, pipeline, rows, env, final=False)  # a run cut short keeps what it measured
     _write(results, pipeline, rows, env, final=True)
-    return 0 if all("error" not in r and r["bitwise_equal"] for r in rows) else 1
+    return 0 if all("error" not in r and r["bitwise_equal"] and r["warm_equal"] for r in rows) else 1
 
 
 if __name__ == "__main__":

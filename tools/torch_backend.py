@@ -1,27 +1,43 @@
 """`torch.compile(model, backend="kstrata")`: Inductor, with every Triton kernel it generates routed
-through a kstrata pass pipeline.
+through a kstrata pass pipeline by the candidate engine (`kstrata.agents.engine`).
 
 The backend compiles with Inductor and installs, process-wide, Triton's stages inspection hook
-(`triton.knobs.runtime.add_stages_inspection_hook`). For each Triton compile the hook wraps the stages
-the pipeline has passes for: after Triton's own stage produced a level, kstrata's passes for that level
-run on it (each followed by its verifier), and the next stage consumes the result. Option passes
-(`num-warps`, `num-stages`) re-lower TTIR into TTGIR and update the launch metadata; `ptxas-options`
-reaches the cubin stage. When a pass or a check fails, the stage's unmodified output is used and the
-reason is logged and reported: a kernel is never lost.
+(`triton.knobs.runtime.add_stages_inspection_hook`). For each Triton compile the hook watches the stages:
+when Triton has made the first level the pipeline has passes for (the *rewrite level*), the kernel as it
+is then (every level so far and Triton's metadata) becomes an engine base (`Engine.add_stage_kernel`,
+digested by content) and the rewrite a candidate, `Candidate(base, level, PipelineEdit(pipeline))`, whose
+key holds the pipeline and the Triton, ptxas, LLVM and kstrata versions. `Engine.build` makes it in a
+worker process (the original's lower levels rebuilt with Triton's stages, so it is Triton's own binary; the
+pipeline with its pass verifiers; the levels below each changed one rebuilt; the engine's static checks:
+signature and the PTX entry or code-object ABI), or answers from the engine cache when any process built
+that candidate before (the record says `cached`, the log says so), and deduplicates it by binary digest.
+Only a build whose checks passed is deployed: from the rewrite level down, each of Triton's stage outputs
+is replaced by the built level (Triton's own stage still runs, so its metadata follows the rewritten
+code) and the launch metadata the passes changed (`num_warps`, `ptx_options`, …) is applied at the binary.
+A build that failed (a pass's verifier, a static check, a crash of its worker) is not deployed: Triton's
+own output is used, and the record (`fallback`) and a warning say why. An edit that changes nothing is
+`unchanged`. The rewrites are unproven (static checks only): `kstrata verify` with a launch record gives
+dynamic evidence.
 
-Kernels compiled through kstrata are cached by Triton in a directory keyed by the pipeline and the tool
-versions (`<cache_dir>/<hash>/`), so a second run of the same model finds them there and does no
-rewriting work. The hook and that cache directory are set only while the backend compiles a graph;
-Inductor compiles in this process then (`compile_threads=1`, FX graph cache off) so the hook sees
-every kernel. A kernel Inductor compiles lazily after that (at a first call) is Triton's own.
+Kernels compiled through kstrata are also cached by Triton in a directory keyed by the pipeline and the
+tool versions (`<cache_dir>/<hash>/`), so a second run of the same model with the same `cache_dir` finds
+them there and Triton does not compile at all; the engine's cache answers when Triton compiles again (a
+new `cache_dir`, another model with the same kernel, another process or machine sharing the engine
+cache). The hook and that cache directory are set only while the backend compiles a graph; Inductor
+compiles in this process then (`compile_threads=1`, FX graph cache off) so the hook sees every kernel. A
+kernel Inductor compiles lazily after that (at a first call) is Triton's own.
 
 Options (`options={...}` or environment variables):
 - `pipeline` / `KSTRATA_PIPELINE`: the pass pipeline (default: `llir(noalias-args{assume=true}),ptx(cache-hints)`;
   `noalias-args` holds because Inductor never passes overlapping buffers to one kernel except through a
   single in-out pointer).
-- `verify` / `KSTRATA_VERIFY`: `static` (default: each pass's verifier runs) or `none`.
-- `cache_dir` / `KSTRATA_CACHE_DIR`: where rewritten kernels are cached (default `~/.cache/kstrata/triton`).
-- `report` / `KSTRATA_REPORT`: a JSON-lines file, one line per kernel (rewritten or not, and why).
+- `verify` / `KSTRATA_VERIFY`: `static` (default) or `none`. The engine always runs the pass verifiers and
+  its static checks before a rewrite is deployed; `none` no longer turns them off (the backend says so once).
+- `cache_dir` / `KSTRATA_CACHE_DIR`: where Triton caches the kernels compiled through kstrata (default
+  `~/.cache/kstrata/triton`).
+- `engine_cache` / `KSTRATA_ENGINE_CACHE`: the candidate engine's cache (default `~/.cache/kstrata/engine`).
+- `report` / `KSTRATA_REPORT`: a JSON-lines file, one line per kernel (rewritten or not, and why; with the
+  engine's candidate key, whether the build came from its cache and which build it duplicates).
 - `only_inductor` / `KSTRATA_ONLY_INDUCTOR`: rewrite only Inductor's kernels (`triton_*`), default true.
 - `tuned` / `KSTRATA_TUNED`: a tuned database (`kstrata optimize CACHE --out OUT` writes `OUT/tuned`;
   `kstrata tuned list`). A kernel whose content digest (location-free TTIR and lowering options), target
@@ -52,7 +68,8 @@ log = logging.getLogger("kstrata.torch_backend")
 
 DEFAULT_PIPELINE = "llir(noalias-args{assume=true}),ptx(cache-hints)"
 _OPTION_ENV = {"pipeline": "KSTRATA_PIPELINE", "verify": "KSTRATA_VERIFY", "cache_dir": "KSTRATA_CACHE_DIR",
-               "report": "KSTRATA_REPORT", "only_inductor": "KSTRATA_ONLY_INDUCTOR", "tuned": "KSTRATA_TUNED"}
+               "report": "KSTRATA_REPORT", "only_inductor": "KSTRATA_ONLY_INDUCTOR", "tuned": "KSTRATA_TUNED",
+               "engine_cache": "KSTRATA_ENGINE_CACHE"}
 
 
 class BackendOptionError(KstrataError):
@@ -67,6 +84,7 @@ class BackendConfig:
     report: str | None = None
     only_inductor: bool = True
     tuned: str | None = None
+    engine_cache: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendConfig:
@@ -96,6 +114,12 @@ class BackendConfig:
             from kstrata.agents.tuned import TunedDB
 
             TunedDB(config.tuned).check()  # not a tuned database: an error now, naming it
+        if config.pipeline and config.engine_cache:
+            try:  # the engine's cache cannot be made: an error now, not a fallback of every kernel
+                Path(config.engine_cache).expanduser().mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendOptionError(f"engine_cache {config.engine_cache!r} cannot be created: "
+                                         f"{exc.strerror or exc}") from None
         return config
 
     def cache_key(self) -> str:
@@ -122,6 +146,27 @@ class KernelRecord:
     status: str  # "rewritten", "unchanged", "fallback", "tuned"
     passes: list[str] = field(default_factory=list)
     reason: str = ""
+    #: The engine's side of a rewrite: the candidate's key, its base digest and level, whether the build came
+    #: from the engine cache (`cached`), and the key of the earlier build with the same binary (`duplicate_of`).
+    engine: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """Levels to deploy in place of Triton's stage outputs (an engine build's, or a tuned variant's), and
+    the launch metadata they change."""
+
+    levels: Mapping[str, bytes]
+    metadata_changes: Mapping[str, Any]
+
+    def level(self, ext: str) -> bytes | None:
+        return self.levels.get(ext)
+
+
+def _triton_metadata(metadata: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Triton's metadata as it writes it (the target as a dict), with the kernel's name."""
+    data: dict[str, Any] = json.loads(json.dumps(dict(metadata), default=vars))
+    return {**data, "name": name}
 
 
 class _Session:
@@ -136,12 +181,30 @@ class _Session:
         self.tuned = TunedLookup(config.tuned) if config.tuned else None
         self.records: list[KernelRecord] = []
         self.lock = threading.Lock()
+        self._engine: Any = None
+        self._engine_lock = threading.Lock()
+        if config.verify == "none" and self.pipeline is not None:
+            log.warning("kstrata: verify=none no longer turns checks off: the candidate engine runs the pass "
+                        "verifiers and its static checks before any rewrite is deployed")
+
+    @property
+    def engine(self) -> Any:
+        """The candidate engine (made on the first rewrite; its worker pool lives as long as the session)."""
+        with self._engine_lock:
+            if self._engine is None:
+                from kstrata.agents.engine import Engine
+
+                self._engine = Engine(self.config.engine_cache)
+            return self._engine
 
     def record(self, rec: KernelRecord) -> None:
         with self.lock:
             self.records.append(rec)
         if rec.status == "fallback":
             log.warning("kstrata: kernel %s left unmodified: %s", rec.name, rec.reason)
+        elif rec.engine.get("cached"):
+            log.info("kstrata: kernel %s: %s from the engine cache (candidate %s)", rec.name, rec.status,
+                     rec.engine.get("candidate"))
         if self.config.report:
             path = Path(self.config.report)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,14 +218,16 @@ class _Session:
 
         target = Target.from_triton(backend.target)
         state: dict[str, Any] = {"levels": {}, "name": None, "skip": None, "changed": [], "failed": None,
-                                 "tuned": None, "tuned_why": None}
-        levels_with_passes = {s.level for s in self.pipeline.stages if s.passes} if self.pipeline else set()
+                                 "tuned": None, "tuned_why": None, "built": None, "engine": {}}
+        with_passes = {s.level for s in self.pipeline.stages if s.passes} if self.pipeline else set()
+        # the rewrite level: the first of Triton's stages the pipeline has passes for
+        first = next((lv for lv in stages if lv in with_passes), None)
         for level in list(stages):
             original = stages[level]
-            stages[level] = self._wrap(level, original, target, state, levels_with_passes, backend, options, capability)
+            stages[level] = self._wrap(level, original, target, state, first, backend, options, capability)
 
     def _wrap(self, level: str, original: Callable[..., Any], target: Any, state: dict[str, Any],
-              levels_with_passes: set[str], backend: Any, options: Any, capability: Any) -> Callable[..., Any]:
+              first: str | None, backend: Any, options: Any, capability: Any) -> Callable[..., Any]:
         def stage(src: Any, metadata: dict[str, Any]) -> Any:
             if level == "cubin" and metadata.get("ptx_options") != getattr(options, "ptx_options", None):
                 out = backend.make_cubin(src, metadata, dataclasses.replace(options, ptx_options=metadata["ptx_options"]),
@@ -174,7 +239,11 @@ class _Session:
                 state["tuned"], state["tuned_why"] = self.tuned.match(m.group(1) if m else "?", str(target), str(out),
                                                                       metadata)
             if state["tuned"] is not None:  # the tuned variant's level replaces Triton's, every level
-                out = self._tuned_level(state["tuned"], level, out, metadata)
+                out = self._deployed_level(state["tuned"].level(level), state["tuned"].record.metadata_changes,
+                                           level, out, metadata)
+            elif state["built"] is not None:  # below the rewrite level: the engine's build, level by level
+                out = self._deployed_level(state["built"].level(level), state["built"].metadata_changes, level, out,
+                                           metadata)
             if isinstance(out, bytes):
                 self._finish(state, target)
                 return out
@@ -188,46 +257,57 @@ class _Session:
                 elif self.config.only_inductor and not name.startswith("triton_"):
                     state["skip"] = "not an Inductor kernel"
             state["levels"][level] = text
-            if state["skip"] or state["failed"] or level not in levels_with_passes:
+            if state["skip"] or state["failed"] or state["built"] is not None or level != first:
                 return out
-            return self._rewrite(level, out, text, target, state, metadata)
+            return self._rewrite(level, out, target, state, metadata)
 
         return stage
 
     @staticmethod
-    def _tuned_level(variant: Any, level: str, out: Any, metadata: dict[str, Any]) -> Any:
-        """The tuned variant's `level` in the form Triton's next stage takes (a module, text, bytes)."""
-        data = variant.level(level)
+    def _deployed_level(data: bytes | None, changes: Mapping[str, Any], level: str, out: Any,
+                        metadata: dict[str, Any]) -> Any:
+        """A deployed variant's `level` in the form Triton's next stage takes (a module, text, bytes); at the
+        binary, the launch metadata it changes (num_warps, shared, ptx options, …)."""
         if data is None:
             return out
         if isinstance(out, bytes):
-            metadata.update(variant.record.metadata_changes)  # num_warps, shared, ptx options, … of the variant
+            metadata.update(changes)
             return data
         text = data.decode()
         return _parse_mlir(text, level, out) if level in ("ttir", "ttgir") else text
 
-    def _rewrite(self, level: str, out: Any, text: str, target: Any, state: dict[str, Any],
-                 metadata: dict[str, Any]) -> Any:
+    def _rewrite(self, level: str, out: Any, target: Any, state: dict[str, Any], metadata: dict[str, Any]) -> Any:
+        """At the rewrite level: the candidate through the engine; deploy its build when its checks passed."""
+        from kstrata.agents.engine import Candidate, PipelineEdit, Provenance
         from kstrata.ir.bundle import KernelBundle
-        from kstrata.passes.pipeline import run_stage
+        from kstrata.ir.triton_layout import load_any
 
-        assert self.pipeline is not None  # only levels the pipeline has passes for come here
-        stage_spec = next(s for s in self.pipeline.stages if s.level == level)
-        bundle = KernelBundle(state["name"], target, dict(state["levels"]), dict(metadata))
+        bundle = KernelBundle(state["name"], target, dict(state["levels"]), _triton_metadata(metadata, state["name"]))
         try:
-            outcome = run_stage(bundle, stage_spec, verify=self.config.verify == "static")
-            if not outcome.changed:
+            engine = self.engine
+            base = engine.add_stage_kernel(bundle)
+            candidate = Candidate(base, level, PipelineEdit(self.config.pipeline),
+                                  provenance=Provenance("torch.compile backend", None, "ir"))
+            built = engine.build(candidate)
+            state["engine"] = {"candidate": built.key, "base": base, "level": level, "cached": built.cached,
+                               "duplicate_of": built.duplicate_of}
+            if built.status == "failed":  # not deployed: Triton's own output, and the record says why
+                state["failed"] = f"the candidate engine refused the rewrite at {level}: {built.error}"
                 return out
-            new: Any = outcome.text
-            if level in ("ttir", "ttgir"):
-                new = _parse_mlir(outcome.text, level, out)
+            if built.status == "unchanged":
+                return out
+            loaded, errors = load_any(engine.built_entry(built))
+            if errors or not loaded:
+                raise errors[0] if errors else KstrataError("the engine's build left no kernel")
         except Exception as exc:  # a kernel is never lost: keep Triton's output and say why
-            state["failed"] = f"{level}: {type(exc).__name__}: {exc}"
+            state["failed"] = f"{level}: the candidate engine could not build the rewrite: {type(exc).__name__}: {exc}"
             return out
-        metadata.update(outcome.updates)
-        state["levels"][level] = outcome.text
-        state["changed"] += [r.spelling for r in outcome.records if r.status == "changed"]
-        return new
+        new = loaded[0]
+        levels = {lv: art if isinstance(art, bytes) else str(art).encode() for lv, art in new.levels.items()}
+        state["built"] = _Variant(levels, dict(built.metadata_changes))
+        state["levels"].update({lv: str(art) for lv, art in new.levels.items() if not isinstance(art, bytes)})
+        state["changed"] = [str(r.get("spelling")) for r in built.passes if r.get("status") == "changed"]
+        return self._deployed_level(state["built"].level(level), {}, level, out, metadata)
 
     def _finish(self, state: dict[str, Any], target: Any) -> None:
         if state["tuned"] is not None:
@@ -241,15 +321,19 @@ class _Session:
             return
         if state["skip"]:
             return
+        engine = dict(state["engine"])
         if state["failed"]:
-            self.record(KernelRecord(state["name"] or "?", str(target), "fallback", state["changed"], state["failed"]))
-        elif state["changed"]:
-            # Only the passes' static verifiers ran: the rewrite is unproven (`kstrata verify` with a launch
-            # record gives it dynamic evidence), never counted as verified.
+            self.record(KernelRecord(state["name"] or "?", str(target), "fallback", state["changed"], state["failed"],
+                                     engine))
+        elif state["built"] is not None:
+            # Only the pass verifiers and the engine's static checks ran: the rewrite is unproven (`kstrata
+            # verify` with a launch record gives it dynamic evidence), never counted as verified.
+            where = "; built by the candidate engine" + (" (from the engine cache)" if engine.get("cached") else "") + \
+                (f", the same binary as build {engine['duplicate_of']}" if engine.get("duplicate_of") else "")
             self.record(KernelRecord(state["name"], str(target), "rewritten", state["changed"],
-                                     "verification: unproven (static checks only)"))
+                                     "verification: unproven (static checks only)" + where, engine))
         else:
-            self.record(KernelRecord(state["name"] or "?", str(target), "unchanged"))
+            self.record(KernelRecord(state["name"] or "?", str(target), "unchanged", [], "", engine))
 
 
 def _parse_mlir(text: str, level: str, like: Any) -> Any:

@@ -7,6 +7,8 @@ Inductor options, under cudnn.benchmark, replayed through a CUDA graph). Paramet
 - `compile`: None (eager) or {"mode": str | None, "options": {inductor option: value}}
 - `graph_forward`: a rewritten `def forward(self, ...)` (torch.fx code; see graph.py), `graph_rewrites`: names
 - `cudnn_benchmark`, `channels_last`, `cuda_graph`, `tf32`: bool
+- `torch_defaults`: bool: leave PyTorch's precision switches as they are (TF32 cuDNN convolutions by
+  default) instead of IEEE fp32: `kstrata bench` reports the baselines as PyTorch users run them
 - `sdpa`: None or an SDPBackend name (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH)
 - `autocast`: None, "bfloat16" or "float16" (outputs cast back to the reference's dtypes)
 """
@@ -42,13 +44,32 @@ def baseline_params(name: str) -> dict[str, Any]:
     raise ValueError(f"unknown baseline {name!r}")
 
 
+_MODE_OPTIONS_HELPER = '''
+def _kstrata_compile_options(mode, options):
+    """torch.compile takes a mode or an options dict, never both: the mode's own options, then these."""
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options(mode), **options}
+'''.strip("\n").splitlines()
+
+
+def _py(value: Any) -> str:
+    return json.dumps(value, sort_keys=True).replace("true", "True").replace("false", "False")
+
+
 def _compile_args(c: dict[str, Any]) -> str:
-    parts = []
-    if c.get("mode"):
-        parts.append(f"mode={c['mode']!r}")
-    if c.get("options"):
-        parts.append(f"options={json.dumps(c['options'], sort_keys=True)}".replace("true", "True").replace("false", "False"))
-    return ", ".join(parts)
+    """The keyword arguments of `torch.compile` for a `compile` parameter: a mode alone, options alone, or
+    (both given) the options dict that the mode stands for, updated with the options (torch.compile raises
+    "Either mode or options can be specified" for both; `torch._inductor.list_mode_options(mode)` is what
+    the mode applies, read by the candidate's own torch when it compiles)."""
+    mode, options = c.get("mode"), c.get("options")
+    if mode and options:
+        return f"options=_kstrata_compile_options({mode!r}, {_py(options)})"
+    if mode:
+        return f"mode={mode!r}"
+    if options:
+        return f"options={_py(options)}"
+    return ""
 
 
 def describe(params: dict[str, Any]) -> str:
@@ -65,7 +86,7 @@ def describe(params: dict[str, Any]) -> str:
         if c.get("options"):
             s += " " + ",".join(f"{k}={v}" for k, v in sorted(c["options"].items()))
         parts.append(s)
-    for flag in ("cudnn_benchmark", "channels_last", "cuda_graph", "tf32"):
+    for flag in ("cudnn_benchmark", "channels_last", "cuda_graph", "tf32", "torch_defaults"):
         if params.get(flag):
             parts.append(flag.replace("_", "-"))
     if params.get("sdpa"):
@@ -86,7 +107,9 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         init.append("self.model.__class__ = _Rewritten  # the same module, with the rewritten forward")
     if params.get("cudnn_benchmark"):
         init.append("torch.backends.cudnn.benchmark = True")
-    if params.get("tf32"):
+    if params.get("torch_defaults"):
+        pass  # PyTorch's own precision defaults, whatever this process has
+    elif params.get("tf32"):
         init += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
     else:
         # IEEE fp32, as the strict policy's reference runs: PyTorch's default makes fp32 convolutions TF32.
@@ -98,6 +121,8 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         fwd.append("inputs = tuple(x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) "
                    "and x.dim() == 4 else x for x in inputs)")
     c = params.get("compile")
+    if c is not None and c.get("mode") and c.get("options"):
+        helpers += ["", "", *_MODE_OPTIONS_HELPER]
     if c is None:
         fwd.append("call = self.model")
     else:

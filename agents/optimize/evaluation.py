@@ -135,17 +135,18 @@ class Evaluator:
         return JobResult(bool(out["ok"]), out["data"], str(out["error"]), float(out["seconds"]))
 
     def _evaluate(self, task: Path, candidate: Path, *, seed: int, timing: bool, ceilings: Any = None,
-                  sandbox: bool = False) -> dict[str, Any]:
+                  sandbox: bool = False, timeout_s: float | None = None) -> dict[str, Any]:
         payload = {"task": file_ref(task), "candidate": file_ref(candidate), "policy": self.eval_policy,
-                   "trials": self.trials, "seed": seed, "device": self.device, "timeout_s": self.timeout_s,
+                   "trials": self.trials, "seed": seed, "device": self.device, "timeout_s": timeout_s or self.timeout_s,
                    "timing": timing, "sandbox": sandbox, "ceilings": ceilings.to_json() if ceilings is not None else None}
         return self.workers.run(EVALUATE_JOB, payload, kind=self._kind())
 
     # -- what the loop asks ---------------------------------------------------------------------
-    def check(self, task: Path, candidate: Path, *, sandbox: bool = False) -> CheckResult:
-        """The hardened evaluation, correctness and integrity only (`sandbox`: in the restricted environment)."""
+    def check(self, task: Path, candidate: Path, *, sandbox: bool = False, timeout_s: float | None = None) -> CheckResult:
+        """The hardened evaluation, correctness and integrity only (`sandbox`: in the restricted environment;
+        `timeout_s`: each of its processes' limit, when shorter than the evaluator's: a deadline is near)."""
         start = time.monotonic()
-        out = self._evaluate(task, candidate, seed=self.seed, timing=False, sandbox=sandbox)
+        out = self._evaluate(task, candidate, seed=self.seed, timing=False, sandbox=sandbox, timeout_s=timeout_s)
         seconds = time.monotonic() - start
         if "verdict" not in out:
             return CheckResult(False, str(out.get("error", "the evaluation failed")), "harness", self.eval_policy,
@@ -168,13 +169,13 @@ class Evaluator:
         return out
 
     def measure(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *, rounds: int = 5,
-                runs: int = 30, sandbox: bool = False) -> dict[str, Measurement | str]:
+                runs: int = 30, sandbox: bool = False, timeout_s: float | None = None) -> dict[str, Measurement | str]:
         """Interleaved timing of `candidates` in one process (key -> Measurement, or why not), on the task's
         GPU: every measurement of a task, the guard's re-measurements included, runs on the same GPU."""
         if not self.timed:
             return dict.fromkeys(candidates, "not timed (no GPU)")
         r = self.run_job({"cmd": "measure", "task": str(task), "layouts": layouts, "rounds": rounds, "runs": runs,
-                          "candidates": {k: str(p) for k, p in candidates.items()}}, gated=True, sandbox=sandbox,
+                          "candidates": {k: str(p) for k, p in candidates.items()}}, timeout_s, gated=True, sandbox=sandbox,
                          affinity=str(task))
         self.measure_seconds += r.seconds
         if not r.ok:

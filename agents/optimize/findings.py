@@ -230,7 +230,9 @@ class NcuAnalyzer:
                 out.append(Finding(self.name, "tail-effect", f"{name}: {waves:.2f} waves per SM (fewer CTAs than SMs x "
                                    "occupancy: part of the GPU idles)", 1 - waves, {"kernel": name, "waves": waves}))
             sect = _num(k, "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct")
-            if sect is not None and sect < 60:
+            # 0 is no plain global load at all (a kernel that loads through cp.async or TMA: cuDNN's and
+            # cuBLAS's on sm80+; the H200 run of 2026-12-01 called such a conv "0% of each sector used").
+            if sect is not None and 0 < sect < 60:
                 out.append(Finding(self.name, "uncoalesced", f"{name}: {sect:.0f}% of each loaded sector used "
                                    "(uncoalesced or narrow global loads)", 0.5, {"kernel": name, "sector_use": sect}))
             dram, sm = _num(k, "dram__throughput.avg.pct_of_peak_sustained_elapsed"), _num(

@@ -40,7 +40,7 @@ from kstrata.agents.optimize.candidate import TaskCandidate
 from kstrata.agents.optimize.codegen import set_measured
 from kstrata.agents.optimize.configs import baseline_params, render
 from kstrata.agents.optimize.contract import Contract, Degeneracy, judge_degeneracy, make_contract, output_layouts
-from kstrata.agents.optimize.evaluation import Evaluator
+from kstrata.agents.optimize.evaluation import Evaluator, FinalVerdict
 from kstrata.agents.optimize.findings import AT_SOL, Evidence, Finding, analyze, discover_analyzers
 from kstrata.agents.optimize.planner import Plan, plan
 from kstrata.agents.optimize.proposers import Proposer, discover_proposers
@@ -69,6 +69,20 @@ SEARCH_START_FRACTION = 0.5
 #: Below this per-task time limit (minutes) the compile-max-autotune baseline is not built (its autotuning
 #: alone can take a minute); the note says so.
 MAX_AUTOTUNE_MIN_MINUTES = 4.0
+#: The deadline (`--minutes`) covers baselines, profile, search, the final re-evaluation and the report. The
+#: final re-evaluation is the same hardened evaluation as a candidate's check, in fresh processes, plus the
+#: timed runs of the candidate and of eager: its cost is estimated as FINAL_CHECK_FACTOR times the measured
+#: check of the node, plus FINAL_TIMED_RUNS runs of both at FINAL_RUN_COST times their measured medians
+#: (warm-up, the L2 flush between runs), plus FINAL_OVERHEAD_S (process start, imports).
+FINAL_CHECK_FACTOR = 1.2
+FINAL_TIMED_RUNS = 110
+FINAL_RUN_COST = 2.0
+FINAL_OVERHEAD_S = 5.0
+#: Writing report.md and its plots (matplotlib) after the final re-evaluation.
+REPORT_S = 10.0
+#: A child process started near the deadline gets at least this long (shorter than that it cannot finish
+#: even a small evaluation); the cap on its time is what is left before the final's reserve.
+MIN_CHILD_TIMEOUT_S = 30.0
 #: Loading and tracing a task touch torch's global state (RNG, default dtype and device), and proposers may
 #: load and trace too: one at a time across the tasks a directory run optimizes in parallel.
 TASK_LOCK = threading.RLock()
@@ -130,6 +144,8 @@ class TaskResult:
     findings: list[str] = field(default_factory=list)
     candidates: int = 0
     seconds: float = 0.0
+    stop_reason: str = ""
+    cut_short: bool = False  # the deadline stopped the search before its budget or a plateau
     final_ok: bool = False
     final_reason: str = ""
     note: str = ""
@@ -187,6 +203,9 @@ class TaskSearch:
         self.stop_reason = ""
         self.final: dict[str, Any] | None = None
         self._exhausted_nodes: set[tuple[str, str]] = set()  # (node, space) pairs with nothing left to propose
+        self._candidate_s: list[float] = []  # seconds each judged candidate took (check, measure, guard)
+        self._baseline_measure_s = 0.0
+        self.cut_short = ""  # why the deadline cut the search short, when it did
         self.proposers, problems = discover_proposers(opts.extra_proposers, plugins=opts.plugins)
         for p in problems:
             self.notes[f"plugin {p.entry_point}"] = p.reason
@@ -196,8 +215,53 @@ class TaskSearch:
         return self.elapsed_offset + self.opts.clock() - self.start
 
     def search_start_s(self) -> float:
-        """Elapsed seconds by which the search must start (profiling gives way after that)."""
-        return SEARCH_START_FRACTION * self.opts.minutes * 60
+        """Elapsed seconds by which the search must start (profiling gives way after that, and never eats the
+        final re-evaluation's reserve)."""
+        limit = self.opts.minutes * 60
+        return min(SEARCH_START_FRACTION * limit, limit - self.final_reserve_s())
+
+    # -- the deadline ------------------------------------------------------------------------------
+    def final_cost_s(self, n: Node) -> float:
+        """Estimated seconds of a fresh final re-evaluation of `n`, from its measured check and timing."""
+        check_s = n.check.seconds if n.check and n.check.seconds else max(
+            (m.check.seconds for m in self.nodes.values() if m.check), default=0.0)
+        timed_s = 0.0
+        if self.ev.timed:
+            eager = self.baselines.get("eager")
+            us = [x.timing.median_us for x in (n, eager) if x is not None and x.timing]
+            per_call = (sum(us) if len(us) == 2 else 2 * sum(us)) * 1e-6
+            timed_s = FINAL_TIMED_RUNS * FINAL_RUN_COST * per_call
+        return FINAL_CHECK_FACTOR * check_s + timed_s + FINAL_OVERHEAD_S
+
+    def final_reserve_s(self) -> float:
+        """What the end of the task needs: the incumbent's final re-evaluation and the report. A fallback's
+        re-evaluation (rare: the incumbent passed the same hardened check during the search) is not reserved:
+        it runs when it fits, and otherwise the output says it was not re-evaluated (`step_final`)."""
+        with self.lock:
+            inc = self.nodes.get(self.incumbent_key)
+        if inc is None:  # before the baselines: nothing measured yet
+            return REPORT_S + FINAL_OVERHEAD_S
+        return self.final_cost_s(inc) + REPORT_S
+
+    def time_left_s(self) -> float:
+        return self.opts.minutes * 60 - self.elapsed()
+
+    def next_candidate_s(self) -> float:
+        """Estimated seconds of the next candidate (check, measurement, guard): the mean of the last three,
+        or before any, the mean baseline check plus the baselines' measurement (the slowest check is the cold
+        compile of the compile baseline, which a template's or a configuration's check seldom repeats)."""
+        with self.lock:
+            recent = self._candidate_s[-3:]
+        if recent:
+            return sum(recent) / len(recent)
+        checks = [n.check.seconds for n in self.baselines.values() if n.check]
+        return (sum(checks) / len(checks) if checks else 0.0) + self._baseline_measure_s
+
+    def _child_limit(self) -> dict[str, Any]:
+        """`timeout_s=` for a candidate's child processes when the deadline is nearer than `opts.timeout_s`."""
+        left = self.opts.minutes * 60 - self.elapsed() - self.final_reserve_s()
+        cap = max(MIN_CHILD_TIMEOUT_S, left)
+        return {"timeout_s": cap} if cap < self.opts.timeout_s else {}
 
     def say(self, msg: str) -> None:
         self.opts.progress(f"[{self.info.name}] {msg}")
@@ -337,15 +401,16 @@ class TaskSearch:
         if deg.degenerate:
             self.say("DEGENERATE: " + "; ".join(deg.reasons) + " (optimized, but left out of geomeans)")
 
-    def _judge_check(self, nodes: list[Node]) -> None:
-        """The hardened check of `nodes`, in parallel (each evaluation is its own processes)."""
+    def _judge_check(self, nodes: list[Node], limit: dict[str, Any] | None = None) -> None:
+        """The hardened check of `nodes`, in parallel (each evaluation is its own processes); `limit`: a
+        `timeout_s` for their processes (a candidate judged near the deadline)."""
         todo = [n for n in nodes if n.check is None]
         if not todo:
             return
         paths = {n.key: self.write_candidate(n.candidate) for n in todo}
         with ThreadPoolExecutor(max_workers=max(1, self.opts.workers)) as pool:
             results = list(pool.map(lambda n: self.ev.check(self.info.path, paths[n.key],
-                                                             **_box(_sandboxed(n.candidate))), todo))
+                                                             **_box(_sandboxed(n.candidate)), **(limit or {})), todo))
         for n, r in zip(todo, results, strict=True):
             n.check = r
             n.elapsed_s = self.elapsed()
@@ -365,18 +430,24 @@ class TaskSearch:
                 else:
                     n.status, n.note = "correct", "not timed: no GPU"
 
-    def _measure(self, nodes: list[Node], rounds: int) -> dict[str, Measurement | str]:
+    def _measure(self, nodes: list[Node], rounds: int, limit: dict[str, Any] | None = None) -> dict[str, Measurement | str]:
         keys = {n.key: self.write_candidate(n.candidate) for n in nodes}
         return self.ev.measure(self.info.path, keys, output_layouts(self.info.spec), rounds=rounds, runs=self.opts.runs,
-                               **_box(any(_sandboxed(n.candidate) for n in nodes)))
+                               **_box(any(_sandboxed(n.candidate) for n in nodes)), **(limit or {}))
 
-    def _sol(self, us: float, speedup: float | None = None) -> tuple[float | None, list[str]]:
+    def _sol(self, us: float, speedup: float | None = None) -> tuple[float | None, list[str], list[str]]:
+        """(fraction of SOL, flags, explanations) of a time; `speedup` is over the best baseline, whose own
+        time (measured with the baselines, before this candidate's rounds) places it on the roofline."""
         if self.opts.ceilings is None:
-            return None, []
+            return None, [], []
         from kstrata.agents.roofline import assess
 
-        point = assess(self.info.spec, self.opts.ceilings, us * 1e-6, speedup)
-        return point.fraction, list(point.flags)
+        base = self.nodes.get(self.base_key)
+        base_us = base.timing.median_us if base is not None and base.timing else None
+        point = assess(self.info.spec, self.opts.ceilings, us * 1e-6, speedup,
+                       baseline_seconds=base_us * 1e-6 if base_us else None,
+                       baseline=base.candidate.description if base is not None else "the baseline")
+        return point.fraction, list(point.flags), list(point.explanations)
 
     def step_baselines(self) -> None:
         names = list(self.opts.baselines) if self.ev.timed else ["eager"]
@@ -413,12 +484,14 @@ class TaskSearch:
         ok = [n for n in nodes if n.check and n.check.ok and n.status != "rejected"]
         best = eager
         if self.ev.timed:
+            t0 = self.elapsed()
             ms = self._measure(ok, self.opts.rounds)
+            self._baseline_measure_s = self.elapsed() - t0
             for n in ok:
                 m = ms.get(n.key)
                 if isinstance(m, Measurement):
                     n.timing, n.status = m, "measured"
-                    n.sol_fraction, _ = self._sol(m.median_us)
+                    n.sol_fraction = self._sol(m.median_us)[0]
                 else:
                     n.status, n.note = "rejected", str(m)
             timed = [n for n in ok if n.timing]
@@ -436,6 +509,7 @@ class TaskSearch:
         self.emit({"type": "baselines", "keys": {b: n.key for b, n in self.baselines.items()}, "incumbent": best.key,
                    "notes": self.notes.get("baselines", "")})
         self.say(f"incumbent: baseline {best.candidate.proposer.split(':')[1]}")
+        self.write_provisional()
 
     def step_findings(self) -> None:
         from kstrata.agents.optimize.graph import applicable_rewrites, graph_ops
@@ -481,8 +555,17 @@ class TaskSearch:
             started = sum(1 for n in self.nodes.values() if n.space != "baseline")
         if started >= self.opts.budget:
             return f"budget of {self.opts.budget} candidates reached"
-        if self.elapsed() >= self.opts.minutes * 60:
+        left = self.opts.minutes * 60 - self.elapsed()
+        if left <= 0:
             return f"time limit of {self.opts.minutes:g} minutes reached"
+        need_next, need_final = self.next_candidate_s(), self.final_reserve_s()
+        if need_next + need_final > left:
+            with self.lock:
+                self.cut_short = self.cut_short or (
+                    f"cut short by the deadline: {left:.0f} s of the {self.opts.minutes:g}-minute limit left; the next "
+                    f"candidate (about {need_next:.0f} s) and the final re-evaluation and report (about "
+                    f"{need_final:.0f} s) would not fit")
+            return self.cut_short
         sol = self.incumbent.sol_fraction
         if sol is not None and sol >= AT_SOL:
             return f"incumbent at {100 * sol:.0f}% of SOL"
@@ -509,7 +592,9 @@ class TaskSearch:
                 for t in threads:
                     t.join()
             self.stop_reason = self.stop_reason or self.should_stop() or "every space exhausted or pruned"
-        self.emit({"type": "stop", "reason": self.stop_reason, "notes": self.notes})
+        self.emit({"type": "stop", "reason": self.stop_reason, "notes": self.notes,
+                   "deadline": bool(self.cut_short) and self.stop_reason == self.cut_short,
+                   "final_reserve_s": round(self.final_reserve_s(), 1)})
         self.say(f"search stopped: {self.stop_reason}")
 
     def _state(self, parent: Node | None, space: str) -> SearchState:
@@ -567,8 +652,13 @@ class TaskSearch:
                 with self.lock:
                     self._exhausted_nodes.add((node.key, space))
                 continue
+            t0 = self.elapsed()
             n = self.judge(cand, node)
-            if n.status == "measured" and n.speedup is not None and n.speedup > 1.0 + MIN_NOISE and self._maybe_promote(n):
+            promoted = (n.status == "measured" and n.speedup is not None and n.speedup > 1.0 + MIN_NOISE
+                        and self._maybe_promote(n))
+            with self.lock:
+                self._candidate_s.append(self.elapsed() - t0)
+            if promoted:
                 no_gain = 0
             elif n.status in ("measured", "correct"):
                 no_gain += 1
@@ -646,20 +736,22 @@ class TaskSearch:
     def judge(self, c: TaskCandidate, parent: Node) -> Node:
         n = self.nodes[c.key]
         self.say(f"candidate {self.candidates_judged() + 1}/{self.opts.budget} [{c.space}/{c.proposer}] {c.description}")
-        self._judge_check([n])
+        self._judge_check([n], self._child_limit())
         if n.check and n.check.ok and n.status != "rejected" and self.ev.timed:
             base = self.nodes[self.base_key]
             group = [base] + ([self.incumbent] if self.incumbent_key != self.base_key else []) + [n]
-            ms = self._measure(group, self.opts.rounds)
+            ms = self._measure(group, self.opts.rounds, self._child_limit())
             m = ms.get(n.key)
             mb = ms.get(base.key)
             if isinstance(m, Measurement) and isinstance(mb, Measurement):
                 n.timing, n.status = m, "measured"
                 n.speedup = mb.median_us / m.median_us
-                n.sol_fraction, flags = self._sol(m.median_us, n.speedup)
+                n.sol_fraction, flags, explained = self._sol(m.median_us, n.speedup)
                 n.reward = _log_reward(n.speedup)
                 if flags:
                     n.status, n.note, n.reward = "rejected", "flagged: " + "; ".join(flags), FAILURE_REWARD
+                elif explained:
+                    n.note = "; ".join(explained)
             else:
                 n.status, n.note, n.reward = "rejected", str(m if not isinstance(m, Measurement) else mb), FAILURE_REWARD
         n.elapsed_s = self.elapsed()
@@ -690,7 +782,7 @@ class TaskSearch:
             inc = self.incumbent
         if inc.key == n.key:
             return False
-        ms = self._measure([inc, n], self.opts.guard_rounds)
+        ms = self._measure([inc, n], self.opts.guard_rounds, self._child_limit())
         mi, mc = ms.get(inc.key), ms.get(n.key)
         if not (isinstance(mi, Measurement) and isinstance(mc, Measurement)):
             self.emit({"type": "guard", "key": n.key, "accepted": False, "reason": f"re-measurement failed: {mi} / {mc}"})
@@ -708,6 +800,7 @@ class TaskSearch:
                     n.status = "incumbent"
                     self.incumbent_key = n.key
                     self.emit({"type": "incumbent", "key": n.key, "speedup": n.speedup})
+            self.write_provisional()
         return accepted
 
     # -- the output ------------------------------------------------------------------------------
@@ -732,6 +825,35 @@ class TaskSearch:
         return {"admitted": gate.admitted, "reason": gate.reason, "summary": how,
                 "path": str(gate.path) if gate.path else None}
 
+    def write_provisional(self) -> None:
+        """The verified incumbent as `model_new.py` (and `result.json`, status unfinished) while the task runs,
+        so a run stopped before its final re-evaluation (killed at a deadline) still leaves a checked output
+        that says what it is. The final step overwrites both."""
+        with self.lock:
+            inc = self.incumbent
+        if inc.space == "baseline" and inc.key == self.base_key:
+            what = f"the best baseline ({inc.candidate.description})"
+        else:
+            what = (f"the search's incumbent, {inc.speedup:.3f}x over the best baseline (interleaved medians)"
+                    if inc.speedup else "the search's incumbent")
+        src = set_measured(inc.candidate.source, [f"PROVISIONAL: {what}, passed the hardened check; the final "
+                                                  "re-evaluation in fresh processes has not run yet"])
+        write_atomic(self.out / "model_new.py", src)
+        r = self.result()
+        r.status, r.final_reason = "unfinished", "stopped before the final re-evaluation; model_new.py is provisional"
+        write_atomic(self.out / "result.json", json.dumps(r.to_json(), indent=1) + "\n")
+
+    def fallbacks(self, exclude: set[str]) -> list[Node]:
+        """The baselines an output rejected by its final re-evaluation falls back to: the measured ones, fastest
+        first (the best measured baseline, then the next), never one rejected already; untimed (no GPU): eager."""
+        ok = [n for n in self.baselines.values()
+              if n.key not in exclude and n.check is not None and n.check.ok and n.status != "rejected"]
+        timed = sorted((n for n in ok if n.timing), key=lambda n: n.timing.median_us if n.timing else math.inf)
+        if timed:
+            return timed
+        eager = self.baselines.get("eager")
+        return [eager] if eager is not None and eager in ok else []
+
     def step_final(self) -> None:
         inc = self.incumbent
         base = self.nodes[self.base_key]
@@ -752,15 +874,22 @@ class TaskSearch:
         ev: dict[str, Any] = {"type": "final", "key": inc.key, "accepted": verdict.accepted, "reason": verdict.reason,
                               "seed": self.opts.final_seed, "speedup_vs_eager": verdict.speedup,
                               "roofline": verdict.roofline, "device": verdict.device}
-        # The fresh re-evaluation is the last word: fall back to the best baseline, then eager, and say so.
-        fallbacks = [n for n in (base, self.baselines.get("eager")) if n is not None and n.key != inc.key]
-        while not verdict.accepted and fallbacks:
-            nxt = fallbacks.pop(0)
-            if nxt.key == ev["key"]:
-                continue
-            self.say(f"final re-evaluation REJECTED {ev['key']} ({verdict.reason}); falling back to "
-                     f"{nxt.candidate.description}")
+        # The fresh re-evaluation is the last word: fall back to the best measured baseline (then the next
+        # fastest), and say so.
+        rejected = {inc.key}
+        while not verdict.accepted:
+            fallbacks = self.fallbacks(rejected)
+            if not fallbacks:
+                break
+            nxt = fallbacks[0]
+            rejected.add(nxt.key)
+            was = self.nodes[ev["key"]].candidate.description
+            need, left = self.final_cost_s(nxt), self.time_left_s() - REPORT_S
+            self.say(f"final re-evaluation REJECTED {was} ({ev['key']}: {verdict.reason}); falling back to "
+                     f"{nxt.candidate.description}, " + (f"the fastest measured baseline left ({nxt.timing.median_us:.1f} us)"
+                                                         if nxt.timing else "the task's own model (nothing timed)"))
             ev.setdefault("fallback_from", ev["key"])
+            ev.setdefault("rejected", []).append({"key": ev["key"], "description": was, "reason": verdict.reason})
             with self.lock:
                 self.nodes[ev["key"]].status = "rejected"
                 self.nodes[ev["key"]].note = f"final re-evaluation: {verdict.reason}"
@@ -768,12 +897,29 @@ class TaskSearch:
                 nxt.status = "incumbent"
             write_atomic(path, set_measured(nxt.candidate.source, ["the optimized candidate failed its final "
                                                                    f"re-evaluation; this file is {nxt.candidate.description}"]))
+            if need > left:
+                # The deadline is the user's: the fallback passed the hardened check with the baselines, but it
+                # is not accepted without its fresh re-evaluation, and the output says so.
+                why = (f"the fallback {nxt.candidate.description} was not re-evaluated: its fresh re-evaluation "
+                       f"(about {need:.0f} s) did not fit in the {max(0.0, left):.0f} s left of the "
+                       f"{self.opts.minutes:g}-minute limit (it passed the hardened check with the baselines)")
+                self.say(why)
+                ev.update({"key": nxt.key, "accepted": False, "reason": why, "speedup_vs_eager": None,
+                           "roofline": None, "deadline": True})
+                verdict = FinalVerdict(False, why, None, None, "", {}, "deadline")
+                break
             verdict = self.ev.final(self.info.path, path, seed=self.opts.final_seed, ceilings=self.opts.ceilings)
             ev.update({"key": nxt.key, "accepted": verdict.accepted, "reason": verdict.reason,
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
         if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent.space != "baseline"
                 and self.ev.timed and verdict.speedup):
-            ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
+            need = 3 * self.final_cost_s(self.incumbent)  # the skill gate re-evaluates on three other seeds
+            if need > self.time_left_s() - REPORT_S:
+                ev["skill"] = {"admitted": False, "reason": f"not tried: its reproductions (about {need:.0f} s) did not "
+                               f"fit before the {self.opts.minutes:g}-minute limit", "summary": "", "path": None}
+                self.say(f"skill: not tried — {ev['skill']['reason']}")
+            else:
+                ev["skill"] = self._learn_skill(self.incumbent, verdict, path)
         self.final = ev
         self.emit(dict(ev))
         self.say(f"final (fresh process, seed {self.opts.final_seed}): " + ("ACCEPTED" if verdict.accepted else "REJECTED") +
@@ -794,6 +940,7 @@ class TaskSearch:
             timed=self.ev.timed, degenerate=bool(deg and deg.degenerate),
             degenerate_reasons=list(deg.reasons) if deg and deg.degenerate else [],
             findings=[f.kind for f in self.findings], candidates=self.candidates_judged(), seconds=self.elapsed(),
+            stop_reason=self.stop_reason, cut_short=bool(self.cut_short) and self.stop_reason == self.cut_short,
             final_ok=bool(final.get("accepted")), final_reason=str(final.get("reason", "")),
             note="" if self.ev.timed else "nothing was timed (no GPU): correctness only")
 

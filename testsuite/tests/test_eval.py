@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,6 +140,28 @@ def test_trial_inputs_keep_shapes_dtypes_domains_and_are_seeded(tmp_path: Path) 
     assert int((zeros == 0).sum()) > 0 and int((zeros < 0).sum()) > 0
     shifted = reshape_values(torch.randn(10000), "shifted-scaled", torch.Generator().manual_seed(1))
     assert float(shifted.mean()) > 0.5 and float(shifted.std()) > 1.2
+
+
+def test_reshaped_inputs_are_built_in_chunks_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Published-size inputs are reshaped chunk by chunk (bounded temporaries); the finite statistics merge
+    exactly, the values do not depend on anything but the generator, and the input's layout is kept."""
+    from kstrata.agents import eval_worker
+
+    monkeypatch.setattr(eval_worker, "RESHAPE_CHUNK", 1000)
+    x = torch.randn(64, 97) * 3 + 2
+    x[3, 5], x[7, 1] = float("inf"), float("nan")
+    m, s, nonneg, n = eval_worker._finite_stats(x.reshape(-1))
+    fin = x[x.isfinite()].double()
+    assert n == fin.numel() and not nonneg
+    assert abs(m - float(fin.mean())) < 1e-12 and abs(s - float(fin.std())) < 1e-12
+    for dist in ("shifted-scaled", "uniform-offset", "heavy-tailed", "zeros-negatives"):
+        a = reshape_values(x, dist, torch.Generator().manual_seed(5))
+        assert torch.equal(a, reshape_values(x, dist, torch.Generator().manual_seed(5)))
+        assert a.shape == x.shape and a.dtype == x.dtype
+    t = x.t()  # a transposed input stays transposed, with the values of its contiguous copy
+    r = reshape_values(t, "heavy-tailed", torch.Generator().manual_seed(5))
+    assert r.stride() == t.stride()
+    assert torch.equal(r, reshape_values(t.contiguous(), "heavy-tailed", torch.Generator().manual_seed(5)))
 
 
 def test_storage_overlap_and_bitwise_equality() -> None:
@@ -376,31 +399,71 @@ def test_bench_report_markdown_and_plots(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 1000 for p in written)
 
 
-def test_bench_worker_runs_tasks_on_cpu(tmp_path: Path) -> None:
-    task = write(tmp_path, "1_relu.py", TINY_TASK)
-    proc = subprocess.run([sys.executable, "-m", "kstrata.agents.bench", "--worker", "--baselines", "eager",
-                           "--runs", "5", "--device", "cpu", str(task)], capture_output=True, text=True, timeout=120)
-    rows = [json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(rows) == 1 and rows[0]["ok"] and rows[0]["correct"] and rows[0]["timing"]["runs"] == 5
-    # judged against float64 (eager's own error is the scale), with the precision switches it ran under
-    assert rows[0]["errors"][0]["judged_by"] == "float64" and rows[0]["kernelbench_vs_eager"]
-    assert "cudnn_allow_tf32" in rows[0]["precision"] and rows[0]["memory"]["peak_host_bytes"] > 0
-
-
-def test_bench_driver_resumes_and_reports_on_cpu(tmp_path: Path) -> None:
+@pytest.mark.slow  # about 25 s on the 2-core machine: two evaluator processes, five bench runs
+def test_bench_goes_through_the_engine_resumes_and_answers_from_its_cache(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench's baselines are engine candidates: the first run evaluates (the hardened evaluator, strict
+    against float64 with eager's own error as the scale), a resumed run skips what its results file holds, a
+    fresh run on the same engine cache answers from it with identical rows, and --no-cache evaluates again."""
     pytest.importorskip("matplotlib")
     suite = tmp_path / "suite"
     suite.mkdir()
     write(suite, "1_relu.py", TINY_TASK)
     write(suite, "2_broken.py", "import torch\nclass Model(torch.nn.Module):\n    pass\n")
-    out = tmp_path / "out"
+    cache = tmp_path / "engine"
     lines: list[str] = []
-    results = bench.run_bench(suite, ["eager"], out, runs=5, device="cpu", ceilings=CEILINGS, on_progress=lines.append)
-    assert results["tasks"]["1_relu.py"]["baselines"]["eager"]["ok"]
-    assert not results["tasks"]["2_broken.py"]["baselines"]["eager"]["ok"]
+
+    def run(out: str, **kw: Any) -> dict[str, Any]:
+        return bench.run_bench(suite, ["eager"], tmp_path / out, runs=5, device="cpu", ceilings=CEILINGS,
+                               on_progress=lines.append, engine_cache=cache, **kw)
+
+    first = run("a")
+    row = first["tasks"]["1_relu.py"]["baselines"]["eager"]
+    assert row["ok"] and row["correct"] and row["kernelbench_vs_eager"] and row["trials"] >= 5, row
+    # judged against float64 (eager's own error is the scale), with the precision switches it ran under
+    assert row["errors"][0]["judged_by"] == "float64" and row["errors"][0]["bound_rel_l2"] > 0
+    assert row["precision"]["cudnn_allow_tf32"] is True  # PyTorch's defaults: bench's baselines as users run them
+    assert row["memory"]["peak_host_bytes"] > 0
+    assert row["timing"] is None and "GPU" in row["timing_note"]  # nothing timed without a GPU, and it says so
+    assert row["engine"]["cached"] is False and first["engine"]["evaluated"] == 1
+    assert not first["tasks"]["2_broken.py"]["baselines"]["eager"]["ok"]
+    out = tmp_path / "a"
     assert (out / "bench-report.md").exists() and (out / "bench-sol-fraction.png").exists()
-    again = bench.run_bench(suite, ["eager"], out, runs=5, device="cpu", ceilings=CEILINGS, on_progress=lines.append)
-    assert "2 tasks, 2 already in" in " ".join(lines) and again["tasks"].keys() == results["tasks"].keys()
+    again = run("a")
+    assert "2 tasks, 2 already in" in " ".join(lines) and again["tasks"].keys() == first["tasks"].keys()
+
+    cached = run("b")  # a new results file, the same engine cache
+    hit = cached["tasks"]["1_relu.py"]["baselines"]["eager"]
+    assert hit["engine"]["cached"] is True and cached["engine"]["cached"] == 1
+    assert "1 baseline results answered from it, 0 evaluated" in lines[-1]
+    assert "(engine cache)" in lines[-2]
+    strip = ("engine",)
+    assert {k: v for k, v in hit.items() if k not in strip} == {k: v for k, v in row.items() if k not in strip}
+    assert hit["engine"]["candidate"] == row["engine"]["candidate"]
+
+    # --no-cache: the evaluator is asked again (here it refuses, so the row shows it was asked)
+    from kstrata.agents import evaluate as evaluate_module
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise evaluate_module.EvalError("evaluated again")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", refuse)
+    fresh = run("c", use_cache=False)
+    assert fresh["tasks"]["1_relu.py"]["baselines"]["eager"] == {"ok": False, "error": "evaluated again"}
+
+
+def test_bench_has_no_timer_of_its_own() -> None:
+    """Timing is the engine's (backends/timing.py): agents/bench.py reads no clock and starts no process."""
+    import ast
+
+    tree = ast.parse(Path(bench.__file__).read_text())
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(tree)
+             if isinstance(n, (ast.Attribute, ast.Name))}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    clocks = {"perf_counter", "monotonic", "time_ns", "Event", "elapsed_time", "time_gpu", "time_cuda",
+              "interleaved_ab", "Popen", "ChildStream", "spawn", "call_in_child"}
+    assert not (names | imported) & clocks, (names | imported) & clocks
+    assert "time" not in imported and "subprocess" not in imported
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -520,3 +583,40 @@ def test_eval_goes_through_the_engine_with_its_options(tmp_path: Path) -> None:
         assert engine.stats.checks == 2 and engine.stats.check_cache_hits == 0
         if not has_cuda():
             assert engine.measure(base, built).status == "skipped"  # nothing timed on the CPU, nothing to reuse
+
+
+def test_a_cached_output_is_rejected_when_earlier_outputs_were_released(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At published sizes the candidate's process keeps only the newest outputs (a share of the device's
+    memory); the alias check then cannot see a result cached from a released trial, the trial's values
+    must still reject it, and the check says which trials it did not compare with."""
+    monkeypatch.setenv("KSTRATA_KEEP_OUTPUT_BYTES", "0")
+    path = shrunk_task(tmp_path, *RELU)
+    v = evaluate(path, ADVERSARIAL / "cached_output.py", device="cpu", timeout_s=60, trials=5)
+    assert not v.accepted and not v.correct_strict
+    assert "no-aliasing" not in v.reason, v.reason
+    details = [c.detail for t in v.trials for c in t.checks if c.name == "no-aliasing"]
+    assert any("released before this trial" in d for d in details), details
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_bench_on_the_gpu_is_timed_by_the_engine_and_answered_from_its_cache(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    write(suite, "1_relu.py", TINY_TASK.replace("torch.randn(32, 64)", "torch.randn(4096, 4096, device='cuda')"))
+
+    def run(out: str, **kw: Any) -> dict[str, Any]:
+        return bench.run_bench(suite, ["eager", "compile"], tmp_path / out, runs=20, ceilings=CEILINGS,
+                               on_progress=lambda m: None, engine_cache=tmp_path / "engine", **kw)["tasks"]["1_relu.py"]
+
+    first = run("a")["baselines"]
+    for b in ("eager", "compile"):
+        assert first[b]["ok"] and first[b]["correct"] and first[b]["timing"]["runs"] == 20, first[b]
+        assert first[b]["memory"]["peak_gpu_bytes"] > 0 and first[b]["engine"]["cached"] is False
+    assert first["compile"]["speedup_vs_eager"] > 0
+    again = run("b")["baselines"]
+    assert all(again[b]["engine"]["cached"] for b in again)
+    assert again["compile"]["timing"] == first["compile"]["timing"]  # the kept measurement, not a new one
+    fresh = run("c", use_cache=False)["baselines"]
+    assert not fresh["compile"]["engine"]["cached"] and fresh["compile"]["timing"] != first["compile"]["timing"]

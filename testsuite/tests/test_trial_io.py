@@ -60,3 +60,14 @@ def test_small_data_is_a_plain_torch_save(tmp_path: Path) -> None:
     save_trial({"outputs": [torch.ones(3)], "meta": json.dumps({"a": 1})}, path)
     assert not list(tmp_path.glob("*.raw"))
     assert torch.equal(torch.load(path, weights_only=True)["outputs"][0], torch.ones(3))
+
+
+def test_a_device_tensor_is_copied_straight_into_its_raw_file(tmp_path: Path, small_raw: None) -> None:
+    """The device path (copy into the mapped file, chunk by chunk) runs the same on CPU tensors here."""
+    x = torch.randn(7001).to(torch.bfloat16)
+    trial_io._write_raw_from_device(x[::2], tmp_path / "a.raw")  # non-contiguous source, several chunks
+    assert (tmp_path / "a.raw").stat().st_size == x[::2].numel() * 2
+    back = torch.from_file(str(tmp_path / "a.raw"), shared=False, size=x[::2].numel(), dtype=torch.bfloat16)
+    assert torch.equal(back, x[::2])
+    trial_io._write_raw_from_device(torch.empty(0), tmp_path / "e.raw")
+    assert (tmp_path / "e.raw").stat().st_size == 0
