@@ -32,7 +32,7 @@ from typing import Any, Literal
 from kstrata.backends.ptx import Blank, Comment, Directive, Instruction, Label, PtxModule, parse_ptx
 from kstrata.ir.bundle import KernelBundle
 
-from .base import KernelPass, PassContext, PassResult, option
+from .base import KernelPass, PassContext, PassResult, ScheduleSpace, option
 from .ptx_sched import hot_lines, ptx_effects
 
 
@@ -124,6 +124,20 @@ class PtxPredicate(KernelPass):
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
         return {"max_instructions": (4, 8, 16), "scope": ("all",)}
 
+    @classmethod
+    def schedule_space(cls, bundle: KernelBundle) -> ScheduleSpace:
+        """The limits worth trying: a larger `max_instructions` only when it converts more branches."""
+        space = super().schedule_space(bundle)
+        kept: list[KernelPass] = []
+        seen: set[tuple[tuple[int, int], ...]] = set()
+        for instance in space:
+            assert isinstance(instance, PtxPredicate)
+            converted = instance._convert(bundle.text("ptx")).converted
+            if converted not in seen:
+                seen.add(converted)
+                kept.append(instance)
+        return ScheduleSpace(tuple(kept), space.reason)
+
     def _convert(self, text: str) -> Conversion:
         first, last = hot_lines(text) if self.scope == "hot" else (1, 1 << 30)
         return if_convert(text, self.max_instructions, first, last)
@@ -133,11 +147,6 @@ class PtxPredicate(KernelPass):
         if not result.converted:
             why = f" (first: PTX line {result.refused[0][0]}: {result.refused[0][1]})" if result.refused else ""
             return f"no short forward branch to if-convert{why}"
-        if self.max_instructions > 4:  # a larger limit is worth a candidate only when it converts more
-            smaller = if_convert(ctx.text, self.max_instructions // 2, *((hot_lines(ctx.text)) if self.scope == "hot"
-                                                                          else (1, 1 << 30)))
-            if smaller.converted == result.converted:
-                return f"converts the same branches as max_instructions={self.max_instructions // 2}"
         return None
 
     def apply(self, ctx: PassContext) -> PassResult:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kstrata.backends.ptx import Blank, Brace, Comment, Directive, Instruction, parse_line, parse_ptx, render
+from kstrata.passes.base import PassContext
 from kstrata.passes.ptx_sched import READ_ONLY, ptx_effects, reorder_ptx
 from kstrata.passes.schedule import ANY_SPACE, Effects, dependency_graph, list_schedule, order_violations
 
@@ -795,3 +796,14 @@ def test_the_planted_reordering_breaks_a_dependency(suite_cache: Path) -> None:
     ptx, _ = _suite_ptx(suite_cache, "vector_add")
     with pytest.raises(AssertionError):
         check_reordering(ptx, _store_above_its_value(ptx))
+
+
+@pytest.mark.parametrize(("name", "limit"), [("flash_attention_fwd", 4), ("row_clip_norm_if", 8),
+                                             ("matmul_fp16_bias_gelu_residual", 8)])
+def test_the_predication_space_offers_a_larger_limit_only_when_it_converts_more(suite_cache: Path, name: str,
+                                                                                  limit: int) -> None:
+    from kstrata.passes.ptx_predicate import PtxPredicate
+
+    _, bundle = _suite_ptx(suite_cache, name)
+    assert PtxPredicate.schedule_space(bundle).spellings() == [f"ptx-predicate{{max_instructions={limit} scope=all}}"]  # type: ignore[arg-type]
+    assert PtxPredicate(max_instructions=16).precondition(PassContext(bundle, "ptx")) is None  # type: ignore[arg-type]
