@@ -6,6 +6,7 @@ proven bit for bit with numpy."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -807,3 +808,20 @@ def test_the_predication_space_offers_a_larger_limit_only_when_it_converts_more(
     _, bundle = _suite_ptx(suite_cache, name)
     assert PtxPredicate.schedule_space(bundle).spellings() == [f"ptx-predicate{{max_instructions={limit} scope=all}}"]  # type: ignore[arg-type]
     assert PtxPredicate(max_instructions=16).precondition(PassContext(bundle, "ptx")) is None  # type: ignore[arg-type]
+
+
+def test_the_survey_reports_each_pass_on_each_kernel(suite_cache: Path, tmp_path: Path) -> None:
+    from kstrata.tools.asm_pass_survey import AMD_PIPELINES, PTX_PIPELINES, command
+
+    from .conftest import copy_suite_subset
+
+    cache = copy_suite_subset(suite_cache, tmp_path / "cache", ("vector_add",))
+    assert command(cache, tmp_path / "results", None) == 0
+    payload = json.loads(next((tmp_path / "results").glob("asm-pass-survey-*.json")).read_text())
+    by = {(r["target"], r["pass"]): r for r in payload["rows"]}
+    assert set(by) == {("cuda:90", p) for p in PTX_PIPELINES} | {("hip:gfx942", p) for p in AMD_PIPELINES}
+    hoist = by[("cuda:90", "ptx-reorder{strategy=hoist-loads scope=hot}")]
+    assert hoist["status"] == "changed" and isinstance(hoist["machine_code_differs"], bool)
+    assert by[("cuda:90", "redundant-cvt")]["status"] == "skipped"
+    assert "| `cuda:90 ptx-reorder{strategy=hoist-loads scope=hot}` | 1 | 1 |" in \
+        next((tmp_path / "results").glob("asm-pass-survey-*.md")).read_text()
