@@ -1,7 +1,7 @@
 """Issue 20 on an NVIDIA GPU, in one run: the verification holes closed, and evaluation at KernelBench's sizes.
 
     python -m kstrata.testsuite.gpu_verify_holes [--results DIR] [--steps mutants,planted,eval,bench] [--work DIR]
-        [--eval-tasks 19,23]
+        [--eval-tasks 19,23] [--bench-tasks 19,23,gaps]
 
 Steps (all by default; about 7 minutes on an H200):
 
@@ -168,12 +168,20 @@ def step_eval(work: Path, only: list[str] | None = None) -> list[dict[str, Any]]
     return rows
 
 
-def step_bench(work: Path) -> list[dict[str, Any]]:
+#: The bench step's parts: each published-size task alone (every baseline is a five-trial evaluation,
+#: about 3.5 minutes each at that size on the H200, so one task's eager and compile fill a 600 s call),
+#: and the two conv tasks torch.compile was called incorrect on (testsuite/tasks/gaps).
+BENCH_TASKS = {"19": (PUBLISHED, ["--only", "19_ReLU"]), "23": (PUBLISHED, ["--only", "23_Softmax"]),
+               "gaps": (ROOT / "testsuite" / "tasks" / "gaps",
+                        ["--only", "04_conv_add_scale", "--only", "05_conv_relu_hardswish"])}
+
+
+def step_bench(work: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    # the published-size tasks, and the two conv tasks torch.compile was called incorrect on (testsuite/tasks/gaps)
-    for suite, only in ((PUBLISHED, []), (ROOT / "testsuite" / "tasks" / "gaps",
-                                          ["--only", "04_conv_add_scale", "--only", "05_conv_relu_hardswish"])):
-        rows += _bench(work / f"bench-{suite.name}", suite, only)
+    for key, (suite, filters) in BENCH_TASKS.items():
+        if only and key not in only:
+            continue
+        rows += _bench(work / f"bench-{key}", suite, filters)
     return rows
 
 
@@ -248,7 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tasks", default=",".join(EVAL_TASKS),
                         help="the published-size tasks of the eval step, comma-separated (19: ReLU, 23: Softmax); "
                              "one per call fits a 600 s limit more surely")
+    parser.add_argument("--bench-tasks", default=",".join(BENCH_TASKS),
+                        help="the parts of the bench step, comma-separated (19, 23: one published-size task; "
+                             "gaps: the two conv tasks); one per call")
     ns = parser.parse_args(argv)
+    bench_only = [t for t in ns.bench_tasks.split(",") if t]
+    if set(bench_only) - set(BENCH_TASKS):
+        print(f"error: --bench-tasks: {', '.join(sorted(set(bench_only) - set(BENCH_TASKS)))} unknown "
+              f"({', '.join(BENCH_TASKS)})", file=sys.stderr)
+        return 2
     eval_only = [t for t in ns.eval_tasks.split(",") if t]
     if set(eval_only) - set(EVAL_TASKS):
         print(f"error: --eval-tasks: {', '.join(sorted(set(eval_only) - set(EVAL_TASKS)))} unknown "
@@ -268,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     env = _environment()
     rows: list[dict[str, Any]] = []
     fns = {"mutants": step_mutants, "planted": step_planted, "eval": lambda w: step_eval(w, eval_only),
-           "bench": step_bench}
+           "bench": lambda w: step_bench(w, bench_only)}
     for step in steps:
         start = time.monotonic()
         try:
@@ -287,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = f"verify-holes-gpu-{env['date'][:10]}" + ("" if steps == list(STEPS) else "-" + "-".join(steps))
     if "eval" in steps and eval_only and sorted(eval_only) != sorted(EVAL_TASKS):
         stem += "-" + "-".join(sorted(eval_only))  # one published-size task per call: one file each
+    if "bench" in steps and bench_only and sorted(bench_only) != sorted(BENCH_TASKS):
+        stem += "-bench-" + "-".join(sorted(bench_only))
     targets = [ns.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in targets:
         d.mkdir(parents=True, exist_ok=True)
