@@ -118,7 +118,7 @@ def _finite_stats(flat: torch.Tensor) -> tuple[float, float, bool, int]:
     `flat`, chunk by chunk in float64 (chunk means and squared deviations merged exactly as in Chan's
     pairwise update)."""
     n, mean, m2, lo = 0, 0.0, 0.0, math.inf
-    for c in flat.split(RESHAPE_CHUNK):
+    for c in torch.split(flat, RESHAPE_CHUNK):
         fin = c.isfinite()
         k = int(fin.sum())
         if not k:
