@@ -220,7 +220,7 @@ def test_bench_spreads_tasks_over_gpus_and_retries_a_dead_gpus_tasks(tmp_path: P
                                  matmul_flops_per_s={"float32": 50e12})
     suite = tmp_path / "suite"
     suite.mkdir()
-    for k in (1, 2, 3):
+    for k in (1, 2):  # each baseline is a whole evaluation (two processes): two tasks show the spread
         (suite / f"{k}_relu.py").write_text(RELU_TASK.format(k=k))
     (suite / "4_broken.py").write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
     workers = LocalWorkers(fake_gpus(2, broken=(1,)), workdir=tmp_path / "work")
@@ -233,7 +233,7 @@ def test_bench_spreads_tasks_over_gpus_and_retries_a_dead_gpus_tasks(tmp_path: P
         return {t: {b: (v.get("ok"), v.get("correct")) for b, v in e["baselines"].items()} for t, e in r["tasks"].items()}
 
     assert verdicts(spread) == verdicts(plain)
-    assert [verdicts(spread)[f"{k}_relu.py"]["eager"] for k in (1, 2, 3)] == [(True, True)] * 3
+    assert [verdicts(spread)[f"{k}_relu.py"]["eager"] for k in (1, 2)] == [(True, True)] * 2
     assert verdicts(spread)["4_broken.py"]["eager"][0] is False  # the task's own failure, on a healthy GPU
     placed = workers.scheduler.history
     assert {p.device for p in placed if not p.fault} == {0} and any(p.device == 1 and p.fault for p in placed)
