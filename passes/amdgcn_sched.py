@@ -56,11 +56,14 @@ from kstrata.ir.bundle import KernelBundle
 from .base import KernelPass, PassContext, PassError, PassResult
 from .schedule import (
     ANY_SPACE,
+    BlockReorder,
     Effects,
+    Reordering,
     Stuck,
     Unit,
     dependency_graph,
     hoist_rank,
+    hot_window_lines,
     list_schedule,
     order_violations,
     render_units,
@@ -317,17 +320,8 @@ def _split(line: str) -> tuple[str, str]:
     return m["mn"], m["ops"]
 
 
-@dataclass(frozen=True)
-class AmdReordering:
-    text: str
-    moved: int
-    regions_changed: int
-    regions_seen: int
-    held: int  # regions a strategy would change but whose wait-state distances it could not keep
-
-
 @functools.lru_cache(maxsize=32)
-def reorder_amdgcn(text: str, strategy: str, first_line: int = 1, last_line: int = 1 << 30) -> AmdReordering:
+def reorder_amdgcn(text: str, strategy: str, first_line: int = 1, last_line: int = 1 << 30) -> Reordering:
     """Reorder the regions of `text` within lines `first_line`..`last_line` (1-based) by `strategy`."""
     lines = text.split("\n")
     found = [r for r in regions(text) if first_line <= r.units[0].index + 1 and r.units[-1].index + 1 <= last_line]
@@ -347,18 +341,15 @@ def reorder_amdgcn(text: str, strategy: str, first_line: int = 1, last_line: int
         lines[region.start:region.end + 1] = render_units(region.units, order, region.loc_before, _same_loc)
         moved += sum(1 for k, node in enumerate(order) if k != node)
         changed += 1
-    return AmdReordering("\n".join(lines), moved, changed, len(found), held)
+    return Reordering("\n".join(lines), moved, changed, len(found), held)
 
 
 def hot_lines(text: str) -> tuple[int, int]:
-    from kstrata.backends.hotwindow import static_hot_window
-
-    w = static_hot_window(text, "amdgcn")
-    return w.first_line, w.last_line
+    return hot_window_lines(text, "amdgcn")
 
 
 @dataclass(frozen=True)
-class AmdgcnReorder(KernelPass):
+class AmdgcnReorder(BlockReorder, KernelPass):
     """Reorder instructions inside basic blocks of the hot window of AMDGCN, respecting register,
     `scc`/`vcc` and memory dependencies, the order of each memory counter's ops, the wait-state distances
     of the original, and never crossing a label, branch, `s_waitcnt`, barrier, cache control,
@@ -380,18 +371,8 @@ class AmdgcnReorder(KernelPass):
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
         return {"strategy": ("hoist-loads", "sink-stores", "sink-waits"), "scope": ("hot",)}
 
-    def _reorder(self, text: str) -> AmdReordering:
-        first, last = hot_lines(text) if self.scope == "hot" else (1, 1 << 30)
-        return reorder_amdgcn(text, self.strategy, first, last)
-
-    def precondition(self, ctx: PassContext) -> str | None:
-        result = self._reorder(ctx.text)
-        if result.moved == 0:
-            where = "the hot window" if self.scope == "hot" else "the kernel"
-            held = f"; {result.held} held back to keep wait-state distances" if result.held else ""
-            return (f"{self.strategy}: nothing to move in {where} ({result.regions_seen} reorderable "
-                    f"block(s){held})")
-        return None
+    def _schedule(self, text: str, first_line: int, last_line: int) -> Reordering:
+        return reorder_amdgcn(text, self.strategy, first_line, last_line)
 
     def apply(self, ctx: PassContext) -> PassResult:
         from kstrata.backends.amd_hazards import new_waitcnt_hazards
@@ -401,6 +382,4 @@ class AmdgcnReorder(KernelPass):
         if new:
             raise PassError(f"amdgcn-reorder: the reordered code has {len(new)} new s_waitcnt hazard(s), first "
                             f"{new[0]} (a bug in kstrata's dependency rules)")
-        return PassResult(result.text, notes=[f"{self.strategy}: {result.moved} instructions moved in "
-                                              f"{result.regions_changed} of {result.regions_seen} blocks"
-                                              + (f"; {result.held} held back (wait states)" if result.held else "")])
+        return PassResult(result.text, notes=self._notes(result))

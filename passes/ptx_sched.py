@@ -50,10 +50,13 @@ from kstrata.ir.bundle import KernelBundle
 
 from .base import KernelPass, PassContext, PassResult
 from .schedule import (
+    BlockReorder,
     Effects,
+    Reordering,
     Unit,
     dependency_graph,
     hoist_rank,
+    hot_window_lines,
     list_schedule,
     order_violations,
     render_units,
@@ -210,16 +213,6 @@ def _render_region(region: Region, order: Sequence[int]) -> list[PtxLine]:
 Strategy = Literal["hoist-loads", "sink-stores"]
 
 
-@dataclass(frozen=True)
-class Reordering:
-    """The result of reordering a module: the new text, and how many instructions moved in how many regions."""
-
-    text: str
-    moved: int
-    regions_changed: int
-    regions_seen: int
-
-
 def _order(region: Region, strategy: str) -> list[int]:
     preds = region.graph()
     rank = hoist_rank(preds, region.effects) if strategy == "hoist-loads" else sink_rank(region.effects)
@@ -252,14 +245,11 @@ def reorder_ptx(text: str, strategy: str, first_line: int = 1, last_line: int = 
 
 
 def hot_lines(text: str) -> tuple[int, int]:
-    from kstrata.backends.hotwindow import static_hot_window
-
-    w = static_hot_window(text, "ptx")
-    return w.first_line, w.last_line
+    return hot_window_lines(text, "ptx")
 
 
 @dataclass(frozen=True)
-class PtxReorder(KernelPass):
+class PtxReorder(BlockReorder, KernelPass):
     """Reorder instructions inside basic blocks of the hot window, respecting register, predicate and
     memory dependencies and never crossing a label, branch, barrier, fence or an instruction the model
     does not understand (`passes/ptx_sched.py` lists the rules).
@@ -281,19 +271,9 @@ class PtxReorder(KernelPass):
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
         return {"strategy": ("hoist-loads", "sink-stores"), "scope": ("hot",)}
 
-    def _reorder(self, text: str) -> Reordering:
-        first, last = hot_lines(text) if self.scope == "hot" else (1, 1 << 30)
-        return reorder_ptx(text, self.strategy, first, last)
-
-    def precondition(self, ctx: PassContext) -> str | None:
-        result = self._reorder(ctx.text)
-        if result.moved == 0:
-            where = "the hot window" if self.scope == "hot" else "the kernel"
-            return (f"{self.strategy}: nothing to move in {where} ({result.regions_seen} reorderable "
-                    "block(s); every instruction already as early/late as its dependencies allow)")
-        return None
+    def _schedule(self, text: str, first_line: int, last_line: int) -> Reordering:
+        return reorder_ptx(text, self.strategy, first_line, last_line)
 
     def apply(self, ctx: PassContext) -> PassResult:
         result = self._reorder(ctx.text)
-        return PassResult(result.text, notes=[f"{self.strategy}: {result.moved} instructions moved in "
-                                              f"{result.regions_changed} of {result.regions_seen} blocks"])
+        return PassResult(result.text, notes=self._notes(result))

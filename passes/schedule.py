@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -198,3 +198,58 @@ def render_units(units: Sequence[Unit[T]], order: Sequence[int], loc_before: T |
     if final is not None and not same_loc(final, emitted):
         lines.append(final)
     return lines
+
+
+@dataclass(frozen=True)
+class Reordering:
+    """The result of reordering a module: the new text, how many instructions moved in how many regions,
+    and (AMDGCN) how many regions a strategy would change but had to keep for their wait-state distances."""
+
+    text: str
+    moved: int
+    regions_changed: int
+    regions_seen: int
+    held: int = 0
+
+
+#: `scope=all`: every line of the text.
+ALL_LINES = (1, 1 << 30)
+
+
+def hot_window_lines(text: str, level: str) -> tuple[int, int]:
+    """The 1-based line range of the static hot window of a `ptx` or `amdgcn` text (`backends/hotwindow.py`)."""
+    from kstrata.backends.hotwindow import static_hot_window
+
+    w = static_hot_window(text, level)
+    return w.first_line, w.last_line
+
+
+class BlockReorder:
+    """What the basic-block reordering passes share (`ptx-reorder`, `amdgcn-reorder`): the scope (the hot
+    window or every block), the skip reason when nothing moves, and the notes. A subclass is a frozen
+    `KernelPass` dataclass with `strategy` and `scope` options and gives `_schedule`."""
+
+    level: ClassVar[str]
+    strategy: str
+    scope: str
+
+    def _schedule(self, text: str, first_line: int, last_line: int) -> Reordering:
+        raise NotImplementedError
+
+    def _reorder(self, text: str) -> Reordering:
+        first, last = hot_window_lines(text, self.level) if self.scope == "hot" else ALL_LINES
+        return self._schedule(text, first, last)
+
+    def precondition(self, ctx: Any) -> str | None:
+        result = self._reorder(ctx.text)
+        if result.moved:
+            return None
+        where = "the hot window" if self.scope == "hot" else "the kernel"
+        why = (f"; {result.held} held back to keep wait-state distances" if result.held
+               else "; every instruction already as early/late as its dependencies allow")
+        return f"{self.strategy}: nothing to move in {where} ({result.regions_seen} reorderable block(s){why})"
+
+    def _notes(self, result: Reordering) -> list[str]:
+        return [f"{self.strategy}: {result.moved} instructions moved in {result.regions_changed} of "
+                f"{result.regions_seen} blocks" + (f"; {result.held} held back (wait states)" if result.held else "")]
+

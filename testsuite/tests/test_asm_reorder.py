@@ -11,6 +11,7 @@ import random
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -308,11 +309,13 @@ def _positions(before: list[str], after: list[str]) -> list[int]:
     return out
 
 
-def check_reordering(original: str, result: str) -> int:
+def check_reordering(original: str, result: str, segments: Any = None) -> int:
     """Assert that `result` only permutes movable instructions between fixed lines and keeps every
-    conflicting pair in order; returns how many instructions changed place."""
-    fixed_a, seg_a = _segments(original)
-    fixed_b, seg_b = _segments(result)
+    conflicting pair in order; returns how many instructions changed place. `segments` splits a text into
+    its fixed lines and movable segments (PTX's by default)."""
+    split = segments or _segments
+    fixed_a, seg_a = split(original)
+    fixed_b, seg_b = split(result)
     assert fixed_a == fixed_b and len(seg_a) == len(seg_b)
     moved = 0
     for sa, sb in zip(seg_a, seg_b, strict=True):
@@ -633,19 +636,7 @@ def _amd_segments(text: str) -> tuple[list[str], list[list[tuple[str, Effects]]]
 
 
 def _check_amd(original: str, result: str) -> int:
-    fixed_a, seg_a = _amd_segments(original)
-    fixed_b, seg_b = _amd_segments(result)
-    assert fixed_a == fixed_b
-    moved = 0
-    for sa, sb in zip(seg_a, seg_b, strict=True):
-        assert Counter(t for t, _ in sa) == Counter(t for t, _ in sb)
-        position = _positions([t for t, _ in sa], [t for t, _ in sb])
-        moved += sum(1 for k, p in enumerate(position) if k != p)
-        for i in range(len(sa)):
-            for j in range(i + 1, len(sa)):
-                if _conflict(sa[i][1], sa[j][1]):
-                    assert position[i] < position[j], (sa[i][0], sa[j][0])
-    return moved
+    return check_reordering(original, result, segments=_amd_segments)
 
 
 def _encodings(text: str) -> list[tuple[str, str]]:
