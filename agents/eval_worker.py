@@ -458,6 +458,9 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
             _step(args, "timing")
             report["timing"] = time_cuda(lambda: model(*inputs), args.runs, cuda_graph=args.cuda_graph)
     report["memory"] = memory_peaks(args.device)
+    from kstrata.agents.reference_cache import local_files
+
+    report["local_files"] = local_files(args.task)  # what a kept copy of this run depends on besides the task
 
 
 def run_candidate(args: argparse.Namespace, report: dict[str, Any]) -> None:

@@ -214,6 +214,9 @@ class EvalVerdict:
     memory: dict[str, Any] = field(default_factory=dict)
     #: Why there is no timing, when there is none ("skipped: ...").
     timing_note: str = ""
+    #: Where the reference's trials came from: "run" (this evaluation), or "cache KEY" (an identical untimed
+    #: run kept by `kstrata.agents.reference_cache`).
+    reference_source: str = "run"
     schema: str = EVAL_VERDICT_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -228,6 +231,7 @@ class EvalVerdict:
             "speedup": self.speedup, "roofline": self.roofline, "flags": list(self.flags),
             "device": self.device, "versions": self.versions, "log_tail": self.log_tail,
             "precision": self.precision, "memory": self.memory, "timing_note": self.timing_note or None,
+            "reference_source": self.reference_source,
         }
 
 
@@ -661,12 +665,15 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
              seed: int = DEFAULT_SEED, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
              timing: bool | None = None, runs: int = 100, cuda_graph: bool = False,
              ceilings: Any = None, on_progress: Any = None, on_plan: Any = None,
-             env: dict[str, str] | None = None) -> EvalVerdict:
+             env: dict[str, str] | None = None, reference_cache: bool = True) -> EvalVerdict:
     """Judge `candidate` (a file defining `ModelNew`) against `task` (a KernelBench problem file).
 
     Before anything runs, the task's shapes give a memory plan (`memory_plan`): a task that does not fit
     raises `EvalError` with the numbers; outputs too large to keep every trial are judged trial by trial
     ("lockstep"). `on_plan(plan)` is called with it, `on_progress(role, done, total, seconds)` as trials end.
+    An untimed reference run is kept and reused for the same task, seed, trials, device and versions
+    (`kstrata.agents.reference_cache`; `reference_cache=False` or `KSTRATA_REFERENCE_CACHE=off` runs it
+    every time); the verdict's `reference_source` says which.
     Returns a verdict; raises `EvalError` only when the harness cannot run at all (a missing file, a
     task that does not load, bad options, a task too large for the machine).
     """
@@ -702,14 +709,38 @@ def evaluate(task: str | Path, candidate: str | Path, *, policy: str = "strict",
     try:
         if plan.mode == "lockstep":
             return _lockstep(base, spec, task, candidate, trials, ceilings, scratch, kw, extra)
-        ref = run_worker("reference", task, None, workdir=scratch / "reference", **kw)
-        _reference_ok(ref, task)
+        ref = _reference(task, scratch / "reference", kw, extra, reference_cache and not timing)
         ref_trials = [_load_trial(ref.workdir, i) for i in range(trials)]
         shutil.rmtree(ref.workdir, ignore_errors=True)  # gone before the candidate starts
         cand = run_worker("candidate", task, candidate, workdir=scratch / "candidate", **kw)
         return _judge(base, spec, ref, ref_trials, cand, trials, ceilings, extra=extra)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reference(task: Path, workdir: Path, kw: dict[str, Any], extra: dict[str, Any], cached: bool) -> WorkerRun:
+    """The reference's run (all trials at once): from the reference cache when `cached` and it holds an
+    identical untimed run, else run here (and kept for the next evaluation when `cached`)."""
+    from kstrata.agents import reference_cache
+
+    key = None
+    if cached:
+        key = reference_cache.reference_key(task, device=kw["device"], trials=kw["trials"], seed=kw["seed"],
+                                            policy=kw["policy"], env=kw["env"])
+        hit = reference_cache.lookup(key, workdir) if key is not None else None
+        if key is not None and hit is not None:
+            report, log = hit
+            extra["reference_source"] = f"cache {key.digest}"
+            progress = kw.get("on_progress")
+            if progress is not None:
+                n = kw["trials"]
+                progress("reference", n, n, 0.0, "cached") if _takes_five(progress) else progress("reference", n, n, 0.0)
+            return WorkerRun("reference", report, 0, False, log[-4000:], workdir, 0.0)
+    ref = run_worker("reference", task, None, workdir=workdir, **kw)
+    _reference_ok(ref, task)
+    if key is not None and ref.report is not None:
+        reference_cache.store(key, workdir, ref.report)
+    return ref
 
 
 def _reference_ok(ref: WorkerRun, task: Path) -> None:
@@ -848,7 +879,8 @@ def _judge(base: dict[str, Any], spec: Any, ref: WorkerRun, ref_trials: list[dic
     memory["reference"] = ref.report.get("memory")
     env = {"device": ref.report.get("device_name", ""), "versions": ref.report.get("versions", {}),
            "precision": {"reference": ref.report.get("precision")}, "memory": memory,
-           "timing_note": (extra or {}).get("timing_note", "")}
+           "timing_note": (extra or {}).get("timing_note", ""),
+           "reference_source": (extra or {}).get("reference_source", "run")}
     failure = cand.failure()
     if failure:
         kind = "timeout" if cand.timed_out else "crash"

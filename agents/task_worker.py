@@ -86,7 +86,11 @@ def main(argv: list[str]) -> None:
                 _emit(results, {"error": f"{path}: loading the task raised {type(exc).__name__}"
                                          + (f": {first}" if first else "")})
             else:
-                _emit(results, {"spec": spec})
+                from kstrata.agents.reference_cache import local_files
+
+                # what a kept copy of the description depends on besides the task (a superset: every
+                # local file imported so far in this process)
+                _emit(results, {"spec": spec, "local_files": local_files(path)})
     # Threads a task left running must not keep this process (and the CLI waiting on it) alive.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -333,24 +333,28 @@ DESCRIBE_TIMEOUT_S = 120.0
 _LOADER_START_S = 300.0
 
 
-def describe_task(path: str | Path, *, timeout_s: float = DESCRIBE_TIMEOUT_S) -> TaskSpec:
+def describe_task(path: str | Path, *, timeout_s: float = DESCRIBE_TIMEOUT_S, cached: bool = True) -> TaskSpec:
     """`load_task(path).spec`, computed in a child process with a timeout; a bad task raises `TaskError`.
 
     A task file is user code: it may exit, crash, loop, fork or leave threads behind. None of that
-    reaches the caller's process; each becomes a `TaskError` naming the file.
+    reaches the caller's process; each becomes a `TaskError` naming the file. A task described before
+    (same bytes, local imports, versions and environment) is answered from `kstrata.agents.reference_cache`
+    unless `cached` is False.
     """
-    ((_, result),) = describe_tasks([path], timeout_s=timeout_s)
+    ((_, result),) = describe_tasks([path], timeout_s=timeout_s, cached=cached)
     if isinstance(result, TaskError):
         raise result
     return result
 
 
-def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_TIMEOUT_S,
+def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_TIMEOUT_S, cached: bool = True,
                    ) -> list[tuple[Path, TaskSpec | TaskError]]:
     """Describe each task file in a child process (one for all of them, restarted after a file kills it).
 
     Returns `(path, spec or error)` per file, in order: one bad file (an exception, `os._exit`, a
     segfault, a hang past `timeout_s`) is that file's error and the others are still described.
+    With `cached`, a file described before with the same bytes, local imports, versions and environment
+    is answered from `kstrata.agents.reference_cache` (errors are never kept).
     """
     import os
     import signal
@@ -358,8 +362,19 @@ def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_T
     import tempfile
     import time
 
+    from kstrata.agents import reference_cache
+
     todo = [Path(p) for p in paths]
     done: list[tuple[Path, TaskSpec | TaskError]] = []
+    if cached:
+        for p in list(todo):
+            kept = reference_cache.spec_lookup(p)
+            if kept is not None:
+                try:
+                    done.append((p, TaskSpec.from_json(kept)))
+                except Exception:  # an older layout: described again
+                    continue
+                todo.remove(p)
     with tempfile.TemporaryDirectory(prefix="kstrata-task-") as scratch:
         while todo:
             results_path = Path(scratch) / f"results-{len(done)}.jsonl"
@@ -402,6 +417,8 @@ def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_T
                 elif current is not None:
                     result: TaskSpec | TaskError = (TaskSpec.from_json(ev["spec"]) if "spec" in ev
                                                     else TaskError(ev["error"]))
+                    if cached and "spec" in ev:
+                        reference_cache.spec_store(current, ev["spec"], ev.get("local_files") or [])
                     done.append((current, result))
                     current = None
             described = {d for d, _ in done}
