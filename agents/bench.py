@@ -153,6 +153,7 @@ def _row(check: Any, timing: Any, key: str) -> dict[str, Any]:
     first = (v.get("trials") or [{}])[0]
     errors = [{"output": o["output"], "judged_by": o["strict_basis"], "rel_l2_vs_fp64": o.get("candidate_rel_l2"),
                "eager_rel_l2_vs_fp64": o.get("reference_rel_l2"), "bound_rel_l2": o.get("strict_bound_rel_l2"),
+               "scale": o.get("strict_scale", "pytorch"), "tf32_rel_l2_vs_fp64": o.get("allowance_rel_l2"),
                "detail": o.get("detail", "")} for o in first.get("outputs", [])]
     finite = [o["max_abs_vs_ref"] for o in first.get("outputs", [])
               if isinstance(o.get("max_abs_vs_ref"), (int, float)) and math.isfinite(o["max_abs_vs_ref"])]
@@ -181,7 +182,10 @@ def _strict_reason(v: dict[str, Any]) -> str:
         for o in t.get("outputs") or []:
             if not o.get("strict_ok"):
                 return f"trial {t['index']} ({t['distribution']} inputs), {o['output']}: {o.get('detail') or 'differs'}"
-    return f"correct on all {len(trials)} trials: within the strict bound against float64 (eager's own error as the scale)"
+    tf32 = any(o.get("strict_scale") == "tf32" for t in trials for o in t.get("outputs") or [])
+    scale = ("TF32 rounding of its convolutions as the scale, which PyTorch's default cudnn.allow_tf32 allows "
+             "and eager's own error is below" if tf32 else "eager's own error as the scale")
+    return f"correct on all {len(trials)} trials: within the strict bound against float64 ({scale})"
 
 
 def bench_task_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

@@ -405,11 +405,85 @@ def _to_double(model: Any, inputs: list[Any]) -> tuple[Any, list[Any]]:
     return m64, ins
 
 
+def _tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """`t` with its float32 value rounded to TF32 (10 mantissa bits, to nearest, ties away from zero: PTX's
+    `cvt.rna.tf32.f32`), in `t`'s dtype. Non-finite values are kept."""
+    f = t.to(torch.float32)
+    r = ((f.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(f.isfinite(), r, f).to(t.dtype)
+
+
+def tf32_allowed_ops(device: str) -> tuple[str, ...]:
+    """The operation families this process's PyTorch settings let run in TF32 on `device`: convolutions
+    with `torch.backends.cudnn.allow_tf32` (PyTorch's default is True), matrix products with
+    `torch.backends.cuda.matmul.allow_tf32`. `KSTRATA_TF32_ALLOWANCE=force` says the same on the CPU (tests)."""
+    forced = os.environ.get("KSTRATA_TF32_ALLOWANCE") == "force"
+    if not (device.startswith("cuda") or forced):
+        return ()
+    ops = []
+    if torch.backends.cudnn.allow_tf32:
+        ops.append("convolution")
+    if torch.backends.cuda.matmul.allow_tf32:
+        ops.append("matmul")
+    return tuple(ops)
+
+
+def tf32_allowance(m64: Any, inputs: list[Any], out64: list[Any], ops: tuple[str, ...]) -> tuple[list[Any], int]:
+    """The error PyTorch's precision settings admit: the float64 model run again with the inputs of every
+    operation in `ops` (convolutions, matrix products) rounded to TF32, as cuDNN and cuBLAS round them when
+    TF32 is allowed, against the float64 outputs. Per output `{"max_abs", "rel_l2"}` (None for an output
+    that is not a floating tensor), and how many operations were rounded (0: the model has none, and
+    nothing is admitted beyond PyTorch's own error)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    families = {"convolution": {aten.convolution.default: (0, 1)},
+                "matmul": {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2),
+                           aten.baddbmm.default: (1, 2)}}
+    rounded = {op: idx for fam in ops for op, idx in families[fam].items()}
+
+    class RoundToTF32(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        count = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func in rounded:
+                args = list(args)
+                for i in rounded[func]:
+                    if isinstance(args[i], torch.Tensor) and args[i].dtype.is_floating_point:
+                        args[i] = _tf32_round(args[i])
+                RoundToTF32.count += 1
+            return func(*args, **(kwargs or {}))
+
+    _, ins64 = _to_double(torch.nn.Identity(), inputs)
+    with RoundToTF32():  # type: ignore[no-untyped-call]
+        emulated = _flat_outputs(m64(*ins64))
+    del ins64
+    stats: list[Any] = []
+    for e, t in zip(emulated, out64, strict=False):
+        if not (isinstance(e, torch.Tensor) and isinstance(t, torch.Tensor) and e.dtype.is_floating_point
+                and e.shape == t.shape):
+            stats.append(None)
+            continue
+        max_abs, d_sq, t_sq = 0.0, 0.0, 0.0
+        ef, tf = e.reshape(-1), t.reshape(-1)
+        for lo in range(0, ef.numel(), RESHAPE_CHUNK):
+            a, b = ef[lo:lo + RESHAPE_CHUNK], tf[lo:lo + RESHAPE_CHUNK]
+            mask = a.isfinite() & b.isfinite()
+            d = (a[mask] - b[mask]).abs()
+            if d.numel():
+                max_abs = max(max_abs, float(d.max()))
+                d_sq += float((d * d).sum())
+                t_sq += float((b[mask] * b[mask]).sum())
+        stats.append({"max_abs": max_abs, "rel_l2": math.sqrt(d_sq / t_sq) if t_sq > 0 else math.sqrt(d_sq)})
+    return stats, RoundToTF32.count
+
+
 def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
     if args.policy == "strict":  # IEEE fp32: no TF32 in matmuls or cuDNN convolutions (see evaluate's docstring)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     report["precision"] = precision_settings()
+    tf32_ops = tf32_allowed_ops(args.device)
     module = import_task_module(args.task)
     model, _ = _build(module.Model, module, args.seed, args.device)
     m64: Any = None
@@ -428,6 +502,7 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
             out = _flat_outputs(model(*inputs))
             ph.mark("forward")
             outputs64 = None
+            allowance: list[Any] | None = None
             if not fp64_note:
                 try:
                     if m64 is None:
@@ -436,6 +511,17 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     out64 = _flat_outputs(m64(*ins64))
                     del ins64
                     ph.mark("float64")
+                    if tf32_ops:  # what PyTorch's settings admit beyond its own error (TF32 convolutions)
+                        try:
+                            allowance, n_rounded = tf32_allowance(m64, inputs, out64, tf32_ops)
+                            report["tf32"] = {"ops": list(tf32_ops), "rounded_calls": n_rounded}
+                        except Exception as exc:  # said in the report; the bound is then PyTorch's own error
+                            report["tf32"] = {"ops": list(tf32_ops), "rounded_calls": 0,
+                                              "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                            n_rounded = 0
+                        ph.mark("tf32")
+                        if not n_rounded:  # no such operation in the model: nothing admitted, not run again
+                            tf32_ops, allowance = (), None
                     outputs64 = out64  # saved from the device straight into the trial file (trial_io)
                     del out64
                 except Exception as exc:
@@ -443,7 +529,8 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     outputs64 = None
             in_digest = digest(inputs)
             ph.mark("digest")
-            entry = {"input_digest": in_digest, "outputs": out, "outputs64": outputs64, "fp64_note": fp64_note}
+            entry = {"input_digest": in_digest, "outputs": out, "outputs64": outputs64, "fp64_note": fp64_note,
+                     "tf32_allowance": allowance if outputs64 is not None else None}
             del out
             _save_trial(entry, Path(args.workdir) / f"trial{i}.pt")
             ph.mark("save")

@@ -620,3 +620,93 @@ def test_bench_on_the_gpu_is_timed_by_the_engine_and_answered_from_its_cache(tmp
     assert again["compile"]["timing"] == first["compile"]["timing"]  # the kept measurement, not a new one
     fresh = run("c", use_cache=False)["baselines"]
     assert not fresh["compile"]["engine"]["cached"] and fresh["compile"]["timing"] != first["compile"]["timing"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# What PyTorch's precision settings admit: TF32 convolutions (cudnn.allow_tf32, True by default)
+# ---------------------------------------------------------------------------------------------------
+CONV_TASK = """import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 8, 3, padding=1)
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+def get_inputs():
+    return [torch.randn(2, 16, 12, 12)]
+def get_init_inputs():
+    return []
+"""
+
+TF32_CANDIDATE = """import torch
+def tf32(t):  # what a TF32 convolution does to its operands (10 mantissa bits, to nearest)
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 8, 3, padding=1)
+    def forward(self, x):
+        w, b = self.conv.weight, self.conv.bias
+        return torch.relu(torch.nn.functional.conv2d(tf32(x), tf32(w), b * SCALE, padding=1) * SCALE)
+SCALE = 1.0
+"""
+
+
+def test_tf32_convolutions_that_pytorchs_settings_allow_are_the_scale_and_nothing_more(tmp_path: Path) -> None:
+    """A candidate whose convolution is TF32 (as torch.compile's cuDNN convolutions are at PyTorch's
+    defaults, measured on the H200) is correct against float64 when the reference's settings allow TF32
+    convolutions (the bench baselines' `kernelbench` policy), with the TF32 rounding's error as the
+    scale; not under `strict` (TF32 off) nor when nothing allows it; a wrong one is wrong either way."""
+    import os
+
+    task = tmp_path / "conv.py"
+    task.write_text(CONV_TASK)
+    tf32 = tmp_path / "tf32.py"
+    tf32.write_text(TF32_CANDIDATE)
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(TF32_CANDIDATE.replace("SCALE = 1.0", "SCALE = 1.003"))
+    forced = {**os.environ, "KSTRATA_TF32_ALLOWANCE": "force"}  # the GPU's setting, on the CPU
+
+    v = evaluate(task, tf32, policy="kernelbench", device="cpu", trials=5, env=forced)
+    out = v.trials[0].outputs[0]
+    assert v.correct_strict and out.strict_scale == "tf32", out
+    assert out.allowance_rel_l2 is not None and out.reference_rel_l2 is not None
+    assert out.allowance_rel_l2 > 50 * out.reference_rel_l2  # TF32 is far coarser than fp32
+    assert out.candidate_rel_l2 is not None and out.candidate_rel_l2 <= out.strict_bound_rel_l2  # type: ignore[operator]
+    assert "TF32 rounding" in bench._strict_reason(v.to_json())
+
+    from kstrata.agents.eval_worker import tf32_allowed_ops
+
+    assert tf32_allowed_ops("cpu") == ()  # CPU convolutions are never TF32
+    assert ("convolution" in tf32_allowed_ops("cuda")) == torch.backends.cudnn.allow_tf32
+    strict = evaluate(task, tf32, policy="strict", device="cpu", trials=5, env=forced)  # strict: TF32 off
+    assert not strict.accepted and strict.trials[0].outputs[0].allowance_rel_l2 is None
+    bad = evaluate(task, wrong, policy="kernelbench", device="cpu", trials=5, env=forced)
+    assert not bad.correct_strict and "TF32 rounding, which its settings allow" in bad.trials[0].outputs[0].detail
+
+
+def test_outputs_after_timing_are_judged_with_the_same_tf32_allowance(tmp_path: Path) -> None:
+    """Measured on the H200: torch.compile's TF32 convolution passed every trial with the allowance and was
+    then called wrong by the after-timing check, which compared without it. Both use one comparison now."""
+    from kstrata.agents.eval_worker import _tf32_round
+    from kstrata.agents.evaluate import WorkerRun, _after_timing
+    from kstrata.agents.trial_io import save_trial
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 16, 12, 12), torch.randn(8, 16, 3, 3)
+    ref = torch.nn.functional.conv2d(x, w)
+    ref64 = torch.nn.functional.conv2d(x.double(), w.double())
+    tf32_out = torch.nn.functional.conv2d(_tf32_round(x), _tf32_round(w))
+    emulated = torch.nn.functional.conv2d(_tf32_round(x.double()), _tf32_round(w.double()))
+    d = (emulated - ref64).abs()
+    allowance = {"max_abs": float(d.max()), "rel_l2": float(d.norm() / ref64.norm())}
+
+    def check(last_ref: dict[str, Any]) -> list[Any]:
+        save_trial({"last": [tf32_out], "random": [tf32_out], "random_call": 3, "calls": 12}, tmp_path / "timed.pt")
+        run = WorkerRun("candidate", {}, 0, False, "", tmp_path, 0.0)
+        return _after_timing(run, last_ref)
+
+    plain = check({"outputs": [ref], "outputs64": [ref64]})
+    assert [c.ok for c in plain] == [False, False] and "bound" in plain[0].detail
+    allowed = check({"outputs": [ref], "outputs64": [ref64], "tf32_allowance": [allowance]})
+    assert [c.ok for c in allowed] == [True, True], allowed
