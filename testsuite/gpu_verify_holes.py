@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if "eval" in steps and eval_only and sorted(eval_only) != sorted(EVAL_TASKS):
         stem += "-" + "-".join(sorted(eval_only))  # one published-size task per call: one file each
     if "bench" in steps and bench_only and sorted(bench_only) != sorted(BENCH_TASKS):
-        stem += "-bench-" + "-".join(sorted(bench_only))
+        stem += ("" if steps == ["bench"] else "-bench") + "-" + "-".join(sorted(bench_only))
     targets = [ns.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in targets:
         d.mkdir(parents=True, exist_ok=True)
