@@ -183,6 +183,16 @@ class FakeLLMServer:
             self._httpd.shutdown()
         self._httpd.server_close()
 
+    def wait_requests(self, n: int, timeout_s: float = 10.0) -> int:
+        """How many requests arrived, once `n` have or `timeout_s` passed: a client that gave up on a slow
+        answer (a timeout) has sent its request before the server's thread may have read it."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while len(self.requests) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return len(self.requests)
+
     def __enter__(self) -> FakeLLMServer:
         return self.start()
 

@@ -155,7 +155,7 @@ def test_client_failures_are_typed_errors_never_crashes(caplog: pytest.LogCaptur
             c.chat(msgs)
         with pytest.raises(LLMUnavailable, match=r"no answer within 0\.3 s") as exc:
             c.chat(msgs)
-        assert len(s.requests) == 7 and c.ledger.failures == 4 and c.ledger.retries == 3
+        assert s.wait_requests(7) == 7 and c.ledger.failures == 4 and c.ledger.retries == 3
         assert SECRET not in str(exc.value)
     assert SECRET not in caplog.text
 
