@@ -73,9 +73,17 @@ class FakeLLMServer:
                     reply = server.script.pop(0) if server.script else None
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                self._counted = True
                 try:
                     self._reply(reply, body)
                 finally:
+                    self._leave()
+
+            def _leave(self) -> None:
+                # A request stops counting as in flight before its answer is sent: once the client has the
+                # answer it may send its next request, which must not find this one still counted.
+                if getattr(self, "_counted", False):
+                    self._counted = False
                     with server._lock:
                         server.in_flight -= 1
 
@@ -85,6 +93,7 @@ class FakeLLMServer:
                     return
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
+                self._leave()
                 try:
                     self._answer(reply, body or {})
                 except (BrokenPipeError, ConnectionResetError):
