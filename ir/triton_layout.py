@@ -396,13 +396,20 @@ def write_override(bundle: KernelBundle, root: str | os.PathLike[str], levels: l
 
 
 def update_index(root: Path, records: Mapping[str, Mapping[str, Any]]) -> Path:
-    """Merge `records` (cache entry name -> {override_key, name, target, source}) into the root's index."""
-    entries = read_index(root)
-    entries.update({k: dict(v) for k, v in records.items()})
+    """Merge `records` (cache entry name -> {override_key, name, target, source}) into the root's index.
+
+    Two processes building into one cache root (one target each) merge in turn, under an exclusive lock
+    on `.kstrata-index.json.lock` beside the index: neither loses the other's records."""
+    import fcntl
+
     path = root / INDEX_FILE
-    tmp = root / f".{INDEX_FILE}.tmp.{os.getpid()}"
-    tmp.write_text(json.dumps({"schema": INDEX_SCHEMA, "entries": entries}, indent=1, sort_keys=True))
-    tmp.replace(path)
+    with open(root / f".{INDEX_FILE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_index(root)
+        entries.update({k: dict(v) for k, v in records.items()})
+        tmp = root / f".{INDEX_FILE}.tmp.{os.getpid()}"
+        tmp.write_text(json.dumps({"schema": INDEX_SCHEMA, "entries": entries}, indent=1, sort_keys=True))
+        tmp.replace(path)
     return path
 
 

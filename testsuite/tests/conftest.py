@@ -30,22 +30,41 @@ def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache root holding the whole suite compiled for cuda:90 and hip:gfx942, built once per test session
-    and shared by every xdist worker (the first worker builds it under a file lock; the others wait and
-    read it). Tests only read it: `suite_subset` copies the entries a test may write beside."""
-    from filelock import FileLock
+    and shared by every xdist worker. Each target has its own file lock: a worker takes the first target
+    nobody is building, so two workers build the two targets at once instead of one waiting for both;
+    then each waits for what is left. Tests only read it: `suite_subset` copies the entries a test may
+    write beside."""
+    from filelock import FileLock, Timeout
 
     from kstrata.testsuite.kernels.build import build_suite
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     root = shared / "suite-cache"
-    done = shared / "suite-cache.complete"
-    with FileLock(str(shared / "suite-cache.lock")):
-        if not done.exists():
-            for spelling in REFERENCE_TARGETS:
+
+    def build(spelling: str, lock: FileLock) -> None:
+        done = shared / f"suite-cache.{spelling.replace(':', '-')}.complete"
+        with lock:
+            if not done.exists():
+                # one root for both: its index is merged under a lock (update_index)
                 result = build_suite(Target.parse(spelling), root)
                 assert not result.errors, f"suite kernels failed to compile for {spelling}: {result.errors}"
-            done.write_text("ok\n")
+                done.write_text("ok\n")
+
+    locks = {t: FileLock(str(shared / f"suite-cache.{t.replace(':', '-')}.lock")) for t in REFERENCE_TARGETS}
+    waiting = []
+    for spelling, lock in locks.items():
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # another worker is building it: build the next one meanwhile
+            waiting.append(spelling)
+            continue
+        try:
+            build(spelling, lock)
+        finally:
+            lock.release()
+    for spelling in waiting:
+        build(spelling, locks[spelling])
     return root
 
 

@@ -182,3 +182,23 @@ def test_entry_params_with_attributes() -> None:
     params = parse_entry_params(text, "k")
     assert [(p.name, p.triton_type, p.divisibility) for p in params] == [
         ("a", "*fp16", 16), ("b", "i64", None), ("c", "*i8", None)]
+
+
+def test_index_updates_from_two_processes_at_once_lose_nothing(tmp_path: Path) -> None:
+    """Two builds into one cache root (one target each, as the test session's suite build does) merge
+    their index records in turn."""
+    import multiprocessing
+
+    from kstrata.ir.triton_layout import read_index, update_index
+
+    def write(tag: str) -> None:
+        for i in range(60):
+            update_index(tmp_path, {f"{tag}{i}": {"name": tag, "target": tag, "override_key": "k", "source": ""}})
+
+    procs = [multiprocessing.get_context("fork").Process(target=write, args=(t,)) for t in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert len(read_index(tmp_path)) == 120
