@@ -57,9 +57,9 @@ one decides the verdict.
   but exact-enough `exp`) where PyTorch's own error is near zero (ReLU, copies). When the float64 run
   fails (an op without float64 support), strict falls back to the kernelbench check and says so.
   Under `strict` the reference process runs fp32 as IEEE fp32: TF32 off for matmuls and for cuDNN
-  convolutions (PyTorch's default `torch.backends.cudnn.allow_tf32 = True` makes eager fp32 convolutions
-  TF32; on the H200 the suite's fp32 convolution tasks ran up to 2x faster than the fp32 speed of light
-  for that reason). A candidate that keeps PyTorch's TF32 convolutions is then a precision downgrade
+  convolutions (PyTorch's default `torch.backends.cudnn.allow_tf32 = True` lets cuDNN run fp32
+  convolutions in TF32, by shape and layout; on the H200 the suite's fp32 convolution tasks ran up to 2x
+  faster than the fp32 speed of light for that reason). A candidate that keeps PyTorch's TF32 convolutions is then a precision downgrade
   under `strict`; under `kernelbench` the reference keeps PyTorch's defaults, as KernelBench does.
   Integer and boolean outputs must match exactly under both policies. Where the reference is NaN or
   infinite the candidate must be the same non-finite value.
