@@ -633,8 +633,15 @@ def verify_cmd(
 
     from kstrata.tools.suite import load_suite, suite_names
 
-    if "kstrata" in suite_names():  # the suite's provider registers the suite kernels' launches with verify
-        load_suite()
+    if "kstrata" in suite_names():
+        from kstrata.backends.verify import register_launch_source
+
+        def suite_launches(bundle: Any) -> None:
+            # Loading the suite (it imports torch: about 1.5 s) registers the suite kernels' launches after
+            # this source, where `known_launch` finds them next: only when a launch is looked for at all.
+            load_suite()
+
+        register_launch_source(suite_launches)
     from kstrata.agents.engine import Engine, VerifyOptions
     from kstrata.backends.verify import (
         Check,
