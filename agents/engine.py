@@ -189,11 +189,11 @@ def _snapshot_digests(record_path: str) -> list[str]:
 
 def _gpu_visible() -> str:
     """Which GPU a check on `auto`/`cuda` would use (a check's verdict depends on it). Without any GPU
-    device node (`/dev/nvidia*`, `/dev/kfd`) no GPU can be visible: "none", without importing torch
-    (1.5 s of every `kstrata verify` on a machine without a GPU)."""
+    device node (`/dev/nvidia*`, ROCm's `/dev/kfd`, WSL's `/dev/dxg`) no GPU can be visible: "none",
+    without importing torch (1.5 s of every `kstrata verify` on a machine without a GPU)."""
     import glob
 
-    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/kfd"):
+    if not glob.glob("/dev/nvidia[0-9]*") and not any(os.path.exists(p) for p in ("/dev/kfd", "/dev/dxg")):
         return "none"
     try:
         import torch
