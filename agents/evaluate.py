@@ -751,7 +751,10 @@ def _reference(task: Path, workdir: Path, kw: dict[str, Any], extra: dict[str, A
             progress = kw.get("on_progress")
             if progress is not None:
                 n = kw["trials"]
-                progress("reference", n, n, 0.0, "cached") if _takes_five(progress) else progress("reference", n, n, 0.0)
+                if _takes_five(progress):
+                    progress("reference", n, n, 0.0, "cached")
+                else:
+                    progress("reference", n, n, 0.0)
             return WorkerRun("reference", report, 0, False, log[-4000:], workdir, 0.0)
     ref = run_worker("reference", task, None, workdir=workdir, **kw)
     _reference_ok(ref, task)

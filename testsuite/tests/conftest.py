@@ -42,14 +42,13 @@ def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     root = shared / "suite-cache"
 
-    def build(spelling: str, lock: FileLock) -> None:
+    def build(spelling: str) -> None:  # under its lock
         done = shared / f"suite-cache.{spelling.replace(':', '-')}.complete"
-        with lock:
-            if not done.exists():
-                # one root for both: its index is merged under a lock (update_index)
-                result = build_suite(Target.parse(spelling), root)
-                assert not result.errors, f"suite kernels failed to compile for {spelling}: {result.errors}"
-                done.write_text("ok\n")
+        if not done.exists():
+            # one root for both: its index is merged under a lock (update_index)
+            result = build_suite(Target.parse(spelling), root)
+            assert not result.errors, f"suite kernels failed to compile for {spelling}: {result.errors}"
+            done.write_text("ok\n")
 
     locks = {t: FileLock(str(shared / f"suite-cache.{t.replace(':', '-')}.lock")) for t in REFERENCE_TARGETS}
     waiting = []
@@ -60,11 +59,12 @@ def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
             waiting.append(spelling)
             continue
         try:
-            build(spelling, lock)
+            build(spelling)
         finally:
             lock.release()
     for spelling in waiting:
-        build(spelling, locks[spelling])
+        with locks[spelling]:
+            build(spelling)
     return root
 
 
