@@ -363,6 +363,7 @@ def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_T
     import time
 
     from kstrata.agents import reference_cache
+    from kstrata.backends.child import spawn
 
     todo = [Path(p) for p in paths]
     done: list[tuple[Path, TaskSpec | TaskError]] = []
@@ -384,8 +385,7 @@ def describe_tasks(paths: Sequence[str | Path], *, timeout_s: float = DESCRIBE_T
             with log_path.open("wb") as log:
                 # Its own session, output to a file: whatever the task starts is killed with it, and a
                 # grandchild holding an inherited pipe cannot keep us waiting.
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT)
                 events: list[dict[str, Any]] = []
                 started = time.monotonic()
                 # Until the first file starts, the child imports torch: that has its own allowance.

@@ -32,7 +32,9 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
+
+from kstrata.backends import zygote
 
 #: How much of a child's stdout/stderr a result keeps (the end, where the reason usually is).
 TAIL_CHARS = 8000
@@ -92,15 +94,38 @@ def _tail(path: Path) -> str:
         return ""
 
 
+class ChildProcess(Protocol):
+    """What callers use of a started child: a `subprocess.Popen`, or a worker forked by a zygote
+    (`backends.zygote.ZygoteChild`)."""
+
+    pid: int
+    returncode: int | Any
+    stdin: IO[Any] | None
+    stdout: IO[Any] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 def spawn(argv: Sequence[str], *, stdout: IO[Any] | int, stderr: IO[Any] | int, env: Mapping[str, str] | None = None,
-          cwd: str | Path | None = None, text: bool = False, stdin: int = subprocess.DEVNULL) -> subprocess.Popen[Any]:
+          cwd: str | Path | None = None, text: bool = False, stdin: int = subprocess.DEVNULL) -> ChildProcess:
     """The one way a child starts: in a new session (so `kill_tree` ends it and all it started), stdin closed
-    unless `stdin=subprocess.PIPE` (a parent that drives the child step by step)."""
+    unless `stdin=subprocess.PIPE` (a parent that drives the child step by step).
+
+    With `KSTRATA_ZYGOTE=1`, kstrata's Python workers (`backends.zygote.MODULES`) are forked from a process
+    that has torch imported already, when one is ready for this environment (`backends/zygote.py`)."""
+    if zygote.enabled():
+        forked = zygote.spawn(argv, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text, stdin=stdin)
+        if forked is not None:
+            return forked
     return subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, stdin=stdin,
                             env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True, text=text)
 
 
-def kill_tree(proc: subprocess.Popen[Any]) -> None:
+def kill_tree(proc: ChildProcess) -> None:
     """Kill a child started by this module and every process in its session, and reap it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -129,9 +129,7 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
         with tempfile.TemporaryDirectory(prefix="kstrata-verify-") as tmp:
             jobs_file = Path(tmp) / "jobs.pkl"
             jobs_file.write_bytes(pickle.dumps(jobs[len(outcomes):]))
-            argv = [*(wrapper or []), sys.executable, "-c",
-                    "import sys; from kstrata.backends.dynamic import child_main; child_main(sys.argv[1])",
-                    str(jobs_file)]
+            argv = [*(wrapper or []), sys.executable, "-m", "kstrata.backends.dynamic_worker", str(jobs_file)]
             # the one child protocol (child.py): a new session, stdout line by line with a deadline per line
             with ChildStream(argv, env={**os.environ, **env} if env else None) as child:
                 stage: str | None = None

@@ -27,6 +27,18 @@ def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["KSTRATA_ENGINE_CACHE"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def zygote_workers() -> Iterator[None]:
+    """kstrata's Python workers forked from a process with torch imported (`backends/zygote.py`): most of
+    a small evaluation's time on this 2-core machine is each worker importing torch. `KSTRATA_ZYGOTE=0
+    make test` runs every worker the plain way; the zygote's own tests set it per test."""
+    saved = os.environ.get("KSTRATA_ZYGOTE")
+    os.environ.setdefault("KSTRATA_ZYGOTE", "1")
+    yield
+    if saved is None:
+        os.environ.pop("KSTRATA_ZYGOTE", None)
+
+
 @pytest.fixture(scope="session")
 def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache root holding the whole suite compiled for cuda:90 and hip:gfx942, built once per test session
