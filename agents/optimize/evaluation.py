@@ -293,6 +293,7 @@ def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     log = d / "log.txt"
     limit = float(p["timeout_s"])
     on_gpu = ctx.device is not None
+    timed_out = False
     with log.open("wb") as fh:
         proc = spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)  # the one child mechanism
         deadline = start + limit
@@ -306,14 +307,20 @@ def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     go.write_text("go")
                 if time.monotonic() > deadline:
                     kill_tree(proc)
-                    shutil.rmtree(d, ignore_errors=True)
-                    return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s",
-                            "seconds": time.monotonic() - start, "device_fault": on_gpu}
+                    timed_out = True
+                    break
                 time.sleep(0.02)
         finally:
             if slot is not None:
                 slot.__exit__(None, None, None)
     seconds = time.monotonic() - start
+    if timed_out:
+        shutil.rmtree(d, ignore_errors=True)
+        # Over its allowance (an ncu replay of a profile, a slow build): the device's fault only when the GPU
+        # then fails its health check; on a healthy GPU a retry would repeat it (kstrata.agents.workers).
+        fault, said = ctx.timeout_is_fault()
+        return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s{said}",
+                "seconds": seconds, "device_fault": fault}
     out = d / "result.json"
     try:
         data = json.loads(out.read_text())
