@@ -71,11 +71,12 @@ class FinalVerdict:
     device: str
     versions: dict[str, str]
     failure: str | None = None
+    reference_source: str = ""  # "run" (a timed final always runs its reference) or "cache <key>"
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FinalVerdict:
         return cls(bool(d["accepted"]), str(d["reason"]), d.get("speedup"), d.get("roofline"), str(d.get("device", "")),
-                   dict(d.get("versions") or {}), d.get("failure"))
+                   dict(d.get("versions") or {}), d.get("failure"), str(d.get("reference_source", "")))
 
 
 #: The drivers of this module, as the workers name them (kstrata.agents.workers: the same code runs in a thread
@@ -153,7 +154,8 @@ class Evaluator:
                                seconds)
         v = out["verdict"]
         self.check_seconds += seconds
-        return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds)
+        return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds,
+                           str(v.get("reference_source", "")))
 
     def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *,
                  sandbox: bool = False) -> dict[str, str]:

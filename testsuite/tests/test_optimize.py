@@ -431,6 +431,58 @@ def test_search_picks_best_baseline_and_guard_promotes_a_real_gain(tmp_path: Pat
     assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / "tree.png").exists()
 
 
+class SlowFakeEvaluator(FakeEvaluator):
+    """A fake whose contract probe and checks take 0.15 s each, recording when they ran."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def _slow(self, name: str) -> None:
+        t0 = time.monotonic()
+        time.sleep(0.15)
+        self.spans[name] = (t0, time.monotonic())
+
+    def probe(self, task: Path) -> JobResult:
+        self._slow("probe")
+        return super().probe(task)
+
+    def check(self, task: Path, cand: Path, **kw: Any) -> CheckResult:
+        self._slow(cand.stem)
+        return super().check(task, cand, **kw)
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed cost before the search (the H200: contract 4 s, then two baselines' checks of 19-20 s one after
+    the other): the probe overlaps the checks, and the checks each other where the CPUs allow; on a 2-CPU
+    machine they stay one after the other (the second reuses the first one's cached reference run)."""
+    from kstrata.agents.optimize import search
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    ev = SlowFakeEvaluator(tmp_path, _rule_us)
+    s = _search(tmp_path, ev, budget=0)
+    s.step_contract_and_baselines()  # the steps before the profile (no report: keeps the test cheap)
+    checks = [ev.spans[n.key] for n in s.baselines.values()]
+    assert len(checks) == 3 and all(_overlap(ev.spans["probe"], c) for c in checks), ev.spans
+    assert all(_overlap(a, b) for a in checks for b in checks)
+    kinds = [e["type"] for e in s.traj.replay()]
+    assert kinds.count("contract") == 1 and kinds.index("contract") < kinds.index("baselines")
+    assert search.parallel_checks(3) == 3 and search.parallel_checks(2) == 2
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert search.parallel_checks(3) == 1
+    ev = SlowFakeEvaluator(tmp_path, _rule_us)
+    s = _search(tmp_path / "two-cpus", ev, budget=0)
+    s.step_contract_and_baselines()
+    first, *rest = sorted(ev.spans[n.key] for n in s.baselines.values())
+    assert _overlap(ev.spans["probe"], first) and not any(_overlap(first, r) for r in rest)
+
+
 def test_guard_keeps_the_incumbent_within_noise(tmp_path: Path) -> None:
     # every compiler candidate 2% faster than the compile baseline, but the rounds spread 5%: no promotion
     ev = FakeEvaluator(tmp_path, lambda src: 88.2 if "options={" in src else _rule_us(src), spread=0.05)
