@@ -119,17 +119,19 @@ class Evaluator:
     # -- the child protocol of this module ------------------------------------------------------
     def run_job(self, job: dict[str, Any], timeout_s: float | None = None, *, argv_prefix: list[str] | None = None,
                 env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False,
-                affinity: str | None = None) -> JobResult:
+                affinity: str | None = None, budget: bool = False) -> JobResult:
         """Run one worker job on the workers. `gated`: the worker prepares (imports, builds, compiles) outside
         the timing queue, says `ready`, and times only after the driver, holding its GPU's slot, says `go`.
         `sandbox`: in the restricted environment of generated candidates. `affinity`: jobs with the same one
-        (a task's timings) run on the same GPU."""
+        (a task's timings) run on the same GPU. `budget`: `timeout_s` is a share of the task's time the caller
+        gives the job, not a guard against a hang: running past it says nothing about the GPU (no health
+        check, no fault)."""
         files = {k: file_ref(job[k]) for k in _FILE_FIELDS if k in job}
         cands = {k: file_ref(p) for k, p in job.get("candidates", {}).items()}
         payload = {"job": {**job, "device": job.get("device", self.device), "seed": job.get("seed", self.seed),
                            "policy": self.policy}, "files": files, "candidates": cands,
                    "timeout_s": timeout_s or self.timeout_s, "argv_prefix": argv_prefix, "env_extra": env_extra,
-                   "gated": gated, "sandbox": sandbox}
+                   "gated": gated, "sandbox": sandbox, "budget": budget}
         out = self.workers.run(WORKER_JOB, payload, kind=self._kind(gated), affinity=affinity)
         if "data" not in out:  # the driver itself failed (workers report it as ok/error)
             return JobResult(False, {}, str(out.get("error", "the job failed")), 0.0)
@@ -210,9 +212,10 @@ class Evaluator:
                   "--metrics", ",".join(NCU_METRICS), "--csv", "--page", "raw", "--launch-count", str(launch_count)]
         if kernels:
             prefix += ["--kernel-name", "regex:^(" + "|".join(kernels) + ")$"]
-        # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics.
+        # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics. Its
+        # `timeout_s` is the profiling share of the task's time (`profile.py`): a budget, not a hang guard.
         r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
-                         timeout_s, argv_prefix=prefix, affinity=str(task))
+                         timeout_s, argv_prefix=prefix, affinity=str(task), budget=True)
         if not r.ok and not r.data:
             return r
         log = r.data.get("_log", "")
@@ -318,9 +321,10 @@ def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     seconds = time.monotonic() - start
     if timed_out:
         shutil.rmtree(d, ignore_errors=True)
-        # Over its allowance (an ncu replay of a profile, a slow build): the device's fault only when the GPU
-        # then fails its health check; on a healthy GPU a retry would repeat it (kstrata.agents.workers).
-        fault, said = ctx.timeout_is_fault()
+        # Over its allowance: the device's fault only when the GPU then fails its health check (on a healthy
+        # GPU a retry would repeat it: kstrata.agents.workers); a job given a time budget (ncu's share of the
+        # task's time) only ran out of it, which says nothing about the GPU.
+        fault, said = (False, " (its time budget)") if p.get("budget") else ctx.timeout_is_fault()
         return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s{said}",
                 "seconds": seconds, "device_fault": fault}
     out = d / "result.json"

@@ -157,6 +157,17 @@ def test_a_profile_job_over_its_allowance_on_a_healthy_gpu_is_not_retried(tmp_pa
                    argv_prefix=[sys.executable, "-c", "import time; time.sleep(60)"], affinity="relu")
     assert not r.ok and r.error.startswith("profile timed out after 0.5 s; GPU fake0 answered a health check")
     assert [(p.device, p.fault) for p in workers.scheduler.history] == [(0, False)]
+    # Nsight Compute's timeout is the profiling share of the task's time: a budget, so no health check is
+    # asked (a probe that would call the GPU hung is never consulted) and nothing is retried
+    probed: list[int] = []
+    budgeted = LocalWorkers(fake_gpus(2), workdir=tmp_path / "work", probe=lambda d: probed.append(d.index) or "hung")
+    ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=60, workers=budgeted, gpu_jobs=True)
+    fake_ncu = tmp_path / "ncu"
+    fake_ncu.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake_ncu.chmod(0o755)
+    n = ev.ncu(task, task, str(fake_ncu), timeout_s=0.5)
+    assert not n.ok and n.error == "profile timed out after 0.5 s (its time budget)", n.error
+    assert [(p.device, p.fault) for p in budgeted.scheduler.history] == [(0, False)] and probed == []
 
 
 @pytest.mark.slow
