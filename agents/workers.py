@@ -27,8 +27,10 @@ GPU scheduling (`GpuScheduler`, both backends):
 - timeouts: a job's child that ran past its time allowance is a device fault only when the GPU does not
   answer a health check afterwards (`probe_gpu`: a fresh process runs one small kernel there). A GPU that
   is gone shows in the job's own error (`CUDA_FAULT_MARKERS`: "no CUDA-capable device", "GPU is lost", ...),
-  one that hangs only as a timeout, and the check tells that apart from a slow job on a healthy GPU (an
-  Nsight Compute replay over its allowance): that one is the job's failure, and is not retried.
+  one that hangs only as a timeout, and the check tells that apart from a slow job on a healthy GPU: that one
+  is the job's failure, and is not retried. A job whose limit is a share of a deadline rather than a hang
+  guard (the optimizer's Nsight Compute budget) is not checked at all: running out of a budget says nothing
+  about the GPU.
 
 Ray (`RayWorkers`, `pip install "kstrata[ray]"`): `--workers ray` starts a local cluster on demand,
 `--workers ray://HOST:PORT` joins an existing one through Ray Client. CPU jobs are tasks with `num_cpus=1`
