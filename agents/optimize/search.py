@@ -419,8 +419,10 @@ class TaskSearch:
             contract = pool.submit(self.step_contract)
             try:
                 self.step_baselines()
-            finally:
-                contract.result()  # its events are written before a failed baseline's error goes up
+            except BaseException:
+                contract.exception()  # its events are written before the baselines' error goes up
+                raise
+            contract.result()
 
     def step_contract(self) -> None:
         r = self.ev.probe(self.info.path)

@@ -481,6 +481,12 @@ def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_pa
     s.step_contract_and_baselines()
     first, *rest = sorted(ev.spans[n.key] for n in s.baselines.values())
     assert _overlap(ev.spans["probe"], first) and not any(_overlap(first, r) for r in rest)
+    # the task's own Model failing its check is the run's error, raised after the probe's event is written
+    bad = SlowFakeEvaluator(tmp_path, _rule_us, reject=("ModelNew",))
+    s = _search(tmp_path / "bad", bad, budget=0)
+    with pytest.raises(search.OptimizeError, match="the task's own Model fails the hardened evaluation"):
+        s.step_contract_and_baselines()
+    assert [e["type"] for e in s.traj.replay()].count("contract") == 1
 
 
 def test_guard_keeps_the_incumbent_within_noise(tmp_path: Path) -> None:
