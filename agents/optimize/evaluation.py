@@ -157,7 +157,7 @@ class Evaluator:
         v = out["verdict"]
         self.check_seconds += seconds
         return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds,
-                           str(v.get("reference_source", "")))
+                           str(v.get("reference_source", "")), float(out.get("reference_s") or 0.0))
 
     def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *,
                  sandbox: bool = False) -> dict[str, str]:
@@ -259,9 +259,15 @@ def evaluate_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from kstrata.agents.roofline import Ceilings
 
         ceilings = Ceilings.from_json(p["ceilings"])
+    start, reference_done = time.monotonic(), [0.0]
+
+    def progress(role: str, done: int, total: int, seconds: float, *detail: str) -> None:
+        if role == "reference":  # its trials end before the candidate starts (outside lockstep mode)
+            reference_done[0] = time.monotonic()
+
     try:
         v = evaluate(task, candidate, policy=p["policy"], trials=p["trials"], seed=p["seed"], device=p["device"],
-                     timeout_s=p["timeout_s"], timing=p["timing"], ceilings=ceilings, env=env)
+                     timeout_s=p["timeout_s"], timing=p["timing"], ceilings=ceilings, env=env, on_progress=progress)
     except EvalError as exc:
         return {"ok": False, "error": str(exc), "device_fault": False}
     finally:
@@ -270,7 +276,11 @@ def evaluate_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     data = v.to_json()
     # a crash with a CUDA runtime error on a GPU worker may be the GPU's: the workers retry it on another one
     fault = ctx.device is not None and v.failure in ("crash", "timeout") and fault_in(v.reason + v.log_tail)
-    return {"ok": True, "verdict": data, "device_fault": fault}
+    # seconds until the reference's trials were there (the task's description and the reference run, or the
+    # cache's answer); unknown (0) when the two ran trial by trial, interleaved (lockstep)
+    lockstep = (v.memory.get("plan") or {}).get("mode") == "lockstep"
+    reference_s = reference_done[0] - start if reference_done[0] and not lockstep else 0.0
+    return {"ok": True, "verdict": data, "device_fault": fault, "reference_s": round(reference_s, 3)}
 
 
 def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

@@ -222,6 +222,7 @@ class TaskSearch:
         self._exhausted_nodes: set[tuple[str, str]] = set()  # (node, space) pairs with nothing left to propose
         self._candidate_s: list[float] = []  # seconds each judged candidate took (check, measure, guard)
         self._baseline_measure_s = 0.0
+        self._repeated_reference: set[str] = set()  # baselines whose check ran the reference another one ran
         self.cut_short = ""  # why the deadline cut the search short, when it did
         self.proposers, problems = discover_proposers(opts.extra_proposers, plugins=opts.plugins)
         for p in problems:
@@ -240,8 +241,8 @@ class TaskSearch:
     # -- the deadline ------------------------------------------------------------------------------
     def final_cost_s(self, n: Node) -> float:
         """Estimated seconds of a fresh final re-evaluation of `n`, from its measured check and timing."""
-        check_s = n.check.seconds if n.check and n.check.seconds else max(
-            (m.check.seconds for m in self.nodes.values() if m.check), default=0.0)
+        check_s = self._check_s(n) if n.check and n.check.seconds else max(
+            (self._check_s(m) for m in self.nodes.values() if m.check), default=0.0)
         timed_s = 0.0
         if self.ev.timed:
             eager = self.baselines.get("eager")
@@ -271,8 +272,17 @@ class TaskSearch:
             recent = self._candidate_s[-3:]
         if recent:
             return sum(recent) / len(recent)
-        checks = [n.check.seconds for n in self.baselines.values() if n.check]
+        checks = [self._check_s(n) for n in self.baselines.values() if n.check]
         return (sum(checks) / len(checks) if checks else 0.0) + self._baseline_measure_s
+
+    def _check_s(self, n: Node) -> float:
+        """The seconds of `n`'s check the deadline's estimates use: as measured, less its reference run when that
+        run was only repeated because the baselines were checked at the same time (one after the other, the
+        cache would have answered it, and the estimates stay those of that order)."""
+        c = n.check
+        if c is None:
+            return 0.0
+        return max(0.0, c.seconds - c.reference_s) if n.key in self._repeated_reference else c.seconds
 
     def _child_limit(self) -> dict[str, Any]:
         """`timeout_s=` for a candidate's child processes when the deadline is nearer than `opts.timeout_s`."""
@@ -512,7 +522,11 @@ class TaskSearch:
         # At the same time where the CPUs allow, whatever --workers says: they are independent and untimed (on
         # the H200, one after the other cost 19-20 s each of a 2.5-minute task limit). A cold reference cache is
         # then missed by each; the candidates after them hit it.
-        self._judge_check(nodes, parallel=parallel_checks(len(nodes)))
+        at_once = parallel_checks(len(nodes))
+        self._judge_check(nodes, parallel=at_once)
+        if at_once > 1:
+            ran = [n for n in nodes if n.check and n.check.reference == "run"]
+            self._repeated_reference.update(n.key for n in ran[1:])
         eager = self.baselines["eager"]
         if not (eager.check and eager.check.ok):
             for n in nodes:

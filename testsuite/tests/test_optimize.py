@@ -449,7 +449,8 @@ class SlowFakeEvaluator(FakeEvaluator):
 
     def check(self, task: Path, cand: Path, **kw: Any) -> CheckResult:
         self._slow(cand.stem)
-        return super().check(task, cand, **kw)
+        r = super().check(task, cand, **kw)  # each says it ran the reference: 4 of its 10 s
+        return CheckResult(r.ok, r.reason, r.failure, r.eval_policy, 10.0, "run", 4.0)
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -473,6 +474,12 @@ def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_pa
     kinds = [e["type"] for e in s.traj.replay()]
     assert kinds.count("contract") == 1 and kinds.index("contract") < kinds.index("baselines")
     assert search.parallel_checks(3) == 3 and search.parallel_checks(2) == 2
+    # one after the other, only the first would have run the reference (the cache answers the others): the
+    # deadline's estimates count the repeated runs out
+    eager = s.baselines["eager"]
+    assert s._repeated_reference == {n.key for n in s.baselines.values()} - {eager.key}
+    assert s.next_candidate_s() == pytest.approx((10.0 + 6.0 + 6.0) / 3 + s._baseline_measure_s)
+    assert s.final_cost_s(s.baselines["compile"]) == pytest.approx(s.final_cost_s(eager) - 1.2 * 4.0, abs=0.01)
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
     assert search.parallel_checks(3) == 1
@@ -481,6 +488,7 @@ def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_pa
     s.step_contract_and_baselines()
     first, *rest = sorted(ev.spans[n.key] for n in s.baselines.values())
     assert _overlap(ev.spans["probe"], first) and not any(_overlap(first, r) for r in rest)
+    assert s._repeated_reference == set() and s.next_candidate_s() == pytest.approx(10.0 + s._baseline_measure_s)
     # the task's own Model failing its check is the run's error, raised after the probe's event is written
     bad = SlowFakeEvaluator(tmp_path, _rule_us, reject=("ModelNew",))
     s = _search(tmp_path / "bad", bad, budget=0)
@@ -790,6 +798,9 @@ def test_timed_code_path_runs_with_a_cpu_wall_clock(tmp_path: Path) -> None:
     s = TaskSearch(TINY / "02_linear_sum_small.py", tmp_path / "out", opts, ev)
     r = s.run()
     assert s.baselines["eager"].timing is not None and r.timed and r.final_ok
+    check = s.baselines["eager"].check  # the driver says how long the reference took of its check's seconds
+    assert check is not None and 0.0 < check.reference_s < check.seconds
+    assert check.reference == "run" or check.reference.startswith("cache ")
     judged = [n for n in s.nodes.values() if n.space == "graph"]
     assert len(judged) == 2 and all(n.status in ("measured", "incumbent") and n.timing and n.speedup for n in judged)
     events = list(s.traj.replay())
