@@ -91,6 +91,10 @@ MIN_CHILD_TIMEOUT_S = 30.0
 #: shared 2-core machine, at the same time they gained nothing measurable (two reference runs on two busy
 #: cores).
 CPUS_PER_PARALLEL_CHECK = 4
+#: ... and only for a task whose inputs, outputs and parameters take at most this much: each evaluation plans
+#: its memory for itself alone (`kstrata.agents.evaluate.memory_plan`), so two at once are kept to tasks
+#: whose evaluations are small beside a GPU's and the host's memory.
+PARALLEL_CHECK_MAX_BYTES = 1 << 30
 #: Loading and tracing a task touch torch's global state (RNG, default dtype and device), and proposers may
 #: load and trace too: one at a time across the tasks a directory run optimizes in parallel.
 TASK_LOCK = threading.RLock()
@@ -173,13 +177,22 @@ def _box(sandbox: bool) -> dict[str, bool]:
     return {"sandbox": True} if sandbox else {}
 
 
-def parallel_checks(n: int) -> int:
-    """How many of `n` independent hardened checks to run at once on this machine (`CPUS_PER_PARALLEL_CHECK`)."""
+def parallel_checks(n: int, task_bytes: int = 0) -> int:
+    """How many of `n` independent hardened checks of a task whose tensors take `task_bytes` to run at once on
+    this machine (`CPUS_PER_PARALLEL_CHECK`, `PARALLEL_CHECK_MAX_BYTES`)."""
+    if task_bytes > PARALLEL_CHECK_MAX_BYTES:
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cpus = os.cpu_count() or 1
     return max(1, min(n, cpus // CPUS_PER_PARALLEL_CHECK))
+
+
+def task_bytes(spec: Any) -> int:
+    """The bytes of a task's inputs, outputs and parameters (what an evaluation holds at least, per copy)."""
+    tensors = [a for a in (*spec.inputs, *spec.outputs) if hasattr(a, "bytes")]
+    return int(sum(a.bytes for a in tensors) + spec.parameters.bytes)
 
 
 def _log_reward(speedup: float | None) -> float:
@@ -522,7 +535,7 @@ class TaskSearch:
         # At the same time where the CPUs allow, whatever --workers says: they are independent and untimed (on
         # the H200, one after the other cost 19-20 s each of a 2.5-minute task limit). A cold reference cache is
         # then missed by each; the candidates after them hit it.
-        at_once = parallel_checks(len(nodes))
+        at_once = parallel_checks(len(nodes), task_bytes(self.info.spec))
         self._judge_check(nodes, parallel=at_once)
         if at_once > 1:
             ran = [n for n in nodes if n.check and n.check.reference == "run"]

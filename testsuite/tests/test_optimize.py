@@ -474,6 +474,8 @@ def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_pa
     kinds = [e["type"] for e in s.traj.replay()]
     assert kinds.count("contract") == 1 and kinds.index("contract") < kinds.index("baselines")
     assert search.parallel_checks(3) == 3 and search.parallel_checks(2) == 2
+    assert search.parallel_checks(3, 2 << 30) == 1  # a task too large to be evaluated twice at once
+    assert 0 < search.task_bytes(s.info.spec) < search.PARALLEL_CHECK_MAX_BYTES
     # one after the other, only the first would have run the reference (the cache answers the others): the
     # deadline's estimates count the repeated runs out
     eager = s.baselines["eager"]
