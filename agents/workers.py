@@ -18,10 +18,19 @@ GPU scheduling (`GpuScheduler`, both backends):
 - timing is serialized per GPU (`timing_slot()`, or the job's whole run with `exclusive=True`);
 - `affinity`: jobs with the same affinity (the optimizer uses the task) run on the same GPU, so the benchmark
   guard re-measures a challenger on the GPU that measured it; a new affinity goes to the least busy device;
-- faults: a job whose result says `device_fault` (its worker died, hung or hit a CUDA error) is retried on
-  another healthy device (on the same one when there is no other). A device whose job then succeeded
-  elsewhere gets a strike; `quarantine_after` strikes in a row quarantine it (its affinities move). A job that
-  faults everywhere is the job's own failure, not the devices': its result is returned and nobody is struck.
+- faults: a job whose result says `device_fault` (its worker died, hit a CUDA error, or timed out on a GPU
+  that then failed a health check) is retried on a healthy device it has not run on yet; when there is none
+  (one GPU), its failure is returned at once: the same GPU again would only repeat it. A device whose job
+  then succeeded elsewhere gets a strike; `quarantine_after` strikes in a row quarantine it (its affinities
+  move). A job that faults everywhere is the job's own failure, not the devices': its result is returned and
+  nobody is struck.
+- timeouts: a job's child that ran past its time allowance is a device fault only when the GPU does not
+  answer a health check afterwards (`probe_gpu`: a fresh process runs one small kernel there). A GPU that
+  is gone shows in the job's own error (`CUDA_FAULT_MARKERS`: "no CUDA-capable device", "GPU is lost", ...),
+  one that hangs only as a timeout, and the check tells that apart from a slow job on a healthy GPU: that one
+  is the job's failure, and is not retried. A job whose limit is a share of a deadline rather than a hang
+  guard (the optimizer's Nsight Compute budget) is not checked at all: running out of a budget says nothing
+  about the GPU.
 
 Ray (`RayWorkers`, `pip install "kstrata[ray]"`): `--workers ray` starts a local cluster on demand,
 `--workers ray://HOST:PORT` joins an existing one through Ray Client. CPU jobs are tasks with `num_cpus=1`
@@ -59,6 +68,10 @@ RAY_HINT = 'pip install "kstrata[ray]"'
 #: Text in a job's error that marks the device, not the job: a CUDA runtime or driver failure.
 CUDA_FAULT_MARKERS = ("CUDA error", "CUDA-capable device", "cudaError", "CUDA driver", "uncorrectable ECC",
                       "unspecified launch failure", "an illegal memory access", "NVML", "GPU is lost")
+#: The health check after a timeout (`probe_gpu`): a process start, torch's import, a CUDA context and one
+#: small kernel take a few seconds on a healthy GPU; one that does not answer in this long is hung.
+PROBE_TIMEOUT_S = 60.0
+PROBE_JOB = "kstrata.agents.workers:cuda_probe"
 
 
 class WorkersError(KstrataError):
@@ -179,10 +192,15 @@ class GpuScheduler:
         if self.on_event is not None:
             self.on_event(msg)
 
-    def _pick(self, affinity: str | None, avoid: set[int]) -> DeviceState:
+    def _pick(self, affinity: str | None, avoid: set[int]) -> DeviceState | None:
+        """The device of a job's next attempt (counted busy); `avoid`: the devices it faulted on. None when it
+        faulted before and no healthy device is left that it has not run on."""
         with self._lock:
-            pool = [s for s in self.healthy() if s.device.index not in avoid] or self.healthy() \
-                or list(self.states.values())
+            pool = [s for s in self.healthy() if s.device.index not in avoid]
+            if not pool:
+                if avoid:
+                    return None
+                pool = list(self.states.values())  # every device quarantined: a first attempt still runs
             if affinity is not None:
                 bound = self._affinity.get(affinity)
                 if bound is not None and not self.states[bound].quarantined and bound not in avoid:
@@ -217,8 +235,9 @@ class GpuScheduler:
             exclusive: bool = False, name: str = "job") -> R:
         tried: list[DeviceState] = []
         result: R | None = None
+        state = self._pick(affinity, set())
+        assert state is not None
         for attempt in range(self.attempts):
-            state = self._pick(affinity, {s.device.index for s in tried})
             try:
                 if exclusive:
                     with state.slot:
@@ -238,8 +257,16 @@ class GpuScheduler:
             with self._lock:
                 state.faults += 1
             tried.append(state)
-            self._say(f"GPU {state.device.label}: {name} faulted (attempt {attempt + 1}); "
-                      + ("retrying on another GPU" if attempt + 1 < self.attempts else "giving up"))
+            if attempt + 1 >= self.attempts:
+                self._say(f"GPU {state.device.label}: {name} faulted (attempt {attempt + 1}); giving up")
+                break
+            nxt = self._pick(affinity, {s.device.index for s in tried})
+            if nxt is None:  # one GPU, or the others quarantined or tried: the same one again would repeat it
+                self._say(f"{name} faulted on GPU {state.device.label}; no other GPU to retry on")
+                break
+            self._say(f"GPU {state.device.label}: {name} faulted (attempt {attempt + 1}); retrying on GPU "
+                      f"{nxt.device.label}")
+            state = nxt
         assert result is not None
         return result  # it faulted everywhere it ran: the job's own failure, nobody is struck
 
@@ -275,9 +302,44 @@ class JobContext:
     workdir: Path
     device: GpuDevice | None = None
     timing_slot: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    #: The GPU's health check ('' when it answers, else why not); None: `probe_gpu` in this job's environment.
+    probe: Callable[[], str] | None = None
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**(os.environ if base is None else base), **self.env}
+
+    def timeout_is_fault(self) -> tuple[bool, str]:
+        """Whether a child of this job that ran past its time allowance says the device is at fault, and the
+        words that say so. Only a timeout on a GPU that then fails its health check is (see the module
+        docstring): a slow job on a healthy GPU is the job's own failure, and a retry would repeat it."""
+        if self.device is None:
+            return False, ""
+        why = (self.probe or (lambda: probe_gpu(self.environ())))()
+        if why:
+            return True, f"; GPU {self.device.label} did not answer a health check afterwards ({why[:200]})"
+        return False, f"; GPU {self.device.label} answered a health check afterwards: the job's own time, not a fault"
+
+
+def cuda_probe(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Child job: one small kernel on this process's GPU, waited for (the health check of `probe_gpu`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA-capable device is visible")
+    x = torch.arange(1024, device="cuda", dtype=torch.float32)
+    total = float((x * 2).sum().item())  # .item() waits for the kernel
+    if total != 1023 * 1024:
+        raise RuntimeError(f"a kernel computed {total}, not {1023 * 1024}")
+    return {"device": torch.cuda.get_device_name(0)}
+
+
+def probe_gpu(env: Mapping[str, str] | None, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """'' when the GPU of `env` (its `CUDA_VISIBLE_DEVICES`) runs a small kernel in a fresh process within
+    `timeout` seconds, else why not."""
+    from kstrata.backends.child import call_in_child
+
+    run = call_in_child(PROBE_JOB, {}, timeout=timeout, env=env)
+    return "" if run.ok else run.reason()
 
 
 def file_ref(path: str | Path) -> dict[str, str]:
@@ -321,8 +383,8 @@ def fault_in(text: str) -> bool:
 def call_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Driver: `call_in_child(p["target"], p["payload"])` (backends/child.py) in a fresh process with the
     job's environment (its GPU's pinning); the `ChildResult` as JSON. The engine's GPU jobs run through it.
-    A child that died, hung or raised a CUDA error on a GPU worker is a device fault until a retry elsewhere
-    says it is the job's."""
+    A child that died or raised a CUDA error on a GPU worker is a device fault until a retry elsewhere says it
+    is the job's; one that timed out is when its GPU then fails the health check (`JobContext.timeout_is_fault`)."""
     from dataclasses import asdict
 
     from kstrata.backends.child import call_in_child
@@ -330,10 +392,13 @@ def call_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     base = dict(p["env"]) if p.get("env") is not None else None
     env = ctx.environ(base) if (ctx.env or base is not None) else None
     run = call_in_child(p["target"], p["payload"], timeout=float(p["timeout"]), env=env)
-    died = run.status in ("crashed", "failed", "timeout")
+    died = run.status in ("crashed", "failed")
     fault = ctx.device is not None and (died or (run.status == "error" and fault_in(run.error or "")))
+    said = ""
+    if run.status == "timeout":
+        fault, said = ctx.timeout_is_fault()
     return {"ok": run.ok, "child": asdict(run), "device_fault": fault,
-            "error": "" if run.ok else run.reason()}
+            "error": "" if run.ok else run.reason() + said}
 
 
 CALL_JOB = "kstrata.agents.workers:call_job"
@@ -386,17 +451,20 @@ def _failure(target: str, exc: BaseException, *, fault: bool) -> dict[str, Any]:
 class LocalWorkers:
     """Jobs on this machine: CPU jobs in the caller's thread (the drivers start processes; the callers have
     their own thread pools), GPU jobs through a `GpuScheduler` over `gpus` (injectable: tests give fake
-    devices whose jobs do CPU work). `lock_path`: a file lock per device, for several processes sharing one."""
+    devices whose jobs do CPU work). `lock_path`: a file lock per device, for several processes sharing one.
+    `probe(device)`: the health check after a job timed out there ('' when healthy; default `probe_gpu`)."""
 
     name = "local"
 
     def __init__(self, gpus: Sequence[GpuDevice] | None = None, *, workdir: Path | None = None,
                  lock_path: Path | None = None, quarantine_after: int = QUARANTINE_AFTER,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 probe: Callable[[GpuDevice], str] | None = None) -> None:
         self.scheduler = GpuScheduler(list(gpus) if gpus else local_gpus(None), quarantine_after=quarantine_after,
                                       on_event=on_event)
         self.workdir = workdir or Path(tempfile.gettempdir()) / f"kstrata-workers-{os.getpid()}"
         self.lock_path = lock_path
+        self.probe = probe  # the GPU health check after a timeout; None: `probe_gpu` (tests give fake ones)
 
     @property
     def gpus(self) -> list[GpuDevice]:
@@ -429,8 +497,10 @@ class LocalWorkers:
             raise WorkersError(f"unknown job kind {kind!r} (cpu or gpu)")
 
         def attempt(device: GpuDevice) -> dict[str, Any]:
+            probe = self.probe
             ctx = JobContext(device.environ(), self.workdir, device,
-                             contextlib.nullcontext if exclusive else self._slot(device.index))
+                             contextlib.nullcontext if exclusive else self._slot(device.index),
+                             (lambda: probe(device)) if probe is not None else None)
             try:
                 if exclusive:
                     with file_lock(self._device_lock(device.index)):

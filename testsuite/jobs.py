@@ -11,10 +11,13 @@ from typing import Any
 
 def where(payload: dict[str, Any]) -> dict[str, Any]:
     """Sleep `payload["sleep"]` seconds and say which GPU this process was pinned to, and when it ran.
-    When that GPU is in `payload["die_on"]`, the process is killed instead (a faulting GPU's worker)."""
+    When that GPU is in `payload["die_on"]`, the process is killed instead (a faulting GPU's worker); in
+    `payload["hang_on"]`, it sleeps for an hour (a hung one's, or a job over its time allowance)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if visible in payload.get("die_on", []):
         os.kill(os.getpid(), signal.SIGKILL)
+    if visible in payload.get("hang_on", []):  # a hung GPU's worker (or a job slower than its allowance)
+        time.sleep(3600)
     start = time.time()
     time.sleep(float(payload.get("sleep", 0.0)))
     return {"cuda_visible_devices": visible, "pid": os.getpid(), "start": start, "end": time.time(),

@@ -71,11 +71,12 @@ class FinalVerdict:
     device: str
     versions: dict[str, str]
     failure: str | None = None
+    reference_source: str = ""  # "run" (a timed final always runs its reference) or "cache <key>"
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FinalVerdict:
         return cls(bool(d["accepted"]), str(d["reason"]), d.get("speedup"), d.get("roofline"), str(d.get("device", "")),
-                   dict(d.get("versions") or {}), d.get("failure"))
+                   dict(d.get("versions") or {}), d.get("failure"), str(d.get("reference_source", "")))
 
 
 #: The drivers of this module, as the workers name them (kstrata.agents.workers: the same code runs in a thread
@@ -118,17 +119,19 @@ class Evaluator:
     # -- the child protocol of this module ------------------------------------------------------
     def run_job(self, job: dict[str, Any], timeout_s: float | None = None, *, argv_prefix: list[str] | None = None,
                 env_extra: dict[str, str] | None = None, gated: bool = False, sandbox: bool = False,
-                affinity: str | None = None) -> JobResult:
+                affinity: str | None = None, budget: bool = False) -> JobResult:
         """Run one worker job on the workers. `gated`: the worker prepares (imports, builds, compiles) outside
         the timing queue, says `ready`, and times only after the driver, holding its GPU's slot, says `go`.
         `sandbox`: in the restricted environment of generated candidates. `affinity`: jobs with the same one
-        (a task's timings) run on the same GPU."""
+        (a task's timings) run on the same GPU. `budget`: `timeout_s` is a share of the task's time the caller
+        gives the job, not a guard against a hang: running past it says nothing about the GPU (no health
+        check, no fault)."""
         files = {k: file_ref(job[k]) for k in _FILE_FIELDS if k in job}
         cands = {k: file_ref(p) for k, p in job.get("candidates", {}).items()}
         payload = {"job": {**job, "device": job.get("device", self.device), "seed": job.get("seed", self.seed),
                            "policy": self.policy}, "files": files, "candidates": cands,
                    "timeout_s": timeout_s or self.timeout_s, "argv_prefix": argv_prefix, "env_extra": env_extra,
-                   "gated": gated, "sandbox": sandbox}
+                   "gated": gated, "sandbox": sandbox, "budget": budget}
         out = self.workers.run(WORKER_JOB, payload, kind=self._kind(gated), affinity=affinity)
         if "data" not in out:  # the driver itself failed (workers report it as ok/error)
             return JobResult(False, {}, str(out.get("error", "the job failed")), 0.0)
@@ -153,7 +156,8 @@ class Evaluator:
                                seconds)
         v = out["verdict"]
         self.check_seconds += seconds
-        return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds)
+        return CheckResult(bool(v["accepted"]), str(v["reason"]), v.get("failure"), self.eval_policy, seconds,
+                           str(v.get("reference_source", "")), float(out.get("reference_s") or 0.0))
 
     def contract(self, task: Path, candidates: dict[str, Path], layouts: list[Any], *,
                  sandbox: bool = False) -> dict[str, str]:
@@ -208,9 +212,10 @@ class Evaluator:
                   "--metrics", ",".join(NCU_METRICS), "--csv", "--page", "raw", "--launch-count", str(launch_count)]
         if kernels:
             prefix += ["--kernel-name", "regex:^(" + "|".join(kernels) + ")$"]
-        # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics.
+        # Not in the timing queue: ncu replays each kernel on its own, and its metrics are diagnostics. Its
+        # `timeout_s` is the profiling share of the task's time (`profile.py`): a budget, not a hang guard.
         r = self.run_job({"cmd": "profile", "task": str(task), "candidate": str(candidate), "ncu_range": NCU_RANGE},
-                         timeout_s, argv_prefix=prefix, affinity=str(task))
+                         timeout_s, argv_prefix=prefix, affinity=str(task), budget=True)
         if not r.ok and not r.data:
             return r
         log = r.data.get("_log", "")
@@ -254,9 +259,15 @@ def evaluate_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from kstrata.agents.roofline import Ceilings
 
         ceilings = Ceilings.from_json(p["ceilings"])
+    start, reference_done = time.monotonic(), [0.0]
+
+    def progress(role: str, done: int, total: int, seconds: float, *detail: str) -> None:
+        if role == "reference":  # its trials end before the candidate starts (outside lockstep mode)
+            reference_done[0] = time.monotonic()
+
     try:
         v = evaluate(task, candidate, policy=p["policy"], trials=p["trials"], seed=p["seed"], device=p["device"],
-                     timeout_s=p["timeout_s"], timing=p["timing"], ceilings=ceilings, env=env)
+                     timeout_s=p["timeout_s"], timing=p["timing"], ceilings=ceilings, env=env, on_progress=progress)
     except EvalError as exc:
         return {"ok": False, "error": str(exc), "device_fault": False}
     finally:
@@ -265,7 +276,11 @@ def evaluate_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     data = v.to_json()
     # a crash with a CUDA runtime error on a GPU worker may be the GPU's: the workers retry it on another one
     fault = ctx.device is not None and v.failure in ("crash", "timeout") and fault_in(v.reason + v.log_tail)
-    return {"ok": True, "verdict": data, "device_fault": fault}
+    # seconds until the reference's trials were there (the task's description and the reference run, or the
+    # cache's answer); unknown (0) when the two ran trial by trial, interleaved (lockstep)
+    lockstep = (v.memory.get("plan") or {}).get("mode") == "lockstep"
+    reference_s = reference_done[0] - start if reference_done[0] and not lockstep else 0.0
+    return {"ok": True, "verdict": data, "device_fault": fault, "reference_s": round(reference_s, 3)}
 
 
 def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -293,6 +308,7 @@ def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     log = d / "log.txt"
     limit = float(p["timeout_s"])
     on_gpu = ctx.device is not None
+    timed_out = False
     with log.open("wb") as fh:
         proc = spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)  # the one child mechanism
         deadline = start + limit
@@ -306,14 +322,21 @@ def worker_job(p: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     go.write_text("go")
                 if time.monotonic() > deadline:
                     kill_tree(proc)
-                    shutil.rmtree(d, ignore_errors=True)
-                    return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s",
-                            "seconds": time.monotonic() - start, "device_fault": on_gpu}
+                    timed_out = True
+                    break
                 time.sleep(0.02)
         finally:
             if slot is not None:
                 slot.__exit__(None, None, None)
     seconds = time.monotonic() - start
+    if timed_out:
+        shutil.rmtree(d, ignore_errors=True)
+        # Over its allowance: the device's fault only when the GPU then fails its health check (on a healthy
+        # GPU a retry would repeat it: kstrata.agents.workers); a job given a time budget (ncu's share of the
+        # task's time) only ran out of it, which says nothing about the GPU.
+        fault, said = (False, " (its time budget)") if p.get("budget") else ctx.timeout_is_fault()
+        return {"ok": False, "data": {}, "error": f"{job['cmd']} timed out after {limit:g} s{said}",
+                "seconds": seconds, "device_fault": fault}
     out = d / "result.json"
     try:
         data = json.loads(out.read_text())

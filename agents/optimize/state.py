@@ -25,14 +25,20 @@ class CheckResult:
     failure: str | None  # evaluate's failure kind: crash, timeout, import, integrity, mismatch, shape, flagged
     eval_policy: str  # the evaluator's policy that decided: strict, or kernelbench for tf32/bf16/fp16 runs
     seconds: float
+    #: Where the reference's trials came from: "run", or "cache <key>" (kstrata.agents.reference_cache); "" unknown.
+    reference: str = ""
+    #: Of `seconds`, those until the reference's trials were there (its run, or the cache's answer); 0 unknown.
+    reference_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "reason": self.reason, "failure": self.failure, "eval_policy": self.eval_policy,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "reference_source": self.reference,
+                "reference_s": round(self.reference_s, 3)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CheckResult:
-        return cls(d["ok"], d["reason"], d.get("failure"), d.get("eval_policy", "strict"), d.get("seconds", 0.0))
+        return cls(d["ok"], d["reason"], d.get("failure"), d.get("eval_policy", "strict"), d.get("seconds", 0.0),
+                   d.get("reference_source", ""), d.get("reference_s", 0.0))
 
 
 @dataclass(frozen=True)

@@ -431,6 +431,74 @@ def test_search_picks_best_baseline_and_guard_promotes_a_real_gain(tmp_path: Pat
     assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / "tree.png").exists()
 
 
+class SlowFakeEvaluator(FakeEvaluator):
+    """A fake whose contract probe and checks take 0.15 s each, recording when they ran."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def _slow(self, name: str) -> None:
+        t0 = time.monotonic()
+        time.sleep(0.15)
+        self.spans[name] = (t0, time.monotonic())
+
+    def probe(self, task: Path) -> JobResult:
+        self._slow("probe")
+        return super().probe(task)
+
+    def check(self, task: Path, cand: Path, **kw: Any) -> CheckResult:
+        self._slow(cand.stem)
+        r = super().check(task, cand, **kw)  # each says it ran the reference: 4 of its 10 s
+        return CheckResult(r.ok, r.reason, r.failure, r.eval_policy, 10.0, "run", 4.0)
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed cost before the search (the H200: contract 4 s, then two baselines' checks of 19-20 s one after
+    the other): the probe overlaps the checks, and the checks each other where the CPUs allow; on a 2-CPU
+    machine they stay one after the other (the second reuses the first one's cached reference run)."""
+    from kstrata.agents.optimize import search
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    ev = SlowFakeEvaluator(tmp_path, _rule_us)
+    s = _search(tmp_path, ev, budget=0)
+    s.step_contract_and_baselines()  # the steps before the profile (no report: keeps the test cheap)
+    checks = [ev.spans[n.key] for n in s.baselines.values()]
+    assert len(checks) == 3 and all(_overlap(ev.spans["probe"], c) for c in checks), ev.spans
+    assert all(_overlap(a, b) for a in checks for b in checks)
+    kinds = [e["type"] for e in s.traj.replay()]
+    assert kinds.count("contract") == 1 and kinds.index("contract") < kinds.index("baselines")
+    assert search.parallel_checks(3) == 3 and search.parallel_checks(2) == 2
+    assert search.parallel_checks(3, 2 << 30) == 1  # a task too large to be evaluated twice at once
+    assert 0 < search.task_bytes(s.info.spec) < search.PARALLEL_CHECK_MAX_BYTES
+    # one after the other, only the first would have run the reference (the cache answers the others): the
+    # deadline's estimates count the repeated runs out
+    eager = s.baselines["eager"]
+    assert s._repeated_reference == {n.key for n in s.baselines.values()} - {eager.key}
+    assert s.next_candidate_s() == pytest.approx((10.0 + 6.0 + 6.0) / 3 + s._baseline_measure_s)
+    assert s.final_cost_s(s.baselines["compile"]) == pytest.approx(s.final_cost_s(eager) - 1.2 * 4.0, abs=0.01)
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert search.parallel_checks(3) == 1
+    ev = SlowFakeEvaluator(tmp_path, _rule_us)
+    s = _search(tmp_path / "two-cpus", ev, budget=0)
+    s.step_contract_and_baselines()
+    first, *rest = sorted(ev.spans[n.key] for n in s.baselines.values())
+    assert _overlap(ev.spans["probe"], first) and not any(_overlap(first, r) for r in rest)
+    assert s._repeated_reference == set() and s.next_candidate_s() == pytest.approx(10.0 + s._baseline_measure_s)
+    # the task's own Model failing its check is the run's error, raised after the probe's event is written
+    bad = SlowFakeEvaluator(tmp_path, _rule_us, reject=("ModelNew",))
+    s = _search(tmp_path / "bad", bad, budget=0)
+    with pytest.raises(search.OptimizeError, match="the task's own Model fails the hardened evaluation"):
+        s.step_contract_and_baselines()
+    assert [e["type"] for e in s.traj.replay()].count("contract") == 1
+
+
 def test_guard_keeps_the_incumbent_within_noise(tmp_path: Path) -> None:
     # every compiler candidate 2% faster than the compile baseline, but the rounds spread 5%: no promotion
     ev = FakeEvaluator(tmp_path, lambda src: 88.2 if "options={" in src else _rule_us(src), spread=0.05)
@@ -732,6 +800,9 @@ def test_timed_code_path_runs_with_a_cpu_wall_clock(tmp_path: Path) -> None:
     s = TaskSearch(TINY / "02_linear_sum_small.py", tmp_path / "out", opts, ev)
     r = s.run()
     assert s.baselines["eager"].timing is not None and r.timed and r.final_ok
+    check = s.baselines["eager"].check  # the driver says how long the reference took of its check's seconds
+    assert check is not None and 0.0 < check.reference_s < check.seconds
+    assert check.reference == "run" or check.reference.startswith("cache ")
     judged = [n for n in s.nodes.values() if n.space == "graph"]
     assert len(judged) == 2 and all(n.status in ("measured", "incumbent") and n.timing and n.speedup for n in judged)
     events = list(s.traj.replay())

@@ -29,9 +29,10 @@ def fake_gpus(n: int, broken: tuple[int, ...] = ()) -> list[GpuDevice]:
 
 
 def where(workers: LocalWorkers, *, affinity: str | None = None, sleep: float = 0.0, die_on: tuple[str, ...] = (),
-          exclusive: bool = True, tag: str = "") -> Any:
-    out = workers.run(CALL, {"target": WHERE, "payload": {"sleep": sleep, "die_on": list(die_on), "tag": tag},
-                             "timeout": 60}, kind="gpu", affinity=affinity, exclusive=exclusive)
+          exclusive: bool = True, tag: str = "", hang_on: tuple[str, ...] = (), timeout: float = 60) -> Any:
+    out = workers.run(CALL, {"target": WHERE, "payload": {"sleep": sleep, "die_on": list(die_on), "tag": tag,
+                                                          "hang_on": list(hang_on)},
+                             "timeout": timeout}, kind="gpu", affinity=affinity, exclusive=exclusive)
     return child_result(out)
 
 
@@ -102,6 +103,71 @@ def test_a_job_failing_on_every_gpu_quarantines_none(tmp_path: Path) -> None:
         assert not where(workers, die_on=("0", "1")).ok
     assert workers.scheduler.quarantined() == {}
     assert all(s["faults"] == 3 for s in workers.scheduler.describe())
+
+
+def test_with_one_gpu_a_faulted_job_is_not_retried_on_the_same_gpu(tmp_path: Path) -> None:
+    """One GPU: a job whose worker died there has nowhere else to go; running it again on the same GPU would
+    only repeat it (the H200 run's 'retrying on another GPU' that ran on the same one)."""
+    events: list[str] = []
+    workers = LocalWorkers(fake_gpus(1), workdir=tmp_path, on_event=events.append)
+    r = where(workers, die_on=("0",))
+    assert not r.ok and r.status == "crashed"
+    assert [(p.device, p.attempt, p.fault) for p in workers.scheduler.history] == [(0, 0, True)]
+    assert events == ["call_job faulted on GPU fake0; no other GPU to retry on"]
+    assert workers.scheduler.quarantined() == {}
+    # two GPUs, one quarantined: the same, a retry goes only to a healthy GPU it has not run on
+    two = LocalWorkers(fake_gpus(2), workdir=tmp_path, on_event=events.append)
+    two.scheduler.states[1].quarantined = "test"
+    assert not where(two, die_on=("0",)).ok
+    assert [p.device for p in two.scheduler.history] == [0]
+
+
+def test_a_timeout_is_a_device_fault_only_when_the_gpu_fails_its_health_check(tmp_path: Path) -> None:
+    """A child over its time allowance on a GPU that then answers the health check is the job's own failure
+    (not retried, nobody struck); on one that does not answer (hung), a fault retried on another GPU."""
+    probed: list[int] = []
+
+    def healthy(device: GpuDevice) -> str:
+        probed.append(device.index)
+        return ""
+
+    workers = LocalWorkers(fake_gpus(2), workdir=tmp_path, probe=healthy)
+    slow = where(workers, hang_on=("0", "1"), timeout=0.5, affinity="t")
+    assert slow.status == "timeout" and not slow.ok
+    assert [(p.device, p.fault) for p in workers.scheduler.history] == [(0, False)] and probed == [0]
+    out = workers.run(CALL, {"target": WHERE, "payload": {"hang_on": ["0", "1"]}, "timeout": 0.5}, kind="gpu")
+    assert not out["device_fault"] and "answered a health check afterwards" in out["error"]
+
+    hung = LocalWorkers(fake_gpus(2), workdir=tmp_path, probe=lambda d: "timed out after 60 s" if d.index == 0 else "")
+    r = where(hung, hang_on=("0",), timeout=0.5, affinity="t")
+    assert r.ok and r.value["cuda_visible_devices"] == "1"  # retried on the healthy GPU
+    assert [(p.device, p.fault) for p in hung.scheduler.history] == [(0, True), (1, False)]
+    assert hung.scheduler.states[0].strikes == 1
+
+
+def test_a_profile_job_over_its_allowance_on_a_healthy_gpu_is_not_retried(tmp_path: Path) -> None:
+    """The optimizer's driver (`worker_job`): the ncu profile of level1/22 timed out at 15 s on the H200's one
+    GPU and ran again there (30 s lost). Its child here is a sleeper under the ncu-style argv prefix."""
+    from kstrata.agents.optimize.evaluation import Evaluator
+
+    task = REPO / "testsuite" / "optimize_tasks" / "01_relu_small.py"
+    workers = LocalWorkers(fake_gpus(1), workdir=tmp_path / "work", probe=lambda d: "")
+    ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=60, workers=workers, gpu_jobs=True)
+    r = ev.run_job({"cmd": "profile", "task": str(task), "candidate": str(task)}, 0.5,
+                   argv_prefix=[sys.executable, "-c", "import time; time.sleep(60)"], affinity="relu")
+    assert not r.ok and r.error.startswith("profile timed out after 0.5 s; GPU fake0 answered a health check")
+    assert [(p.device, p.fault) for p in workers.scheduler.history] == [(0, False)]
+    # Nsight Compute's timeout is the profiling share of the task's time: a budget, so no health check is
+    # asked (a probe that would call the GPU hung is never consulted) and nothing is retried
+    probed: list[int] = []
+    budgeted = LocalWorkers(fake_gpus(2), workdir=tmp_path / "work", probe=lambda d: probed.append(d.index) or "hung")
+    ev = Evaluator("cpu", "strict", tmp_path / "work", timeout_s=60, workers=budgeted, gpu_jobs=True)
+    fake_ncu = tmp_path / "ncu"
+    fake_ncu.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake_ncu.chmod(0o755)
+    n = ev.ncu(task, task, str(fake_ncu), timeout_s=0.5)
+    assert not n.ok and n.error == "profile timed out after 0.5 s (its time budget)", n.error
+    assert [(p.device, p.fault) for p in budgeted.scheduler.history] == [(0, False)] and probed == []
 
 
 @pytest.mark.slow
@@ -284,3 +350,12 @@ def test_evaluator_sends_a_tasks_timings_to_its_gpu_and_checks_anywhere(tmp_path
     cpu = RecordingWorkers()
     assert Evaluator("cpu", "strict", tmp_path / "work", workers=cpu).check(task, cand).ok
     assert cpu.calls == [("evaluate_job", "cpu", None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_the_health_check_passes_on_a_real_gpu_and_fails_without_one() -> None:
+    from kstrata.agents.workers import probe_gpu
+
+    assert probe_gpu(None) == ""
+    assert "no CUDA-capable device" in probe_gpu({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
