@@ -21,8 +21,10 @@ re-applied, `LD_*`, `OMP_*`, `MKL_*`, `TORCH*`, `TRITON_*`, `CUDA_*`, ...); anot
 zygote of its own (at most `_MAX_ZYGOTES` per caller), or the plain way. The zygote imports modules and
 runs nothing: no torch operation, no thread, no CUDA initialisation happens before the fork.
 
-Only the modules in `MODULES` are forked (workers written to start fresh); anything else, and anything
-while the zygote is still importing (the request is then started the plain way; the zygote for an
+Never a sandboxed worker (`KSTRATA_SANDBOX` in its environment): generated code, whose guard is installed
+at interpreter start-up by `agents/llm/sandbox.py`, and which must not inherit the zygote's memory (earlier
+requests' environments). Only the modules in `MODULES` are forked (workers written to start fresh);
+anything else, and anything while the zygote is still importing (the request is then started the plain way; the zygote for an
 environment is started at its second request), starts the plain way. A zygote ends when the process that
 started it ends (it watches its parent); its running workers are not killed by that, as plain children
 are not.
@@ -289,6 +291,8 @@ def spawn(argv: Sequence[str], *, stdout: IO[Any] | int, stderr: IO[Any] | int, 
     if module is None or stdin not in (subprocess.DEVNULL, subprocess.PIPE) or stdout is None or stderr is None:
         return None
     full = dict(os.environ if env is None else env)
+    if "KSTRATA_SANDBOX" in full:  # generated code: its guard runs at start-up, in its own fresh process
+        return None
     key = env_key(full)
     with _lock:
         zygote = _zygotes.get(key)

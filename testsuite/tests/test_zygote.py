@@ -124,6 +124,9 @@ def test_what_a_zygote_cannot_serve_starts_the_plain_way(tmp_path: Path, probe_e
     with (tmp_path / "o").open("wb") as out:  # not a forkable module
         proc = child.spawn([sys.executable, "-c", "pass"], stdout=out, stderr=subprocess.STDOUT, env=probe_env)
     assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
+    # a sandboxed worker (generated code): its guard installs itself at start-up, in a fresh process
+    proc, _ = _start(tmp_path, {}, {**probe_env, "KSTRATA_SANDBOX": "pending"})
+    assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
     os.environ["KSTRATA_ZYGOTE"] = "0"  # turned off (monkeypatch restores it)
     proc, _ = _start(tmp_path, {}, probe_env)
     assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
