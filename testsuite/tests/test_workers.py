@@ -359,3 +359,92 @@ def test_the_health_check_passes_on_a_real_gpu_and_fails_without_one() -> None:
 
     assert probe_gpu(None) == ""
     assert "no CUDA-capable device" in probe_gpu({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_gpu_use_keeps_checks_off_a_gpu_while_it_times() -> None:
+    from kstrata.agents.workers import GpuUse
+
+    use = GpuUse()
+    log: list[str] = []
+    check_running, release_check = threading.Event(), threading.Event()
+
+    def check(name: str, hold: threading.Event | None = None) -> None:
+        with use.sharing():
+            log.append(f"{name}+")
+            if hold is not None:
+                check_running.set()
+                hold.wait(10)
+            log.append(f"{name}-")
+
+    def timing() -> None:
+        with use.timing():
+            log.append("T+")
+            assert use.state == (0, True, 0)
+            log.append("T-")
+
+    first = threading.Thread(target=check, args=("c1", release_check))
+    first.start()
+    assert check_running.wait(10)
+    timer = threading.Thread(target=timing)
+    timer.start()
+    for _ in range(500):  # until the timing waits for c1
+        if use.state[2]:
+            break
+        threading.Event().wait(0.01)
+    late = threading.Thread(target=check, args=("c2",))
+    late.start()  # arrives while a timing waits: waits for it (writer preference)
+    threading.Event().wait(0.2)
+    assert log == ["c1+"]
+    release_check.set()
+    for t in (first, timer, late):
+        t.join(10)
+    assert log == ["c1+", "c1-", "T+", "T-", "c2+", "c2-"], log
+
+
+def test_gpu_use_a_sharing_thread_times_by_giving_up_its_share() -> None:
+    from kstrata.agents.workers import GpuUse
+
+    use = GpuUse()
+    other_in, other_out = threading.Event(), threading.Event()
+    seen: list[tuple[int, bool, int]] = []
+
+    def other() -> None:
+        with use.sharing():
+            other_in.set()
+            other_out.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert other_in.wait(10)
+    with use.sharing():  # a gated job: its checks share the GPU ...
+        assert use.state == (2, False, 0)
+        threading.Timer(0.2, other_out.set).start()
+        with use.timing():  # ... then it times: only after the other job's share ended, and with its own given up
+            seen.append(use.state)
+            with use.sharing():  # already has the device to itself
+                seen.append(use.state)
+        seen.append(use.state)  # its share back
+    t.join(10)
+    assert seen == [(0, True, 0), (0, True, 0), (1, False, 0)] and use.state == (0, False, 0)
+
+
+def test_exclusive_jobs_never_overlap_sharing_jobs_on_their_gpu(tmp_path: Path) -> None:
+    workers = LocalWorkers(fake_gpus(1), workdir=tmp_path)
+    results: list[Any] = [None] * 5
+
+    def one(i: int) -> None:
+        results[i] = where(workers, sleep=0.5, exclusive=i == 2, tag=str(i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for i, t in enumerate(threads):
+        t.start()
+        if i == 1:
+            threading.Event().wait(0.3)  # two checks running when the timing arrives
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results), [r.reason() for r in results]
+    timed = results[2].value
+    others = [r.value for i, r in enumerate(results) if i != 2]
+    assert all(o["end"] <= timed["start"] or o["start"] >= timed["end"] for o in others), (timed, others)
+    shared = sorted(others, key=lambda v: v["start"])
+    assert any(a["end"] > b["start"] for a, b in itertools.pairwise(shared)), shared  # checks do overlap
