@@ -75,7 +75,7 @@ IDENTITY_TASK = textwrap.dedent("""
 def test_task_files_are_named_and_grouped_like_kernelbench() -> None:
     assert len(TASK_PATHS) >= 40
     groups = {p.parent.name for p in TASK_PATHS}
-    assert groups == {"level1", "level2", "models", "gaps"}
+    assert groups == {"level1", "level2", "level3", "models", "gaps"}
     for group in groups:
         numbers = [int(p.name.split("_")[0]) for p in TASK_PATHS if p.parent.name == group]
         assert numbers == list(range(1, len(numbers) + 1)), f"{group}: numbered 1..n without gaps"
