@@ -80,6 +80,8 @@ FINAL_CHECK_FACTOR = 1.2
 FINAL_TIMED_RUNS = 110
 FINAL_RUN_COST = 2.0
 FINAL_OVERHEAD_S = 5.0
+#: Fresh re-evaluations of a win's skill gate (`kstrata.agents.skills.admit`: three seeds other than the task's).
+SKILL_REPRODUCTIONS = 3
 #: Writing report.md and its plots (matplotlib) after the final re-evaluation.
 REPORT_S = 10.0
 #: A child process started near the deadline gets at least this long (shorter than that it cannot finish
@@ -272,7 +274,16 @@ class TaskSearch:
             inc = self.nodes.get(self.incumbent_key)
         if inc is None:  # before the baselines: nothing measured yet
             return REPORT_S + FINAL_OVERHEAD_S
-        return self.final_cost_s(inc) + REPORT_S
+        return self.final_cost_s(inc) + self.skill_reserve_s(inc) + REPORT_S
+
+    def skill_reserve_s(self, inc: Node) -> float:
+        """With `--learn-skills`, a win's skill gate after the final: one fresh re-evaluation per other seed.
+        Reserved from the start (the next candidate may be the win), so the search stops in time for it: on the
+        H200 (2026-12-02) three wins were "not tried: its reproductions did not fit" when only the final was
+        reserved. Nothing is reserved without a timer (no speedup to reproduce)."""
+        if self.opts.skills_dir is None or not self.ev.timed:
+            return 0.0
+        return SKILL_REPRODUCTIONS * self.final_cost_s(inc)
 
     def time_left_s(self) -> float:
         return self.opts.minutes * 60 - self.elapsed()
@@ -979,7 +990,7 @@ class TaskSearch:
                        "speedup_vs_eager": verdict.speedup, "roofline": verdict.roofline})
         if (self.opts.skills_dir is not None and verdict.accepted and self.incumbent.space != "baseline"
                 and self.ev.timed and verdict.speedup):
-            need = 3 * self.final_cost_s(self.incumbent)  # the skill gate re-evaluates on three other seeds
+            need = self.skill_reserve_s(self.incumbent)
             if need > self.time_left_s() - REPORT_S:
                 ev["skill"] = {"admitted": False, "reason": f"not tried: its reproductions (about {need:.0f} s) did not "
                                f"fit before the {self.opts.minutes:g}-minute limit", "summary": "", "path": None}

@@ -367,6 +367,7 @@ def test_fx_rewrites_are_exact_up_to_rounding(tmp_path: Path) -> None:
 class FakeVerdict:
     def __init__(self, accepted: bool = True, reason: str = "correct (fake)", speedup: float | None = 1.5) -> None:
         self.accepted, self.reason, self.speedup, self.roofline, self.device = accepted, reason, speedup, None, "fake"
+        self.versions = {"torch": "fake"}
 
 
 class FakeEvaluator:
@@ -401,7 +402,8 @@ class FakeEvaluator:
         return out
 
     def profile(self, task: Path, cand: Path, triton_cache: Path | None = None) -> JobResult:
-        return JobResult(True, {"ok": True, "wall_us_per_call": 50.0, "kernel_us_per_call": 40.0,
+        # one kernel busy for most of the incumbent's timed call (90 us for the compile baseline): not launch-bound
+        return JobResult(True, {"ok": True, "wall_us_per_call": 110.0, "kernel_us_per_call": 80.0,
                                 "launches_per_call": 1, "kernels": []}, "", 0.0)
 
     def ncu(self, *a: Any, **k: Any) -> JobResult:

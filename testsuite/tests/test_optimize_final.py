@@ -358,3 +358,18 @@ def test_eval_verdict_accepts_a_win_the_roofline_explains(tmp_path: Path, cand_u
         assert v.roofline is not None and v.roofline["explanations"]
     else:
         assert v.failure == "flagged" and "faster than speed of light" in v.reason
+
+
+def test_with_learn_skills_the_search_stops_in_time_for_the_skill_gate(tmp_path: Path) -> None:
+    """A win's skill gate (three fresh re-evaluations on other seeds) is reserved like the final: on the H200
+    three wins were "not tried: its reproductions did not fit" when only the final was."""
+    clock = _Clock()
+    ev = _SlowEvaluator(tmp_path, clock, check_s=10.0, final_s=12.0)
+    s = _search(tmp_path, ev, budget=50, minutes=2.0, clock=clock, spaces=("compiler", "library"),
+                skills_dir=tmp_path / "skills")
+    r = s.run()
+    assert r.final_ok and s.incumbent.space != "baseline" and s.elapsed() <= 120.0
+    final = next(e for e in s.traj.replay() if e["type"] == "final")
+    assert "not tried" not in final["skill"]["reason"], final["skill"]
+    assert len(ev.final_at) == 4  # the final and the three reproductions, all within the limit
+    assert ev.final_at[-1] - 1000.0 <= 120.0
