@@ -64,10 +64,13 @@ class _KstrataGraphs:
     of the key's graphs is, or a new one is captured -- so an output is never overwritten under its holder,
     and nothing is copied out. A caller that passes tensors at new addresses on every call would capture on
     every call: after MAX_ADDRESSES addresses for one shape, that shape's inputs are copied into static
-    buffers of its own graphs instead. A call that cannot be captured raises (the candidate fails)."""
+    buffers of its own graphs instead. At most MAX_KEYS keys keep graphs (least recently used first out: each
+    graph holds a memory pool of its own), so new shapes do not grow memory without bound. A call that
+    cannot be captured raises (the candidate fails)."""
 
     PER_KEY = 2
     MAX_ADDRESSES = 4
+    MAX_KEYS = 6
 
     def __init__(self, call, module):
         self.call, self.module = call, module
@@ -115,7 +118,10 @@ class _KstrataGraphs:
             seen.add(where)
         copy_in = where not in seen
         key = (shape, held, None if copy_in else where)
-        entries = self.graphs.setdefault(key, [])
+        entries = self.graphs.pop(key, [])
+        self.graphs[key] = entries  # the most recently used last
+        while len(self.graphs) > self.MAX_KEYS:
+            del self.graphs[next(iter(self.graphs))]
         entry = next((e for e in entries if self._free(e)), None)
         if entry is None:
             if len(entries) >= self.PER_KEY:

@@ -136,6 +136,11 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
             lines.append(f"`model_new.py`: {inc.candidate.description} (space {inc.space}, proposer {inc.candidate.proposer}), "
                          f"**{_fmt(inc.speedup)}x** over the best baseline ({base.candidate.description}), interleaved medians.")
         lines.append(f"%SOL before {_fmt(result.sol_before, '.1f', 100)}, after {_fmt(result.sol_after, '.1f', 100)}.")
+        conf = search.confirmation or {}
+        if conf.get("reason"):
+            lines.append(f"Confirmation against the best baseline at the end (a fresh process, nothing else running): "
+                         f"{conf['reason']}" + ("; the output fell back to that baseline." if conf.get("verdict") == "slower"
+                                                 else "."))
     final = search.final or {}
     lines += [f"Final re-evaluation in fresh processes (seed {final.get('seed')}): "
               f"{'ACCEPTED' if final.get('accepted') else 'REJECTED'} — {final.get('reason', '')}" +

@@ -137,6 +137,12 @@ def test_new_addresses_capture_then_copy_in_and_replaced_weights_are_a_new_key(g
         ref.linear.weight = torch.nn.Parameter(new.model.linear.weight.detach().clone())
         out = new(xs[0])
         assert len(graphs) == limit + 2 and torch.allclose(out, ref(xs[0]))
+        del out
+        for n in range(2, 12):  # new shapes: at most MAX_KEYS keys keep graphs, the least recently used go first
+            x = torch.randn(n, 64)
+            assert torch.allclose(new(x), ref(x))
+        assert len(g.graphs) == mod._KstrataGraphs.MAX_KEYS and (((11, 64), (64, 1), torch.float32,
+                                                                  torch.device("cpu")),) in {k[0] for k in g.graphs}
 
 
 @pytest.mark.gpu

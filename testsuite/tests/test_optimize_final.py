@@ -15,7 +15,7 @@ import pytest
 
 from kstrata.agents import roofline
 from kstrata.agents.optimize.search import Options, TaskSearch
-from kstrata.agents.optimize.state import CheckResult
+from kstrata.agents.optimize.state import CheckResult, Measurement
 from kstrata.testsuite.tests.test_optimize import TINY, FakeEvaluator, FakeVerdict, _rule_us, _task_info
 
 
@@ -373,3 +373,49 @@ def test_with_learn_skills_the_search_stops_in_time_for_the_skill_gate(tmp_path:
     assert "not tried" not in final["skill"]["reason"], final["skill"]
     assert len(ev.final_at) == 4  # the final and the three reproductions, all within the limit
     assert ev.final_at[-1] - 1000.0 <= 120.0
+
+
+class _DriftingEvaluator(FakeEvaluator):
+    """The chosen candidate (coordinate-descent, 60 us during the search) measures `late_us` once the search
+    is over: what a host that changed speed does to a ratio taken earlier."""
+
+    def __init__(self, workdir: Path, late_us: float) -> None:
+        super().__init__(workdir, _rule_us)
+        self.late_us, self.late = late_us, False
+
+    def measure(self, task: Path, cands: dict[str, Path], layouts: Any, **kw: Any) -> Any:
+        out = super().measure(task, cands, layouts, **kw)
+        if self.late:
+            for k, p in cands.items():
+                if "coordinate_descent_tuning" in p.read_text():
+                    out[k] = Measurement(self.late_us, (self.late_us,) * 3, 30, self.spread)
+        return out
+
+
+@pytest.mark.parametrize(("late_us", "verdict"), [(60.0, "faster"), (89.5, "within noise"), (120.0, "slower")])
+def test_the_choice_is_confirmed_against_the_best_baseline_at_the_end(tmp_path: Path, late_us: float,
+                                                                      verdict: str) -> None:
+    ev = _DriftingEvaluator(tmp_path, late_us)
+    s = _search(tmp_path, ev, budget=2)
+    confirm = s.confirm
+
+    def late_confirm() -> None:
+        ev.late = True
+        confirm()
+
+    s.confirm = late_confirm  # type: ignore[method-assign]
+    r = s.run()
+    assert r.confirmation == verdict and r.speedup_confirmed == pytest.approx(90.0 / late_us) and r.final_ok
+    src = (tmp_path / "out" / "model_new.py").read_text()
+    assert "Confirmation against the best baseline at the end" in (tmp_path / "out" / "report.md").read_text()
+    if verdict == "slower":  # the output is never slower than the best baseline: it IS that baseline
+        assert s.incumbent.key == s.base_key and "this file IS the best baseline" in src
+        assert "coordinate_descent_tuning" not in src and "final confirmation" in s.nodes[
+            next(k for k, n in s.nodes.items() if n.status == "rejected")].note
+    else:
+        assert s.incumbent.space == "compiler" and "confirmed at the end" in src and verdict in src
+    # a resumed run replays the confirmation instead of measuring again, and keeps its outcome
+    s2 = _search(tmp_path, _DriftingEvaluator(tmp_path, late_us), budget=2, resume=True)
+    s2.replay()
+    assert s2.confirmation is not None and s2.confirmation["verdict"] == verdict
+    assert (s2.incumbent.key == s2.base_key) == (verdict == "slower")
