@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The measurements docs/gpu-runbook.md still owes, as named steps, for a GPU machine reached a command at a
+# time (a call may run 600 s and bring back a few files): each step under a time limit, its log and the
+# results files it wrote packed into one archive.
+#
+#   OUT=DIR tools/gpu_owed.sh STEP [STEP ...]
+#
+# Logs and outputs are written under WORK (default /tmp/kstrata-gpu-owed); OUT (default gpu-owed/; the device
+# tool's $OUT) receives only results.tgz: the logs, today's results files and the skill library.
+#
+#   setup         install the wheels carried in .whl/ (../shared/tools/device-wheels.sh) and kstrata itself
+#   mlp           issue 13: the batch-1 MLPs against all three baselines, with skills (9 min)
+#   groupnorm     issue 13: level1/22 with the end-of-search confirmation (5 min)
+#   skills        issue 15: level2/01 with the skill gate (6 min)
+#   templates     issue 19: the templates on the gap tasks (5 min), then the template tests' GPU twins
+#   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
+#
+# (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
+# A step that runs past its limit is stopped (what it wrote is kept); the script goes on with the next and
+# exits non-zero when any failed. LIMIT_SCALE=0.5 halves every limit (a shorter call).
+set -u
+OUT=${OUT:-gpu-owed}
+WORK=${WORK:-/tmp/kstrata-gpu-owed}
+PY=${PYTHON:-python3}
+SCALE=${LIMIT_SCALE:-1}
+mkdir -p "$OUT" "$WORK/results" "$WORK/out"
+before=$(ls -A "$OUT")  # what OUT held already is left alone
+status=0
+T0=$(date +%s)
+lim() { $PY -c "print(int($1 * $SCALE))"; }
+run() {  # run NAME LIMIT_S CMD...
+  local name=$1 limit; limit=$(lim "$2"); shift 2
+  local start; start=$(date +%s)
+  echo "== $name: limit ${limit} s, at $(( start - T0 )) s"
+  timeout -k 10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && status=1
+  echo "== $name: exit $rc in $(( $(date +%s) - start )) s"
+  tail -n "${TAIL:-12}" "$WORK/$name.log" | cut -c1-300
+}
+optimize() {  # optimize NAME LIMIT_S MINUTES TASKS TAG EXTRA [BENCH-ARGS...]
+  local name=$1 limit=$2 minutes=$3 tasks=$4 tag=$5 extra=$6; shift 6
+  run "$name" "$limit" $PY -m kstrata.tools.bench_optimize --tasks "$tasks" --total-minutes "$(lim "$minutes")" \
+    --workers 3 --tag "$tag" --out "$WORK/$name" --extra "$extra" "$@"
+}
+for step in "$@"; do
+  case $step in
+    setup)
+      run setup 300 bash -c "$PY -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && \
+        $PY -m pip install -q --no-deps --no-build-isolation -e ." ;;
+    mlp)
+      optimize mlp 570 9 level3/01_mlp_fp32,level3/02_deep_narrow_mlp_fp32 mlp \
+        "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \
+        --budget 8 --baselines eager,compile,compile-max-autotune ;;
+    groupnorm)
+      optimize groupnorm 330 5 level1/22_groupnorm_fp16 groupnorm "--spaces library,compiler,graph,ir" --budget 8 ;;
+    skills)
+      optimize skills 390 6 level2/01_gemm_bias_relu_fp16 skills \
+        "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" --budget 6 ;;
+    templates)
+      run templates 330 $PY -m kstrata.tools.bench_templates --tune-s 28 --runs 30 --total-s "$(lim 270)"
+      run template-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_templates.py ;;
+    compiled-models)
+      run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag models \
+        --models mlp_fp16,transformer_block_bf16,conv_block_fp32 --minutes "$(lim 9)" --budget 12 ;;
+    compiled-tasks)
+      run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag tasks \
+        --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
+        --minutes "$(lim 9)" --budget 12 ;;
+    *) echo "unknown step $step (setup mlp groupnorm skills templates compiled-models compiled-tasks)"; status=2 ;;
+  esac
+done
+# What the steps wrote: today's results files and the skill library, with the logs, in one archive.
+today=$(date -u +%Y-%m-%d)
+cp testsuite/results/*"$today"* "$WORK/results/" 2>/dev/null
+[ -d testsuite/skills-gpu ] && cp -r testsuite/skills-gpu "$WORK/results/"
+# bench_optimize also copies its results into $OUT when that is set: what this run added to OUT goes into
+# the archive too, so OUT ends with one file (the device tool brings back only a few)
+for f in $(ls -A "$OUT"); do
+  case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$WORK/out/" ;; esac
+done
+tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+echo "== packed $OUT/results.tgz in $(( $(date +%s) - T0 )) s; exit $status"
+exit $status
