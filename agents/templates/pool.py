@@ -34,7 +34,7 @@ from kstrata.agents.templates.graph import Chain, describe
 NAME = "pool2d"
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     core = chain.core
     if core is None or core.op not in ("max_pool2d", "avg_pool2d"):
         return "the graph has no 2-D pooling"

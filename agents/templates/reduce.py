@@ -43,7 +43,7 @@ def geometry(chain: Chain) -> tuple[int, int, int]:
     return math.prod(s[:dims[0]]), math.prod(s[dims[0]:dims[-1] + 1]), math.prod(s[dims[-1] + 1:])
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     core = chain.core
     if core is None or core.op not in OPS:
         return "the graph has no sum/mean/amax/logsumexp"
