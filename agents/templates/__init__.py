@@ -19,6 +19,8 @@ fused into the product's store:
 | norm       | LayerNorm over trailing dims, GroupNorm; fused rows or split rows (Welford)     | `norm`        |
 | softmax    | softmax / log-softmax over the last dim; fused rows or split rows (online)      | `softmax`     |
 | pool2d     | 2-D max / average pooling (stride, padding, dilation, count_include_pad)        | `pool`        |
+| pool1d     | 1-D max / average pooling: pool2d's kernel over (planes, L) with a (1, k) window | `pool1d`      |
+| pool3d     | 3-D max / average pooling: pool2d's kernels per output depth, depth window unrolled | `pool3d`   |
 | reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
 | gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
 
@@ -35,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kstrata.agents.tasks import Task
-from kstrata.agents.templates import gemm, norm, pointwise, pool, reduce, softmax
+from kstrata.agents.templates import gemm, norm, pointwise, pool, pool1d, pool3d, reduce, softmax
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
@@ -43,7 +45,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, reduce, gemm, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, pointwise)
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 #: Library ops a template leaves to PyTorch (cuDNN, cuBLAS) and fuses what follows into.
 HEADS = ("conv", "conv_transpose", "linear", "matmul")
 #: Ops a template implements.
-CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "sum", "mean", "amax",
-         "logsumexp")
+POOLS = ("max_pool1d", "avg_pool1d", "max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool3d")
+CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", *POOLS, "sum", "mean", "amax", "logsumexp")
 
 
 class GraphError(Exception):
@@ -122,16 +122,18 @@ def _module_op(mod: nn.Module, target: str) -> tuple[str, dict[str, Any], list[s
         return "softmax", {"dim": mod.dim}, []
     if isinstance(mod, nn.LogSoftmax):
         return "log_softmax", {"dim": mod.dim}, []
-    if isinstance(mod, nn.MaxPool2d):
-        if mod.ceil_mode or mod.return_indices:
-            raise GraphError(f"{target}: MaxPool2d with ceil_mode or return_indices")
-        return "max_pool2d", _pool_attrs(mod.kernel_size, mod.stride, mod.padding, mod.dilation), []
-    if isinstance(mod, nn.AvgPool2d):
-        if mod.ceil_mode or mod.divisor_override is not None:
-            raise GraphError(f"{target}: AvgPool2d with ceil_mode or divisor_override")
-        attrs = _pool_attrs(mod.kernel_size, mod.stride, mod.padding, 1)
-        attrs["count_include_pad"] = bool(mod.count_include_pad)
-        return "avg_pool2d", attrs, []
+    for rank, mcls in ((1, nn.MaxPool1d), (2, nn.MaxPool2d), (3, nn.MaxPool3d)):
+        if isinstance(mod, mcls):
+            if mod.ceil_mode or mod.return_indices:
+                raise GraphError(f"{target}: {mcls.__name__} with ceil_mode or return_indices")
+            return f"max_pool{rank}d", _pool_attrs(mod.kernel_size, mod.stride, mod.padding, mod.dilation, rank), []
+    for rank, acls in ((1, nn.AvgPool1d), (2, nn.AvgPool2d), (3, nn.AvgPool3d)):
+        if isinstance(mod, acls):
+            if mod.ceil_mode or getattr(mod, "divisor_override", None) is not None:
+                raise GraphError(f"{target}: {acls.__name__} with ceil_mode or divisor_override")
+            attrs = _pool_attrs(mod.kernel_size, mod.stride, mod.padding, 1, rank)
+            attrs["count_include_pad"] = bool(mod.count_include_pad)
+            return f"avg_pool{rank}d", attrs, []
     simple = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu", nn.Hardswish: "hardswish",
               nn.Hardsigmoid: "hardsigmoid", nn.Mish: "mish", nn.ReLU6: "relu6"}
     for cls, name in simple.items():
@@ -152,14 +154,20 @@ def _module_op(mod: nn.Module, target: str) -> tuple[str, dict[str, Any], list[s
     raise GraphError(f"{target}: module {type(mod).__name__} has no template")
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _ntuple(v: Any, rank: int) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (int(v),) * rank
+    if len(v) == 1 and rank > 1:
+        return (int(v[0]),) * rank
+    if len(v) != rank:
+        raise GraphError(f"a {rank}-D pooling with a {len(v)}-element size {tuple(v)}")
+    return tuple(int(x) for x in v)
 
 
-def _pool_attrs(k: Any, s: Any, p: Any, d: Any) -> dict[str, Any]:
-    kernel = _pair(k)
-    return {"kernel": kernel, "stride": _pair(s) if s not in (None, []) else kernel, "padding": _pair(p),
-            "dilation": _pair(d)}
+def _pool_attrs(k: Any, s: Any, p: Any, d: Any, rank: int = 2) -> dict[str, Any]:
+    kernel = _ntuple(k, rank)
+    return {"kernel": kernel, "stride": _ntuple(s, rank) if s not in (None, [], ()) else kernel,
+            "padding": _ntuple(p, rank), "dilation": _ntuple(d, rank)}
 
 
 _FUNCTIONS: dict[Any, str] = {
@@ -175,6 +183,7 @@ _FUNCTIONS: dict[Any, str] = {
     F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv",
     torch.softmax: "softmax", F.softmax: "softmax", torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax",
     F.layer_norm: "layer_norm", F.group_norm: "group_norm", F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d",
+    F.max_pool1d: "max_pool1d", F.avg_pool1d: "avg_pool1d", F.max_pool3d: "max_pool3d", F.avg_pool3d: "avg_pool3d",
     torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.logsumexp: "logsumexp",
 }
 _HEAD_FUNCTIONS: dict[Any, str] = {
@@ -266,15 +275,16 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
     if op == "group_norm":
         return ({"num_groups": int(_kw(node, 1, "num_groups", 1)), "eps": float(_kw(node, 4, "eps", 1e-5))},
                 [a[0], _kw(node, 2, "weight", None), _kw(node, 3, "bias", None)])
-    if op == "max_pool2d":
+    if op.startswith("max_pool"):
         if _kw(node, 5, "ceil_mode", False) or _kw(node, 6, "return_indices", False):
-            raise GraphError(f"{node.name}: max_pool2d with ceil_mode or return_indices")
+            raise GraphError(f"{node.name}: {op} with ceil_mode or return_indices")
         return _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0),
-                           _kw(node, 4, "dilation", 1)), [a[0]]
-    if op == "avg_pool2d":
+                           _kw(node, 4, "dilation", 1), int(op[-2])), [a[0]]
+    if op.startswith("avg_pool"):
         if _kw(node, 4, "ceil_mode", False) or _kw(node, 6, "divisor_override", None) is not None:
-            raise GraphError(f"{node.name}: avg_pool2d with ceil_mode or divisor_override")
-        attrs = _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0), 1)
+            raise GraphError(f"{node.name}: {op} with ceil_mode or divisor_override")
+        attrs = _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0), 1,
+                            int(op[-2]))
         attrs["count_include_pad"] = bool(_kw(node, 5, "count_include_pad", True))
         return attrs, [a[0]]
     if len(a) != 1 or node.kwargs:
