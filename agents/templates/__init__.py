@@ -9,9 +9,9 @@ standalone `ModelNew` sources.
 
 The graph is the task's `Model` traced by `torch.fx` on the meta device (`graph.trace`) and read as
 `epilogue(core(prologue(head(inputs))))` (`graph.chain`): at most one library op (convolution, linear,
-matmul) left to PyTorch — cuDNN/cuBLAS, with TF32 off under the default `strict` policy —, then one
-template kernel or kernel pair for the rest; `gemm` instead computes the linear/matmul itself, its epilogue
-fused into the product's store:
+matmul, scaled_dot_product_attention) left to PyTorch — cuDNN/cuBLAS, with TF32 off under the default `strict` policy —, then one
+template kernel or kernel pair for the rest; `gemm` and `attention` instead compute the library op
+themselves, its epilogue fused into their store:
 
 | template   | covers                                                                          | module        |
 |------------|---------------------------------------------------------------------------------|---------------|
@@ -23,6 +23,7 @@ fused into the product's store:
 | pool3d     | 3-D max / average pooling: pool2d's kernels per output depth, depth window unrolled | `pool3d`   |
 | reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
 | gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
+| attention  | flash forward of scaled_dot_product_attention (causal or not, any scale) + epilogue; same dtypes | `attention` |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
 GPU (`tune.autotune`) times a match's schedules and caches the best by template, shapes, dtypes, policy,
@@ -37,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kstrata.agents.tasks import Task
-from kstrata.agents.templates import gemm, norm, pointwise, pool, pool1d, pool3d, reduce, softmax
+from kstrata.agents.templates import attention, gemm, norm, pointwise, pool, pool1d, pool3d, reduce, softmax
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
@@ -45,7 +46,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, attention, pointwise)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,7 @@ the tiles running together share their A rows and B columns in L2. fp16/bf16 ope
 cores as they are; fp32 operands only under the `tf32` policy (`input_precision="tf32"`: inputs rounded
 to TF32, lower precision than fp32), never under `strict`, where cuBLAS's IEEE fp32 product stays.
 
-Triton 3.6's interpreter multiplies bf16 operands of `tl.dot` as raw 16-bit integers; on a CPU tensor
-(where Triton only runs interpreted) the kernel converts bf16 tiles to fp32 before the dot (`UPCAST`,
-a constexpr that is False on the GPU, so the compiled kernel is unchanged).
+On a CPU tensor bf16 tiles are converted to fp32 before the dot (`UPCAST`: `tensorcore`'s docstring).
 """
 
 from __future__ import annotations
@@ -37,18 +35,23 @@ from kstrata.agents.templates.codegen import (
     tl_dtype,
 )
 from kstrata.agents.templates.graph import Chain, GraphError, Node, describe
+from kstrata.agents.templates.tensorcore import (
+    ACC_PER_THREAD,
+    MAX_BATCH,
+    SMEM_BYTES,
+    admits,
+    dot_precision,
+    dtype_bytes,
+    epilogue_only,
+    operand,
+    ref,
+    upcast,
+)
 
 NAME = "gemm"
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("BLOCK_M", (16, 32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128, 256)), ("BLOCK_K", (16, 32, 64, 128)),
     ("GROUP_M", (1, 4, 8, 16)), ("num_warps", (2, 4, 8)), ("num_stages", (2, 3, 4, 5)))
-#: Shared memory a schedule's pipelined A and B tiles may take (the H200 gives a block 227 KiB; the rest
-#: is left to the epilogue's layout conversion).
-SMEM_BYTES = 200 * 1024
-#: fp32 accumulators per thread a schedule may keep (BLOCK_M * BLOCK_N / threads): beyond it they spill.
-ACC_PER_THREAD = 128
-#: Grid axis 1 (the batch) is limited to 65535 programs.
-MAX_BATCH = 65535
 _LINEAR_FNS = ("F.linear",)
 _MATMUL_FNS = ("torch.matmul", "torch.mm", "torch.bmm")
 
@@ -71,26 +74,16 @@ class Gemm:
     shapes: tuple[tuple[int, ...], ...]  # the operands' shapes (for the index type)
 
 
-def _operand(node: object, what: str) -> Node:
-    if not isinstance(node, Node) or node.op not in ("input", "param"):
-        raise GraphError(f"the {what} operand is not an input or a parameter")
-    return node
-
-
-def _ref(node: Node) -> str:
-    return node.name if node.op == "input" else f"self.{node.target}"
-
-
 def gemm_of(chain: Chain) -> Gemm:
     """The chain's head read as a GEMM (GraphError: why it is not one this template computes)."""
     h = chain.head
     if h is None or h.op not in ("linear", "matmul"):
         raise GraphError("the graph has no linear or matmul" if h is None else
-                         f"the graph's library op is a {h.op}, not a linear or matmul")
+                         f"the graph's library op is {'an' if h.op[0] in 'aeiou' else 'a'} {h.op}, not a linear or matmul")
     fn = h.attrs.get("fn")
     if "module" in h.attrs:
         path = h.attrs["module"]
-        x = _operand(h.args[0], "input")
+        x = operand(h.args[0], "linear's input")
         w = chain.graph.model.get_parameter(f"{path}.weight")
         weight = (f"self.{path}.weight", tuple(int(d) for d in w.shape), _dtype(w.dtype))
         b = getattr(chain.graph.model.get_submodule(path), "bias", None)
@@ -98,13 +91,13 @@ def gemm_of(chain: Chain) -> Gemm:
     if fn in _LINEAR_FNS:
         if h.attrs["kwargs"]:
             raise GraphError(f"{h.name}: F.linear with keyword arguments {sorted(h.attrs['kwargs'])}")
-        xn, wn = _operand(h.args[0], "input"), _operand(h.args[1], "weight")
-        bn = None if len(h.args) < 3 or h.args[2] is None else _operand(h.args[2], "bias")
-        return _linear(xn, (_ref(wn), wn.shape, wn.dtype), None if bn is None else (_ref(bn), bn.shape, bn.dtype))
+        xn, wn = operand(h.args[0], "linear's input"), operand(h.args[1], "linear's weight")
+        bn = None if len(h.args) < 3 or h.args[2] is None else operand(h.args[2], "linear's bias")
+        return _linear(xn, (ref(wn), wn.shape, wn.dtype), None if bn is None else (ref(bn), bn.shape, bn.dtype))
     if fn in _MATMUL_FNS:
         if h.attrs["kwargs"]:
             raise GraphError(f"{h.name}: {fn} with keyword arguments {sorted(h.attrs['kwargs'])}")
-        return _matmul(_operand(h.args[0], "first"), _operand(h.args[1], "second"))
+        return _matmul(operand(h.args[0], "matmul's first operand"), operand(h.args[1], "matmul's second operand"))
     raise GraphError(f"{h.name}: {fn} is not a GEMM this template reads")
 
 
@@ -126,7 +119,7 @@ def _linear(x: Node, weight: Operand, bias: Operand | None) -> Gemm:
         raise GraphError(f"linear with a {bias[2]} bias of shape {tuple(bias[1])} for {w_shape[0]} {x.dtype} outputs")
     k, n = w_shape[1], w_shape[0]
     m = math.prod(x.shape[:-1])
-    a = [f"a = {_ref(x)}"] if len(x.shape) == 2 else [f"a = {_ref(x)}.reshape({m}, {k})"]
+    a = [f"a = {ref(x)}"] if len(x.shape) == 2 else [f"a = {ref(x)}.reshape({m}, {k})"]
     return Gemm("linear", 1, m, n, k, x.dtype, tuple(a), (f"b = {w_ref}.t()",), False, False,
                 None if bias is None else bias[0], (x.shape, w_shape))
 
@@ -148,8 +141,8 @@ def _matmul(x: Node, y: Node) -> Gemm:
 
     def view(node: Node, var: str, rows: int, cols: int) -> tuple[str, ...]:
         if len(node.shape) <= 3:
-            return (f"{var} = {_ref(node)}",)
-        return (f"{var} = {_ref(node)}.reshape({math.prod(node.shape[:-2])}, {rows}, {cols})",)
+            return (f"{var} = {ref(node)}",)
+        return (f"{var} = {ref(node)}.reshape({math.prod(node.shape[:-2])}, {rows}, {cols})",)
 
     return Gemm("matmul", batch, m, n, k, x.dtype, view(x, "a", m, k), view(y, "b", k, n), bool(bx), bool(by), None,
                 (x.shape, y.shape))
@@ -160,33 +153,14 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
         g = gemm_of(chain)
     except GraphError as e:
         return str(e)
-    if chain.core is not None:
-        return f"the graph has a {chain.core.op} after the product; the GEMM template fuses pointwise ops only"
-    if chain.out_shape != chain.root.shape:
-        return f"the epilogue broadcasts the product {chain.root.shape} to {chain.out_shape}"
-    why = _precision(g.dtype, policy)
-    return why
-
-
-def _precision(dtype: str, policy: str) -> str | None:
-    if dtype in ("float16", "bfloat16"):
-        return None
-    if dtype == "float32":
-        return None if policy == "tf32" else \
-            ("fp32 operands: a Triton GEMM rounds them to TF32 on the tensor cores, admitted only under "
-             "--precision tf32 (under strict cuBLAS's IEEE fp32 product stays)")
-    return f"{dtype} operands: the GEMM template takes float16/bfloat16 (float32 under tf32)"
-
-
-def _elem(dtype: str) -> int:
-    return 2 if dtype in ("float16", "bfloat16") else 4
+    return epilogue_only(chain, "product") or admits(g.dtype, policy, NAME, "GEMM")
 
 
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
     g = gemm_of(chain)
-    bk = 64 if _elem(g.dtype) == 2 else 32
+    bk = 64 if dtype_bytes(g.dtype) == 2 else 32
     return SPACE, (("BLOCK_M", 128), ("BLOCK_N", 128), ("BLOCK_K", bk), ("GROUP_M", 8), ("num_warps", 4),
-                   ("num_stages", 4 if _elem(g.dtype) == 2 else 3))
+                   ("num_stages", 4 if dtype_bytes(g.dtype) == 2 else 3))
 
 
 def valid(chain: Chain, p: Params) -> bool:
@@ -200,7 +174,7 @@ def valid(chain: Chain, p: Params) -> bool:
     below = [v for v in groups if isinstance(v, int) and v < p["GROUP_M"]]
     if below and max(below) >= cdiv(g.m, bm):  # orders the tiles as a smaller GROUP_M already does
         return False
-    if p["num_stages"] * (bm * bk + bk * bn) * _elem(g.dtype) > SMEM_BYTES:
+    if p["num_stages"] * (bm * bk + bk * bn) * dtype_bytes(g.dtype) > SMEM_BYTES:
         return False
     return bool(bm * bn <= ACC_PER_THREAD * 32 * p["num_warps"])
 
@@ -224,7 +198,7 @@ def description(chain: Chain) -> str:
 
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     g = gemm_of(chain)
-    why = _precision(g.dtype, policy)
+    why = admits(g.dtype, policy, NAME, "GEMM")
     if why is not None:
         raise GraphError(why)
     m, n, k = g.m, g.n, g.k
@@ -239,7 +213,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     k_mask = k % bk != 0
     a_mask = f", mask=rk[None, :] < {k} - kk, other=0.0" if k_mask else ""
     b_mask = f", mask=rk[:, None] < {k} - kk, other=0.0" if k_mask else ""
-    prec = ', input_precision="tf32"' if g.dtype == "float32" else ""
+    prec = dot_precision(g.dtype)
     em = ExprEmitter("e")
     em.lines.append("x = acc" + (f" + tl.load(bias_ptr + rn, mask=rn < {n}, other=0.0).to(tl.float32)[None, :]"
                                  if g.bias else ""))
@@ -284,8 +258,7 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, {bias_sig}{lsig}stride_ab, stride_am, st
     fwd.append(f"out = torch.empty({space_!r}, device=a.device, dtype=torch.{chain.out_dtype})")
     sa = "a.stride(0), a.stride(1), a.stride(2)" if g.a_batched else "0, a.stride(0), a.stride(1)"
     sb = "b.stride(0), b.stride(1), b.stride(2)" if g.b_batched else "0, b.stride(0), b.stride(1)"
-    upcast = "a.device.type == 'cpu'" if g.dtype == "bfloat16" else "False"
-    args = ["a", "b", "out", *([g.bias] if g.bias else []), *leaf_vals, sa, sb, f"UPCAST={upcast}"]
+    args = ["a", "b", "out", *([g.bias] if g.bias else []), *leaf_vals, sa, sb, upcast("a", g.dtype)]
     grid = f"({cdiv(m, bm) * cdiv(n, bn)}, {g.batch})"
     fwd.append(launch("_gemm_kernel", grid, args, params))
     fwd.append("return out")

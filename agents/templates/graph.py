@@ -8,7 +8,7 @@ modules, functions and methods that compute the same thing get one spelling (`nn
 
     output = epilogue(core(prologue(root, leaves...)), leaves...)     root = head(input) or an input
 
-where *head* is at most one library op (convolution, linear, matmul) left to PyTorch, *core* is at most one
+where *head* is at most one library op (convolution, linear, matmul, attention) left to PyTorch, *core* is at most one
 op a template implements (a norm, a softmax, a pooling), and *prologue*/*epilogue* are pointwise
 expressions (`Expr`) over the root, the model's parameters and buffers, other inputs and constants, with
 broadcasting. A graph that is not of that shape gets a reason, never a guess.
@@ -36,7 +36,7 @@ UNARY = ("relu", "sigmoid", "tanh", "gelu", "silu", "exp", "abs", "neg", "hardsw
 #: Pointwise functions of two operands (tensors or scalars), with broadcasting.
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 #: Library ops a template leaves to PyTorch (cuDNN, cuBLAS) and fuses what follows into.
-HEADS = ("conv", "conv_transpose", "linear", "matmul")
+HEADS = ("conv", "conv_transpose", "linear", "matmul", "attention")
 #: Ops a template implements.
 POOLS = ("max_pool1d", "avg_pool1d", "max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool3d")
 CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", *POOLS, "sum", "mean", "amax", "logsumexp")
@@ -180,7 +180,7 @@ _FUNCTIONS: dict[Any, str] = {
     operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub", operator.mul: "mul",
     torch.mul: "mul", operator.truediv: "div", torch.div: "div", torch.maximum: "maximum", torch.minimum: "minimum",
     torch.matmul: "matmul", operator.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul", F.linear: "linear",
-    F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv",
+    F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv", F.scaled_dot_product_attention: "attention",
     torch.softmax: "softmax", F.softmax: "softmax", torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax",
     F.layer_norm: "layer_norm", F.group_norm: "group_norm", F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d",
     F.max_pool1d: "max_pool1d", F.avg_pool1d: "avg_pool1d", F.max_pool3d: "max_pool3d", F.avg_pool3d: "avg_pool3d",
@@ -189,7 +189,18 @@ _FUNCTIONS: dict[Any, str] = {
 _HEAD_FUNCTIONS: dict[Any, str] = {
     torch.matmul: "torch.matmul", operator.matmul: "torch.matmul", torch.mm: "torch.mm", torch.bmm: "torch.bmm",
     F.linear: "F.linear", F.conv1d: "F.conv1d", F.conv2d: "F.conv2d", F.conv3d: "F.conv3d",
+    F.scaled_dot_product_attention: "F.scaled_dot_product_attention",
 }
+#: scaled_dot_product_attention's arguments after (query, key, value), in order, with their defaults.
+SDPA_OPTIONS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
+
+
+def sdpa_options(node: Node) -> dict[str, Any]:
+    """The options of an attention node, positional or keyword, with PyTorch's defaults."""
+    opts = dict(SDPA_OPTIONS)
+    opts.update(zip([k for k, _ in SDPA_OPTIONS], node.args[3:], strict=False))
+    opts.update(node.attrs["kwargs"])
+    return opts
 
 
 def _constant(v: Any, where: str) -> Any:
@@ -361,6 +372,8 @@ def trace(task: Task) -> Graph:
                 kwargs = {k: _constant(v, n.name) for k, v in n.kwargs.items()}
                 args = [nodes[a] if isinstance(a, fx.Node) else _constant(a, n.name) for a in n.args]
                 node = Node(n.name, op_name, args, {"fn": fn, "kwargs": kwargs}, shape, dtype)
+                if op_name == "attention" and sdpa_options(node)["dropout_p"]:
+                    raise GraphError(f"{n.name}: attention with dropout (random in eval mode too)")
             else:
                 attrs, raw = _function_attrs(op_name, n)
                 node = Node(n.name, op_name, [operand(a, n.name) for a in raw], attrs, shape, dtype)

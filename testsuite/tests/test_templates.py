@@ -230,6 +230,38 @@ POOLND_CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
     ("04_avgpool1d_relu_scale_fp32.py", "pool1d", [{}, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}]),
     ("05_maxpool3d_tanh_fp16.py", "pool3d", [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
 ]
+ATTN_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, {args})
+
+
+    def get_inputs():
+        return [torch.randn({q}, dtype=torch.{dtype}), torch.randn({k}, dtype=torch.{dtype}),
+                torch.randn({v}, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: attention (arguments, q/k/v shapes, dtype, policy): causal with fewer and with more queries than keys
+#: (top-left aligned), fp32 under tf32
+ATTN_VARIANTS = [
+    ("is_causal=True", (2, 19, 32), (2, 45, 32), (2, 45, 16), "float16", "strict"),
+    ("None, 0.0, True", (1, 2, 45, 16), (1, 2, 19, 16), (1, 2, 19, 16), "bfloat16", "strict"),
+    ("is_causal=True, scale=0.5", (2, 21, 24), (2, 21, 24), (2, 21, 24), "float32", "tf32"),
+]
+#: the tiny tasks' attention (schedules), also on non-contiguous q, k, v; the second schedules walk several
+#: key blocks with several query blocks (a causal loop bound per query block)
+ATTN_CASES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("06_sdpa_causal_tanh_fp16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 16}]),
+    ("07_sdpa_cross_scaled_bf16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 32}]),
+]
 BCAST_TASK = """
         import torch
         import torch.nn as nn
@@ -330,6 +362,12 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     for name, tmpl, schedules in POOLND_CASES:
         jobs["poolnd-" + name] = [_job(SMALL / name, tmpl, p) for p in schedules]
         jobs["poolnd-noncontiguous-" + name] = [_job(SMALL / name, tmpl, {}, noncontiguous=True)]
+    for i, (args, q, k, v, dtype, policy) in enumerate(ATTN_VARIANTS):
+        path = write_task(tmp, f"attn_task_{i}.py", ATTN_TASK.format(args=args, q=q, k=k, v=v, dtype=dtype))
+        jobs[f"attn-{i}"] = [_job(path, "attention", {"BLOCK_M": 16, "BLOCK_N": 16}, policy)]
+    for name, schedules in ATTN_CASES:
+        jobs["attn-" + name] = [_job(SMALL / name, "attention", p) for p in schedules]
+        jobs["attn-noncontiguous-" + name] = [_job(SMALL / name, "attention", {}, noncontiguous=True)]
     for i, body in enumerate(REDUCE_BODIES):
         path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
         jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
@@ -345,16 +383,19 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     path = shrunk(tmp / "tf32", "level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 24, "out_features": 33})
     jobs["gemm-tf32"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "tf32")]
     # planted bugs: a normalization off by 1%, a max pool that skips the last window column, a GEMM that skips
-    # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window
+    # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window, a causal attention
+    # whose mask lets each query see one key past the diagonal
     norm = jobs["01_layernorm_three_dims_fp32"][0]
     pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
     gemm = jobs["gemm-01_linear_gelu_scale_residual_fp16.py"][1]
     pool3 = jobs["poolnd-05_maxpool3d_tanh_fp16.py"][0]
-    good = [norm, pool, gemm, pool3]
+    attn = jobs["attn-06_sdpa_causal_tanh_fp16.py"][1]
+    good = [norm, pool, gemm, pool3, attn]
     bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
            pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2),
            gemm["source"].replace("for kk in range(0, 40, BLOCK_K):", "for kk in range(0, 32, BLOCK_K):"),
-           pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):")]
+           pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):"),
+           attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)")]
     assert all(b != g["source"] for b, g in zip(bad, good, strict=True))
     jobs["planted"] = [{"task": g["task"], "source": b} for b, g in zip(bad, good, strict=True)]
     flat = [{**j, "record": True} for js in jobs.values() for j in js]
@@ -405,6 +446,50 @@ def test_1d_and_3d_pooling_variants(interpreted: dict[str, Any], tmp_path: Path,
 def test_1d_and_3d_pooling_tasks_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
     _assert_all_pass(interpreted["poolnd-" + name])
     _assert_all_pass(interpreted["poolnd-noncontiguous-" + name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(ATTN_VARIANTS)), ids=[f"{v[0]} {v[1]}x{v[2]} {v[4]}" for v in ATTN_VARIANTS])
+def test_attention_variants(interpreted: dict[str, Any], i: int) -> None:
+    _assert_all_pass(interpreted[f"attn-{i}"])
+    if ATTN_VARIANTS[i][5] == "tf32":
+        assert 'input_precision="tf32"' in interpreted[f"attn-{i}"][0]["candidate_source"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in ATTN_CASES])
+def test_attention_tasks_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["attn-" + name])
+    _assert_all_pass(interpreted["attn-noncontiguous-" + name])
+
+
+def test_attention_reads_its_options_and_rejections_say_why(tmp_path: Path) -> None:
+    m = one(SMALL / "06_sdpa_causal_tanh_fp16.py", "attention")
+    assert m.description.startswith("causal attention over 6 batch x heads, 37 queries x 37 keys, head dims 40/40")
+    src = m.render()
+    assert "q = q.reshape(6, 37, 40)" in src and "(rn[None, :] <= rm[:, None])" in src
+    assert "tl.minimum(37, (pid_m + 1) * BLOCK_M)" in src  # a causal block stops at its diagonal
+    assert "rd = tl.arange(0, 64)" in src  # head dim 40 padded to 64, masked
+    cross = one(SMALL / "07_sdpa_cross_scaled_bf16.py", "attention")
+    assert "scale 0.3," in cross.description and "UPCAST=q.device.type == 'cpu'" in cross.render()
+    assert "(rn[None, :] <= rm[:, None])" not in cross.render()
+    d = one(TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention").default_params()
+    assert d == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+
+    def reason(args: str, dtype: str = "float16", policy: str = "strict", k: tuple[int, ...] = (2, 8, 16)) -> str:
+        path = write_task(tmp_path, "attn.py", ATTN_TASK.format(args=args, q=(2, 8, 16), k=k, v=(2, 8, 16), dtype=dtype))
+        return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["attention"]
+
+    assert "only under --precision tf32" in reason("is_causal=True", "float32")
+    assert reason("dropout_p=0.1").endswith("attention with dropout (random in eval mode too)")
+    assert reason("enable_gqa=True") == "attention with enable_gqa (grouped key/value heads)"
+    assert reason("", k=(1, 8, 16)) == "attention with batch dims (2,), (1,), (2,) that broadcast"
+    masked = write_task(tmp_path, "masked.py", ATTN_TASK.format(args="self.mask", q=(2, 8, 16), k=(2, 8, 16),
+                                                               v=(2, 8, 16), dtype="float16").replace(
+        "    class Model(nn.Module):\n", "    class Model(nn.Module):\n        def __init__(self):\n            super().__init__()\n"
+        "            self.register_buffer('mask', torch.ones(8, 8, dtype=torch.bool).tril())\n\n"))
+    rej = {r.template: r.reason for r in analyse(load_task(masked)).rejected}
+    assert rej["attention"] == "attention with an attn_mask (the template takes is_causal only)"
 
 
 def test_pooling_rejections_say_why(tmp_path: Path) -> None:
@@ -528,10 +613,11 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
                 for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
-    for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32"):
+    for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32",
+              "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2"):
         for r in interpreted[k]:
             launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} for x in r["launches"]]
-            assert launches and all(x["kernel"] == "_gemm_kernel" for x in launches)
+            assert launches and all(x["kernel"] in ("_gemm_kernel", "_attention_kernel") for x in launches)
             recorded.append({**r, "launches": launches})
     # the team kernel is never launched on the CPU: compile it with the signature its GPU launch has
     team = dict(interpreted["03_softmax_wide_rows_fp32"][2])
@@ -547,9 +633,9 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_kernel(interpreted: dict[str, Any]) -> None:
     """The execution check can fail: a normalization off by 1%, a max pool that skips the last window column,
-    a GEMM that drops its K tail and a 3-D max pool that drops a depth are rejected (run in the same child as
-    the cases above)."""
-    assert [r["ok"] for r in interpreted["planted"]] == [False] * 4, interpreted["planted"]
+    a GEMM that drops its K tail, a 3-D max pool that drops a depth and a causal attention that sees one key
+    too many are rejected (run in the same child as the cases above)."""
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 5, interpreted["planted"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -660,24 +746,32 @@ def test_kstrata_eval_on_cpu_accepts_a_rendered_model_new(monkeypatch: pytest.Mo
     assert all(t.passes("strict") for t in v.trials) and len(v.trials) >= 5
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("name", "template", "params"), [
+#: one rendered source per template the tiny tasks cover, for `kstrata eval`
+EVAL_CLI_CASES = [
     ("01_linear_gelu_scale_residual_fp16.py", "gemm", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}),
     ("04_avgpool1d_relu_scale_fp32.py", "pool1d", {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}),
     ("05_maxpool3d_tanh_fp16.py", "pool3d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16}),
-])
-def test_kstrata_eval_cli_on_cpu_accepts_a_template_model_new(tmp_path: Path, name: str, template: str,
-                                                              params: dict[str, Any]) -> None:
-    """`kstrata eval --device cpu --no-timing` (the CLI, its hardened trials) on a rendered source of a tiny task."""
+    ("06_sdpa_causal_tanh_fp16.py", "attention", {"BLOCK_M": 16, "BLOCK_N": 16}),
+]
+
+
+@pytest.mark.slow
+def test_kstrata_eval_cli_on_cpu_accepts_each_tiny_tasks_model_new(tmp_path: Path) -> None:
+    """`kstrata eval --device cpu --no-timing` (the CLI, its hardened trials) on a rendered source of each tiny
+    task's template; the evaluations run side by side (each is mostly process start-up)."""
     import subprocess
     import sys
 
-    m = one(SMALL / name, template)
-    cand = tmp_path / "model_new.py"
-    cand.write_text(m.render(params))
-    p = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "eval", str(SMALL / name), str(cand), "--device", "cpu",
-                        "--no-timing", "--trials", "5"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "ACCEPTED" in p.stdout and "strict=True" in p.stdout, p.stdout + p.stderr
+    procs = []
+    for i, (name, template, params) in enumerate(EVAL_CLI_CASES):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(one(SMALL / name, template).render(params))
+        procs.append(subprocess.Popen([sys.executable, "-m", "kstrata.tools.cli", "eval", str(SMALL / name), str(cand),
+                                       "--device", "cpu", "--no-timing", "--trials", "5"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for (name, template, _), proc in zip(EVAL_CLI_CASES, procs, strict=True):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "ACCEPTED" in out and "strict=True" in out, (name, template, out + err)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -781,26 +875,20 @@ def test_rendered_model_new_matches_the_model_on_gpu(tmp_path: Path, rel: str, s
         assert r["ok"], (params, r)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize(("name", "policy", "schedules"), GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
-def test_gemm_matches_the_model_on_gpu(tmp_path: Path, name: str, policy: str, schedules: list[dict[str, Any]]) -> None:
-    m = one(SMALL / name, "gemm", policy)
-    for i, params in enumerate([*schedules, *m.hint_params(), *m.configs()[1::200]]):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        for noncontiguous in (False, True):
-            r = compare(SMALL / name, cand, device="cuda", noncontiguous=noncontiguous)
-            assert r["ok"], (params, noncontiguous, r)
+#: every tiny task's case: (task, template, policy, schedules)
+SMALL_CASES = [*((n, "gemm", p, s) for n, p, s in GEMM_CASES), *((n, t, "strict", s) for n, t, s in POOLND_CASES),
+               *((n, "attention", "strict", s) for n, s in ATTN_CASES)]
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize(("name", "template", "schedules"), POOLND_CASES, ids=[c[0] for c in POOLND_CASES])
-def test_1d_and_3d_pooling_matches_the_model_on_gpu(tmp_path: Path, name: str, template: str,
-                                                    schedules: list[dict[str, Any]]) -> None:
-    m = one(SMALL / name, template)
-    for i, params in enumerate([*schedules, *m.configs()[1::10]]):
+@pytest.mark.parametrize(("name", "template", "policy", "schedules"), SMALL_CASES, ids=[c[0] for c in SMALL_CASES])
+def test_tiny_tasks_match_the_model_on_gpu(tmp_path: Path, name: str, template: str, policy: str,
+                                           schedules: list[dict[str, Any]]) -> None:
+    """The tiny tasks' schedules, hints and a sample of the space on the GPU, contiguous and strided inputs."""
+    m = one(SMALL / name, template, policy)
+    configs = m.configs()
+    for i, params in enumerate([*schedules, *m.hint_params(), *configs[1::max(1, len(configs) // 8)]]):
         cand = tmp_path / f"model_new_{i}.py"
         cand.write_text(m.render(params))
         for noncontiguous in (False, True):
