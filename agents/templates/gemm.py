@@ -157,9 +157,14 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
 
 
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
+    """128x128 tiles (64 deep for 16-bit operands, 32 for fp32), cut to the dims' powers of two, with the
+    largest GROUP_M that orders them differently from a smaller one."""
     g = gemm_of(chain)
-    bk = 64 if dtype_bytes(g.dtype) == 2 else 32
-    return SPACE, (("BLOCK_M", 128), ("BLOCK_N", 128), ("BLOCK_K", bk), ("GROUP_M", 8), ("num_warps", 4),
+    bm, bn = min(128, max(16, next_pow2(g.m))), min(128, max(16, next_pow2(g.n)))
+    bk = min(64 if dtype_bytes(g.dtype) == 2 else 32, max(16, next_pow2(g.k)))
+    tiles_m = cdiv(g.m, bm)
+    group = 8 if tiles_m > 4 else (4 if tiles_m > 1 else 1)
+    return SPACE, (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk), ("GROUP_M", group), ("num_warps", 4),
                    ("num_stages", 4 if dtype_bytes(g.dtype) == 2 else 3))
 
 

@@ -559,8 +559,10 @@ def test_gemm_schedule_space_rules_out_what_cannot_run() -> None:
     assert not m._valid({**base, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3})  # 288 KiB smem
     assert len(m.hint_params()) == 4 and all(m._valid(h) for h in m.hint_params())
     small = one(SMALL / "01_linear_gelu_scale_residual_fp16.py", "gemm")
-    d = small.default_params()  # 37x72x40: the nearest valid schedule, blocks within the dims' powers of two
-    assert d["BLOCK_M"] <= 64 and (d["BLOCK_N"], d["BLOCK_K"]) == (128, 64) and small._valid(d)
+    d = small.default_params()  # 37x72x40: blocks cut to the dims' powers of two, one tile row (GROUP_M 1)
+    assert (d["BLOCK_M"], d["BLOCK_N"], d["BLOCK_K"], d["GROUP_M"]) == (64, 128, 64, 1) and small._valid(d)
+    bmm = one(TASKS_DIR / "level1" / "03_batched_gemm_bf16.py", "gemm").default_params()  # M = 512: 4 tile rows
+    assert (bmm["BLOCK_M"], bmm["BLOCK_N"], bmm["GROUP_M"]) == (128, 128, 4)
     assert not small._valid({**d, "BLOCK_M": 16, "GROUP_M": 8})  # 3 tile rows: GROUP_M 4 already takes them all
     assert small._valid({**d, "BLOCK_M": 16, "GROUP_M": 4})
     configs = small.configs()
@@ -628,6 +630,54 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     recorded.append(team)
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
+
+
+def _launch_of(source: str, kernel: str, pointers: str, params: dict[str, Any], ones: tuple[str, ...]) -> dict[str, Any]:
+    """A launch record of `kernel` as its GPU launch on the task's contiguous inputs would have it: pointers of
+    type `pointers`, the integer parameters `ones` specialized to 1 (unit strides), the others i32 multiples of
+    16 like the pointers, the schedule's constexprs (UPCAST False, as on the GPU)."""
+    found = re.search(rf"def {kernel}\((.*?)\):", source, re.S)
+    assert found, kernel
+    signature, constexprs, divisible = {}, {"UPCAST": False}, []
+    for param in (p.strip() for p in found.group(1).split(",") if p.strip()):
+        name = param.split(":")[0].strip()
+        if "constexpr" in param or name in ones:
+            signature[name] = "constexpr"
+            constexprs[name] = 1 if name in ones else params.get(name, False)
+        else:
+            signature[name] = pointers if name.endswith("_ptr") else "i32"
+            divisible.append(name)
+    constexprs["UPCAST"] = False
+    return {"kernel": kernel, "signature": signature, "constexprs": constexprs, "divisible": divisible,
+            "num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+
+
+@pytest.mark.slow
+def test_full_size_tensor_core_schedules_compile_for_the_gpu() -> None:
+    """The default and the first hinted schedule of the GEMM and attention templates on the suite's full-size
+    tasks (128x128 and 128x256 tiles, 8 warps, pipelines 3-4 deep) compile for cuda:90 through ptxas: the
+    shared memory and register limits `valid` assumes hold for what the GPU compiler makes of them."""
+    cases = [(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm", "_gemm_kernel", "*fp16",
+              ("stride_ak", "stride_bk")),  # x @ W.T: the weight read transposed (unit stride along K)
+             (TASKS_DIR / "level1" / "03_batched_gemm_bf16.py", "gemm", "_gemm_kernel", "*bf16", ("stride_ak", "stride_bn")),
+             (TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention", "_attention_kernel", "*fp16",
+              ("sqd", "skd", "svd"))]
+    recorded = []
+    for path, template, kernel, pointers, ones in cases:
+        m = one(path, template)
+        for params in (m.default_params(), m.hint_params()[0]):
+            src = m.render(params)
+            recorded.append({"candidate_source": src, "launches": [_launch_of(src, kernel, pointers, params, ones)]})
+    # a schedule `valid` refuses (128x128 tiles 128 deep in 5 stages: 320 KiB) fails the check
+    m = one(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm")
+    big = {**m.default_params(), "BLOCK_K": 128, "num_stages": 5}
+    assert not m._valid(big)
+    src = m.render()
+    recorded.append({"candidate_source": src,
+                     "launches": [_launch_of(src, "_gemm_kernel", "*fp16", big, ("stride_ak", "stride_bk"))]})
+    failures = compile_recorded(recorded, "cuda:90")
+    assert failures[:-1] == [[] for _ in recorded[:-1]], [f for f in failures if f]
+    assert len(failures[-1]) == 1 and "bytes of shared memory, a block on cuda:90 gets 232448" in failures[-1][0]
 
 
 @pytest.mark.slow
