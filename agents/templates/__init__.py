@@ -23,6 +23,7 @@ themselves, its epilogue fused into their store:
 | pool3d     | 3-D max / average pooling: pool2d's kernels per output depth, depth window unrolled | `pool3d`   |
 | reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
 | gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
+| gemm_reduce | linear / 2-D matmul + pointwise + sum/mean/amax/logsumexp over the output features + pointwise; the product never written | `gemm_reduce` |
 | attention  | flash forward of scaled_dot_product_attention (causal or not, any scale) + epilogue; same dtypes | `attention` |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
@@ -38,7 +39,18 @@ from pathlib import Path
 from types import ModuleType
 
 from kstrata.agents.tasks import Task
-from kstrata.agents.templates import attention, gemm, norm, pointwise, pool, pool1d, pool3d, reduce, softmax
+from kstrata.agents.templates import (
+    attention,
+    gemm,
+    gemm_reduce,
+    norm,
+    pointwise,
+    pool,
+    pool1d,
+    pool3d,
+    reduce,
+    softmax,
+)
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
@@ -46,7 +58,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, attention, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, attention, pointwise)
 
 
 @dataclass(frozen=True)

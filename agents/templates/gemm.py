@@ -201,29 +201,62 @@ def description(chain: Chain) -> str:
             f"{bias}, epilogue {describe(chain.epilogue)} fused into its store")
 
 
+def tile_product(g: Gemm, bm: int, bn: int, bk: int, it: str) -> list[str]:
+    """Kernel lines computing `acc`, the fp32 BLOCK_M x BLOCK_N product tile at rows `rm`, columns `rn` of
+    batch `bat` (defined before them), from `a_ptr`/`b_ptr` and their strides.
+
+    A K tail: the last step's loads are masked; M and N tails wrap around (rows and columns that are loaded
+    but never stored), so the loads along M and N need no mask."""
+    m, n, k = g.m, g.n, g.k
+    k_mask = k % bk != 0
+    a_mask = f", mask=rk[None, :] < {k} - kk, other=0.0" if k_mask else ""
+    b_mask = f", mask=rk[:, None] < {k} - kk, other=0.0" if k_mask else ""
+    prec = dot_precision(g.dtype)
+    return [f"rk = tl.arange(0, BLOCK_K).to({it})",
+            f"ra = {'rm' if m % bm == 0 else f'rm % {m}'}",
+            f"rb = {'rn' if n % bn == 0 else f'rn % {n}'}",
+            "a_ptrs = a_ptr + bat * stride_ab + ra[:, None] * stride_am + rk[None, :] * stride_ak",
+            "b_ptrs = b_ptr + bat * stride_bb + rk[:, None] * stride_bk + rb[None, :] * stride_bn",
+            "acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)",
+            f"for kk in range(0, {k}, BLOCK_K):",
+            f"    a = tl.load(a_ptrs{a_mask})",
+            f"    b = tl.load(b_ptrs{b_mask})",
+            "    if UPCAST:",
+            "        a = a.to(tl.float32)",
+            "        b = b.to(tl.float32)",
+            f"    acc = tl.dot(a, b, acc{prec})",
+            "    a_ptrs += BLOCK_K * stride_ak",
+            "    b_ptrs += BLOCK_K * stride_bk"]
+
+
+def bias_term(g: Gemm) -> str:
+    """What adds the linear's bias (a `bias_ptr` kernel argument) to `acc`, in fp32."""
+    return f" + tl.load(bias_ptr + rn, mask=rn < {g.n}, other=0.0).to(tl.float32)[None, :]" if g.bias else ""
+
+
+def stride_args(g: Gemm) -> list[str]:
+    """The forward's stride arguments (batch, rows, columns of `a`, then of `b`; batch stride 0 when shared)."""
+    return ["a.stride(0), a.stride(1), a.stride(2)" if g.a_batched else "0, a.stride(0), a.stride(1)",
+            "b.stride(0), b.stride(1), b.stride(2)" if g.b_batched else "0, b.stride(0), b.stride(1)"]
+
+
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     g = gemm_of(chain)
     why = admits(g.dtype, policy, NAME, "GEMM")
     if why is not None:
         raise GraphError(why)
-    m, n, k = g.m, g.n, g.k
+    m, n = g.m, g.n
     bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
     space_ = chain.out_shape
     it = index_type(space_, *g.shapes)
     leaf_names, leaf_vals = leaf_kernel_args(chain)
     lsig = "".join(x + ", " for x in leaf_names)
     bias_sig = "bias_ptr, " if g.bias else ""
-    # a K tail: the last step's loads are masked; M and N tails wrap around (rows and columns that are loaded
-    # but never stored), so the loads along M and N need no mask
-    k_mask = k % bk != 0
-    a_mask = f", mask=rk[None, :] < {k} - kk, other=0.0" if k_mask else ""
-    b_mask = f", mask=rk[:, None] < {k} - kk, other=0.0" if k_mask else ""
-    prec = dot_precision(g.dtype)
     em = ExprEmitter("e")
-    em.lines.append("x = acc" + (f" + tl.load(bias_ptr + rn, mask=rn < {n}, other=0.0).to(tl.float32)[None, :]"
-                                 if g.bias else ""))
+    em.lines.append(f"x = acc{bias_term(g)}")
     res = em.emit(chain.epilogue, "x", "idx", space_, "mask")
     epi = "\n".join("    " + line for line in em.lines)
+    tile = "\n".join("    " + line for line in tile_product(g, bm, bn, bk, it))
     src = f'''
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, out_ptr, {bias_sig}{lsig}stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
@@ -239,21 +272,7 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, {bias_sig}{lsig}stride_ab, stride_am, st
     pid_n = (pid % in_group) // group_m
     rm = pid_m.to({it}) * BLOCK_M + tl.arange(0, BLOCK_M).to({it})
     rn = pid_n.to({it}) * BLOCK_N + tl.arange(0, BLOCK_N).to({it})
-    rk = tl.arange(0, BLOCK_K).to({it})
-    ra = {"rm" if m % bm == 0 else f"rm % {m}"}
-    rb = {"rn" if n % bn == 0 else f"rn % {n}"}
-    a_ptrs = a_ptr + bat * stride_ab + ra[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + bat * stride_bb + rk[:, None] * stride_bk + rb[None, :] * stride_bn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for kk in range(0, {k}, BLOCK_K):
-        a = tl.load(a_ptrs{a_mask})
-        b = tl.load(b_ptrs{b_mask})
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc{prec})
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+{tile}
     mask = (rm[:, None] < {m}) & (rn[None, :] < {n})
     idx = bat * {m * n} + rm[:, None] * {n} + rn[None, :]
 {epi}
@@ -261,9 +280,7 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, {bias_sig}{lsig}stride_ab, stride_am, st
 '''
     fwd = check_shapes(chain) + list(g.a_lines) + list(g.b_lines)
     fwd.append(f"out = torch.empty({space_!r}, device=a.device, dtype=torch.{chain.out_dtype})")
-    sa = "a.stride(0), a.stride(1), a.stride(2)" if g.a_batched else "0, a.stride(0), a.stride(1)"
-    sb = "b.stride(0), b.stride(1), b.stride(2)" if g.b_batched else "0, b.stride(0), b.stride(1)"
-    args = ["a", "b", "out", *([g.bias] if g.bias else []), *leaf_vals, sa, sb, upcast("a", g.dtype)]
+    args = ["a", "b", "out", *([g.bias] if g.bias else []), *leaf_vals, *stride_args(g), upcast("a", g.dtype)]
     grid = f"({cdiv(m, bm) * cdiv(n, bn)}, {g.batch})"
     fwd.append(launch("_gemm_kernel", grid, args, params))
     fwd.append("return out")

@@ -262,6 +262,42 @@ ATTN_CASES: list[tuple[str, list[dict[str, Any]]]] = [
     ("06_sdpa_causal_tanh_fp16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 16}]),
     ("07_sdpa_cross_scaled_bf16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 32}]),
 ]
+GEMM_REDUCE_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(70, 24, dtype=torch.{dtype}) / 5.0)
+            self.b = nn.Parameter(torch.randn(70, dtype=torch.{dtype}))
+
+        def forward(self, x):
+            return {body}
+
+
+    def get_inputs():
+        return [torch.randn(13, 24, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: GEMM + row reduction (body over `F.linear(x, self.w, self.b)` = y, dtype, policy, schedule): amax keepdim with
+#: a NaN-aware max over SPLIT partials, a mean of fp32 operands under tf32, a sum with a column-broadcast prologue
+GEMM_REDUCE_VARIANTS = [
+    ("torch.amax(F.relu(y), dim=-1, keepdim=True) * 2.0", "bfloat16", "strict",
+     {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 4}),
+    ("torch.mean(y * 0.5, dim=1)", "float32", "tf32", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT": 1}),
+    ("torch.sum(y - self.b, dim=1) - 1.0", "float16", "strict", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT": 2}),
+]
+#: the tiny task's GEMM + logsumexp: one program per row block (SPLIT 1) and split column groups
+GEMM_REDUCE_CASES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("08_linear_sigmoid_logsumexp_fp16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 1},
+                                             {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 8}]),
+]
 BCAST_TASK = """
         import torch
         import torch.nn as nn
@@ -368,6 +404,13 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     for name, schedules in ATTN_CASES:
         jobs["attn-" + name] = [_job(SMALL / name, "attention", p) for p in schedules]
         jobs["attn-noncontiguous-" + name] = [_job(SMALL / name, "attention", {}, noncontiguous=True)]
+    for i, (body, dtype, policy, params) in enumerate(GEMM_REDUCE_VARIANTS):
+        task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
+        path = write_task(tmp, f"gemm_reduce_task_{i}.py", task)
+        jobs[f"gemm_reduce-{i}"] = [_job(path, "gemm_reduce", params, policy)]
+    for name, schedules in GEMM_REDUCE_CASES:
+        jobs["gemm_reduce-" + name] = [_job(SMALL / name, "gemm_reduce", p) for p in schedules]
+        jobs["gemm_reduce-noncontiguous-" + name] = [_job(SMALL / name, "gemm_reduce", {}, noncontiguous=True)]
     for i, body in enumerate(REDUCE_BODIES):
         path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
         jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
@@ -390,12 +433,14 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     gemm = jobs["gemm-01_linear_gelu_scale_residual_fp16.py"][1]
     pool3 = jobs["poolnd-05_maxpool3d_tanh_fp16.py"][0]
     attn = jobs["attn-06_sdpa_causal_tanh_fp16.py"][1]
-    good = [norm, pool, gemm, pool3, attn]
+    red = jobs["gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"][1]  # 10 column tiles of 16: skip the last 5
+    good = [norm, pool, gemm, pool3, attn, red]
     bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
            pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2),
            gemm["source"].replace("for kk in range(0, 40, BLOCK_K):", "for kk in range(0, 32, BLOCK_K):"),
            pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):"),
-           attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)")]
+           attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)"),
+           red["source"].replace("for nt in range(split, 10, SPLIT):", "for nt in range(split, 5, SPLIT):")]
     assert all(b != g["source"] for b, g in zip(bad, good, strict=True))
     jobs["planted"] = [{"task": g["task"], "source": b} for b, g in zip(bad, good, strict=True)]
     flat = [{**j, "record": True} for js in jobs.values() for j in js]
@@ -490,6 +535,42 @@ def test_attention_reads_its_options_and_rejections_say_why(tmp_path: Path) -> N
         "            self.register_buffer('mask', torch.ones(8, 8, dtype=torch.bool).tril())\n\n"))
     rej = {r.template: r.reason for r in analyse(load_task(masked)).rejected}
     assert rej["attention"] == "attention with an attn_mask (the template takes is_causal only)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(GEMM_REDUCE_VARIANTS)), ids=[v[0] for v in GEMM_REDUCE_VARIANTS])
+def test_gemm_reduce_variants(interpreted: dict[str, Any], i: int) -> None:
+    [r] = interpreted[f"gemm_reduce-{i}"]
+    assert r["ok"], r
+    split = GEMM_REDUCE_VARIANTS[i][3]["SPLIT"]
+    assert ("def _gemm_reduce_combine(" in r["candidate_source"]) == (split > 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in GEMM_REDUCE_CASES])
+def test_gemm_reduce_task_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["gemm_reduce-" + name])
+    _assert_all_pass(interpreted["gemm_reduce-noncontiguous-" + name])
+
+
+def test_gemm_reduce_schedules_and_rejections(tmp_path: Path) -> None:
+    big = one(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py", "gemm_reduce")
+    d = big.default_params()  # 32 row blocks of 128: the smallest SPLIT for at least 264 programs is 16
+    assert (d["BLOCK_M"], d["BLOCK_N"], d["SPLIT"]) == (128, 128, 16) and "GROUP_M" not in d
+    assert "logsumexp over its 8192 columns" in big.description
+    assert not big._valid({**d, "BLOCK_N": 256, "SPLIT": 64})  # 32 column tiles cannot feed 64 splits
+    small = one(SMALL / "08_linear_sigmoid_logsumexp_fp16.py", "gemm_reduce")
+    assert small.default_params()["SPLIT"] == 2  # one row block: split its 2 column tiles
+
+    def reason(body: str, dtype: str = "float16", policy: str = "strict") -> str:
+        task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
+        path = write_task(tmp_path, "gr.py", task)
+        return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["gemm_reduce"]
+
+    assert reason("torch.sum(y, dim=0)") == "sum over dims (0,) of the product, not its last dim alone"
+    assert reason("torch.sum(y)") == "sum over dims None of the product, not its last dim alone"
+    assert "only under --precision tf32" in reason("torch.sum(y, dim=1)", "float32")
+    assert reason("torch.relu(y)") == "the graph has no sum/mean/amax/logsumexp after the product"
 
 
 def test_pooling_rejections_say_why(tmp_path: Path) -> None:
@@ -616,10 +697,13 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
     for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32",
-              "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2"):
+              "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2", "gemm_reduce-0",
+              "gemm_reduce-1", "gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"):
         for r in interpreted[k]:
-            launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} for x in r["launches"]]
-            assert launches and all(x["kernel"] in ("_gemm_kernel", "_attention_kernel") for x in launches)
+            launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} if "UPCAST" in x["constexprs"] else x
+                        for x in r["launches"]]
+            assert launches and all(x["kernel"] in ("_gemm_kernel", "_attention_kernel", "_gemm_reduce_kernel",
+                                                    "_gemm_reduce_combine") for x in launches)
             recorded.append({**r, "launches": launches})
     # the team kernel is never launched on the CPU: compile it with the signature its GPU launch has
     team = dict(interpreted["03_softmax_wide_rows_fp32"][2])
@@ -661,7 +745,9 @@ def test_full_size_tensor_core_schedules_compile_for_the_gpu() -> None:
               ("stride_ak", "stride_bk")),  # x @ W.T: the weight read transposed (unit stride along K)
              (TASKS_DIR / "level1" / "03_batched_gemm_bf16.py", "gemm", "_gemm_kernel", "*bf16", ("stride_ak", "stride_bn")),
              (TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention", "_attention_kernel", "*fp16",
-              ("sqd", "skd", "svd"))]
+              ("sqd", "skd", "svd")),
+             (TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py", "gemm_reduce", "_gemm_reduce_kernel", "*bf16",
+              ("stride_ak", "stride_bk"))]
     recorded = []
     for path, template, kernel, pointers, ones in cases:
         m = one(path, template)
@@ -683,9 +769,10 @@ def test_full_size_tensor_core_schedules_compile_for_the_gpu() -> None:
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_kernel(interpreted: dict[str, Any]) -> None:
     """The execution check can fail: a normalization off by 1%, a max pool that skips the last window column,
-    a GEMM that drops its K tail, a 3-D max pool that drops a depth and a causal attention that sees one key
-    too many are rejected (run in the same child as the cases above)."""
-    assert [r["ok"] for r in interpreted["planted"]] == [False] * 5, interpreted["planted"]
+    a GEMM that drops its K tail, a 3-D max pool that drops a depth, a causal attention that sees one key
+    too many and a GEMM + logsumexp that skips its last 70 columns are rejected (run in the same child as the
+    cases above)."""
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 6, interpreted["planted"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -802,6 +889,7 @@ EVAL_CLI_CASES = [
     ("04_avgpool1d_relu_scale_fp32.py", "pool1d", {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}),
     ("05_maxpool3d_tanh_fp16.py", "pool3d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16}),
     ("06_sdpa_causal_tanh_fp16.py", "attention", {"BLOCK_M": 16, "BLOCK_N": 16}),
+    ("08_linear_sigmoid_logsumexp_fp16.py", "gemm_reduce", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT": 4}),
 ]
 
 
@@ -927,7 +1015,8 @@ def test_rendered_model_new_matches_the_model_on_gpu(tmp_path: Path, rel: str, s
 
 #: every tiny task's case: (task, template, policy, schedules)
 SMALL_CASES = [*((n, "gemm", p, s) for n, p, s in GEMM_CASES), *((n, t, "strict", s) for n, t, s in POOLND_CASES),
-               *((n, "attention", "strict", s) for n, s in ATTN_CASES)]
+               *((n, "attention", "strict", s) for n, s in ATTN_CASES),
+               *((n, "gemm_reduce", "strict", s) for n, s in GEMM_REDUCE_CASES)]
 
 
 @pytest.mark.gpu
