@@ -270,6 +270,8 @@ def _value(a: Any) -> str:
             return a.name
         if a.op == "param":
             return f"self.{a.target}"
+        if a.op == "transpose":
+            return f"{_value(a.args[0])}.transpose(-1, -2)"
         raise GraphError(f"{a.name}: a computed operand of the library op")
     return repr(a)
 

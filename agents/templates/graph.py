@@ -305,6 +305,42 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
     return {}, a
 
 
+#: Names the generated `forward` binds or uses (head output, output and partial buffers, operand views, the
+#: modules): an input of one of these names is renamed (`out` -> `out_in`), or the forward would overwrite
+#: it before a kernel reads it.
+FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "self",
+                            "torch", "triton", "tl", "math", "nn", "F"})
+
+
+def _input_name(name: str, taken: set[str]) -> str:
+    while name in FORWARD_LOCALS or name in taken:
+        name += "_in"
+    return name
+
+
+def _swaps_last_two(n: fx.Node) -> bool:
+    """Whether an fx node is a view swapping its operand's last two dims (`x.T` of a matrix, `x.mT`, `x.t()`,
+    `x.transpose(-2, -1)`, `torch.transpose(x, ...)`): library ops read such an operand through its strides."""
+    if not n.args or not isinstance(n.args[0], fx.Node):
+        return False
+    src = n.args[0].meta.get("tensor_meta")
+    rank = len(src.shape) if src is not None and hasattr(src, "shape") else -1
+    if n.op == "call_function" and n.target is getattr and len(n.args) == 2:
+        return (n.args[1] == "T" and rank == 2) or n.args[1] == "mT"
+    if n.op == "call_method" and n.target == "t" and len(n.args) == 1:
+        return rank == 2
+    is_transpose = (n.op == "call_method" and n.target == "transpose") or (n.op == "call_function" and n.target is torch.transpose)
+    dims = [d for d in n.args[1:] if isinstance(d, int)]
+    if is_transpose and len(n.args) == 3 and len(dims) == 2 and not n.kwargs and rank >= 2:
+        return {d % rank for d in dims} == {rank - 2, rank - 1}
+    return False
+
+
+def is_operand(node: Node) -> bool:
+    """An input or parameter, or one with its last two dims swapped (a view a library op reads in place)."""
+    return node.op in ("input", "param") or (node.op == "transpose" and node.args[0].op in ("input", "param"))
+
+
 def trace(task: Task) -> Graph:
     """Trace the task's `Model` on the meta device and canonicalize its nodes (GraphError: why not)."""
     model, inputs = task.instantiate("meta")
@@ -342,7 +378,8 @@ def trace(task: Task) -> Graph:
         if n.op == "placeholder":
             if not shape and not dtype:
                 raise GraphError(f"input {n.name} is not a tensor")
-            node = Node(n.name, "input", [], shape=shape, dtype=dtype, index=len(graph_inputs))
+            node = Node(_input_name(n.name, {g.name for g in graph_inputs}), "input", [], shape=shape, dtype=dtype,
+                        index=len(graph_inputs))
             graph_inputs.append(node)
         elif n.op == "get_attr":
             node = Node(n.name, "param", [], shape=shape, dtype=dtype, target=str(n.target))
@@ -359,6 +396,8 @@ def trace(task: Task) -> Graph:
                 else:
                     args.append(None)
             node = Node(n.name, op, args, attrs, shape, dtype, target=str(n.target))
+        elif n.op in ("call_function", "call_method") and _swaps_last_two(n):
+            node = Node(n.name, "transpose", [operand(n.args[0], n.name)], shape=shape, dtype=dtype)
         elif n.op in ("call_function", "call_method"):
             if n.op == "call_method":
                 op_name = _METHODS.get(str(n.target))
@@ -464,7 +503,7 @@ def chain(graph: Graph) -> Chain:
     core = cores[0] if cores else None
     if head is not None:
         for a in head.args:
-            if isinstance(a, Node) and a.op not in ("input", "param"):
+            if isinstance(a, Node) and not is_operand(a):
                 raise GraphError(f"{head.name}: the library op's operands are computed ({a.name}); a template fuses after it")
         root = head
     else:

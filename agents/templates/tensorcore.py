@@ -11,7 +11,7 @@ compiled kernel is unchanged).
 
 from __future__ import annotations
 
-from kstrata.agents.templates.graph import Chain, GraphError, Node
+from kstrata.agents.templates.graph import Chain, GraphError, Node, is_operand
 
 #: Shared memory a schedule's pipelined tiles may take (the H200 gives a block 227 KiB; the rest is left to
 #: the epilogue's layout conversion).
@@ -23,14 +23,16 @@ MAX_BATCH = 65535
 
 
 def operand(node: object, what: str) -> Node:
-    """A library op's tensor operand, which must be an input or a parameter (GraphError otherwise)."""
-    if not isinstance(node, Node) or node.op not in ("input", "param"):
+    """A library op's tensor operand: an input or a parameter, or one transposed (GraphError otherwise)."""
+    if not isinstance(node, Node) or not is_operand(node):
         raise GraphError(f"the {what} is not an input or a parameter")
     return node
 
 
 def ref(node: Node) -> str:
-    """The forward-side expression of an input or parameter node."""
+    """The forward-side expression of an operand node (a transposed one is a strided view, not a copy)."""
+    if node.op == "transpose":
+        return f"{ref(node.args[0])}.transpose(-1, -2)"
     return node.name if node.op == "input" else f"self.{node.target}"
 
 

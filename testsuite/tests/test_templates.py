@@ -153,6 +153,8 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
      [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
     ("level2/02_gemm_scale_residual_bf16.py", {"batch": 5, "features": 40}, "gemm", [{}]),
     ("level1/03_batched_gemm_bf16.py", {"batch": 2, "M": 17, "K": 24, "N": 40}, "gemm", [{}]),
+    ("level1/05_gemm_transposed_a_fp16.py", {"M": 37, "K": 40, "N": 29}, "gemm",  # A.T read through its strides
+     [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
 ]
 #: GEMM + epilogue on the tiny tasks (policy, schedules): every size leaves a tail of the default blocks; the
 #: second schedules have several tiles per dim in groups of GROUP_M rows and a K tail. All also run on
@@ -343,6 +345,27 @@ FLINEAR_TASK = """
     def get_init_inputs():
         return []
 """
+TRANSPOSED_TASK = """
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(24, 40, dtype=torch.bfloat16) / 6.0)
+
+        def forward(self, x):
+            return torch.relu(x @ self.w.t()) * 2.0
+
+
+    def get_inputs():
+        return [torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)]  # a strided input of the task's own
+
+
+    def get_init_inputs():
+        return []
+"""
 REDUCE_TASK = """
     import torch
     import torch.nn as nn
@@ -419,6 +442,11 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     for name, policy, schedules in GEMM_CASES:
         jobs["gemm-" + name] = [_job(SMALL / name, "gemm", p, policy) for p in schedules]
         jobs["gemm-noncontiguous-" + name] = [_job(SMALL / name, "gemm", {}, policy, noncontiguous=True)]
+    path = write_task(tmp, "reserved.py", BCAST_TASK.replace("x, y", "out, h").replace("(x", "(out").replace(
+        "x *", "out *").replace("+ y", "+ h").replace("(y)", "(h)"))  # inputs named like the forward's locals
+    jobs["reserved"] = [_job(path, "pointwise", {"BLOCK": 512})]
+    path = write_task(tmp, "transposed.py", TRANSPOSED_TASK)  # gemm reads w.t() in place; pointwise's cuBLAS does too
+    jobs["transposed"] = [_job(path, "gemm", {}), _job(path, "pointwise", {})]
     path = write_task(tmp, "flinear.py", FLINEAR_TASK)  # F.linear on a rank-3 input, a broadcast second input
     jobs["gemm-flinear"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
     # fp32 operands under tf32 (TF32 dot inputs on the GPU; the interpreter's dot is fp32)
@@ -512,7 +540,7 @@ def test_attention_reads_its_options_and_rejections_say_why(tmp_path: Path) -> N
     m = one(SMALL / "06_sdpa_causal_tanh_fp16.py", "attention")
     assert m.description.startswith("causal attention over 6 batch x heads, 37 queries x 37 keys, head dims 40/40")
     src = m.render()
-    assert "q = q.reshape(6, 37, 40)" in src and "(rn[None, :] <= rm[:, None])" in src
+    assert "q = q_in.reshape(6, 37, 40)" in src  # inputs named like the forward's locals are renamed and "(rn[None, :] <= rm[:, None])" in src
     assert "tl.minimum(37, (pid_m + 1) * BLOCK_M)" in src  # a causal block stops at its diagonal
     assert "rd = tl.arange(0, 64)" in src  # head dim 40 padded to 64, masked
     cross = one(SMALL / "07_sdpa_cross_scaled_bf16.py", "attention")
@@ -618,6 +646,36 @@ def test_gemm_reads_the_product_and_its_epilogue() -> None:
     assert "a = x.reshape(6, 20, 48)" in src and "0, b.stride(0), b.stride(1)" in src  # one weight for all batches
     bmm = one(SMALL / "02_bmm_tanh_scale_bf16.py", "gemm")
     assert "UPCAST=a.device.type == 'cpu'" in bmm.render()  # the interpreter's bf16 dot (module docstring)
+
+
+@pytest.mark.slow
+def test_inputs_named_like_the_forwards_locals_are_renamed(interpreted: dict[str, Any]) -> None:
+    """A task whose inputs are `out` and `h` (the forward's output buffer and head): renamed `out_in`, `h_in`,
+    they are read, not the buffers (before, `out = torch.empty(...)` replaced the input the kernel then read)."""
+    [r] = interpreted["reserved"]
+    assert r["ok"], r
+    assert "def forward(self, out_in, h_in):" in r["candidate_source"]
+
+
+@pytest.mark.slow
+def test_transposed_operands_are_read_as_views(interpreted: dict[str, Any], tmp_path: Path) -> None:
+    """`w.t()`, `A.T`, `x.mT`, `x.transpose(-2, -1)` of an input or parameter are library-op operands (strided
+    views, not copies); a transpose of other dims is not."""
+    _assert_all_pass(interpreted["transposed"])
+    gemm_src, pointwise_src = (r["candidate_source"] for r in interpreted["transposed"])
+    assert "b = self.w.transpose(-1, -2)" in gemm_src and "torch.matmul(x, self.w.transpose(-1, -2))" in pointwise_src
+    assert "a = a_in.transpose(-1, -2)" in one(TASKS_DIR / "level1" / "05_gemm_transposed_a_fp16.py", "gemm").render()
+    for view, ok in (("x.mT", True), ("x.transpose(-2, -1)", True), ("torch.transpose(x, 2, 1)", True),
+                     ("x.transpose(0, 1)", False)):
+        path = write_task(tmp_path, "t.py", TRANSPOSED_TASK.replace("x @ self.w.t()", f"torch.bmm({view}, y)").replace(
+            "def forward(self, x):", "def forward(self, x, y):").replace(
+            "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)]",
+            "torch.randn(4, 4, 4, dtype=torch.bfloat16), torch.randn(4, 4, 8, dtype=torch.bfloat16)]"))
+        a = analyse(load_task(path))
+        if ok:
+            assert one(path, "gemm").render().count(".transpose(-1, -2)") == 1
+        else:
+            assert not a.matches and "transpose() has no template" in a.rejected[0].reason
 
 
 @pytest.mark.slow
