@@ -1119,6 +1119,15 @@ def test_bench_script_says_it_needs_a_gpu(capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err.strip() == "bench_templates: needs a CUDA GPU"
 
 
+def test_bench_picks_the_preferred_template_where_several_match() -> None:
+    from kstrata.tools.bench_templates import pick
+
+    matches = match(load_task(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py"))
+    assert [m.template for m in matches] == ["reduce", "gemm_reduce"]
+    assert pick(matches, []).template == "reduce"
+    assert pick(matches, ["attention", "gemm_reduce"]).template == "gemm_reduce"
+
+
 def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
     from kstrata.tools.bench_templates import markdown
 
