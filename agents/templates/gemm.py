@@ -6,8 +6,9 @@ store, so the product is written once and never read back.
 
 - `nn.Linear` / `F.linear`: A is the input viewed as (M, K) (M the product of its leading dims), B the
   weight read transposed through its strides, the bias added in fp32 before the epilogue;
-- `torch.matmul` / `torch.mm` / `torch.bmm` / `@`: batched when either operand has batch dims (a 2-D
-  operand is shared by every batch: batch stride 0; equal batch dims of rank > 1 are flattened).
+- `torch.matmul` / `torch.mm` / `torch.bmm` / `@`: batched when either operand has batch dims (equal
+  batch dims of rank > 1 are flattened; a shared 2-D first operand has batch stride 0); a batched first
+  operand times a 2-D second one is one GEMM over all its rows, as a linear is.
 Operands are read through their strides (a transposed or otherwise strided input needs no copy).
 
 A program computes one BLOCK_M x BLOCK_N tile with fp32 accumulation over K in BLOCK_K steps
@@ -135,6 +136,11 @@ def _matmul(x: Node, y: Node) -> Gemm:
     bx, by = x.shape[:-2], y.shape[:-2]
     if bx and by and bx != by:
         raise GraphError(f"matmul with batch dims {bx} and {by} that broadcast")
+    if bx and not by:
+        # (..., M, K) @ (K, N) is one GEMM over all the rows, (B*M, K) @ (K, N): its result is the (..., M, N) output
+        rows = math.prod(x.shape[:-1])
+        return Gemm("matmul", 1, rows, n, k, x.dtype, (f"a = {ref(x)}.reshape({rows}, {k})",), (f"b = {ref(y)}",),
+                    False, False, None, (x.shape, y.shape))
     batch = math.prod(bx or by)
     if batch > MAX_BATCH:
         raise GraphError(f"matmul over {batch} batches (a grid axis takes {MAX_BATCH})")

@@ -445,6 +445,9 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
     path = write_task(tmp, "reserved.py", BCAST_TASK.replace("x, y", "out, h").replace("(x", "(out").replace(
         "x *", "out *").replace("+ y", "+ h").replace("(y)", "(h)"))  # inputs named like the forward's locals
     jobs["reserved"] = [_job(path, "pointwise", {"BLOCK": 512})]
+    path = write_task(tmp, "shared_a.py", TRANSPOSED_TASK.replace("x @ self.w.t()", "torch.matmul(self.w, x)").replace(
+        "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)", "torch.randn(3, 40, 17, dtype=torch.bfloat16)"))
+    jobs["gemm-shared-a"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]  # batch stride 0 for w
     path = write_task(tmp, "transposed.py", TRANSPOSED_TASK)  # gemm reads w.t() in place; pointwise's cuBLAS does too
     jobs["transposed"] = [_job(path, "gemm", {}), _job(path, "pointwise", {})]
     path = write_task(tmp, "flinear.py", FLINEAR_TASK)  # F.linear on a rank-3 input, a broadcast second input
@@ -643,7 +646,8 @@ def test_gemm_reads_the_product_and_its_epilogue() -> None:
     assert "b = self.linear.weight.t()" in src and "self.linear.bias" in src and "UPCAST=False" in src
     shared = one(SMALL / "03_matmul_shared_weight_relu_fp16.py", "gemm")
     src = shared.render()
-    assert "a = x.reshape(6, 20, 48)" in src and "0, b.stride(0), b.stride(1)" in src  # one weight for all batches
+    assert "a = x.reshape(120, 48)" in src and "0, b.stride(0), b.stride(1)" in src  # (2, 3, 20) rows, one weight
+    assert shared.description.startswith("matmul 120x36x48 (BxMxNxK)")
     bmm = one(SMALL / "02_bmm_tanh_scale_bf16.py", "gemm")
     assert "UPCAST=a.device.type == 'cpu'" in bmm.render()  # the interpreter's bf16 dot (module docstring)
 
@@ -676,6 +680,14 @@ def test_transposed_operands_are_read_as_views(interpreted: dict[str, Any], tmp_
             assert one(path, "gemm").render().count(".transpose(-1, -2)") == 1
         else:
             assert not a.matches and "transpose() has no template" in a.rejected[0].reason
+
+
+@pytest.mark.slow
+def test_gemm_with_a_first_operand_shared_by_the_batch(interpreted: dict[str, Any]) -> None:
+    [r] = interpreted["gemm-shared-a"]
+    assert r["ok"], r
+    assert "_gemm_kernel[(4, 3)](a, b, out, 0, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2)" in \
+        r["candidate_source"]
 
 
 @pytest.mark.slow
