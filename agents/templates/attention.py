@@ -146,6 +146,12 @@ def description(chain: Chain) -> str:
             f"{', TF32 inputs' if a.dtype == 'float32' else ''}), epilogue {describe(chain.epilogue)} fused into its store")
 
 
+def _mask(terms: list[str], extra: str) -> str:
+    """A load's `mask=..., other=0.0` from its conditions (`extra`: ' & (...)' terms), or nothing."""
+    conds = " & ".join(terms) + extra if terms else extra.removeprefix(" & ")
+    return f", mask={conds}, other=0.0" if conds else ""
+
+
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     a = attention_of(chain)
     why = admits(a.dtype, policy, NAME, "attention")
@@ -160,8 +166,13 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     dmask = f" & (rd[None, :] < {a.d})" if bd != a.d else ""
     dmask_t = f" & (rd[:, None] < {a.d})" if bd != a.d else ""
     dvmask = f" & (rdv[None, :] < {a.dv})" if bdv != a.dv else ""
+    # keys past the last are masked only where the key blocks leave a tail (a causal loop's last block may
+    # reach past its diagonal, but not past the keys)
+    ktail = a.sk % bn != 0
+    kmask = _mask([f"(rn[None, :] < {a.sk})"] if ktail else [], dmask_t)
+    vmask = _mask([f"(rn[:, None] < {a.sk})"] if ktail else [], dvmask)
     hi = f"tl.minimum({a.sk}, (pid_m + 1) * BLOCK_M)" if a.causal else str(a.sk)
-    keep = [f"(rn[None, :] < {a.sk})"] if a.sk % bn != 0 or a.causal else []
+    keep = [f"(rn[None, :] < {a.sk})"] if ktail else []
     if a.causal:
         keep.append("(rn[None, :] <= rm[:, None])")
     masking = f"        s = tl.where({' & '.join(keep)}, s, float('-inf'))\n" if keep else ""
@@ -187,8 +198,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, {lsig}sqb, sqm, sqd, skb, sk
     qk_scale = {a.scale * 1.4426950408889634!r}
     for start in range(0, {hi}, BLOCK_N):
         rn = start + tl.arange(0, BLOCK_N).to({it})
-        kt = tl.load(k_ptr + bh * skb + rn[None, :] * skn + rd[:, None] * skd, mask=(rn[None, :] < {a.sk}){dmask_t}, other=0.0)
-        vt = tl.load(v_ptr + bh * svb + rn[:, None] * svn + rdv[None, :] * svd, mask=(rn[:, None] < {a.sk}){dvmask}, other=0.0)
+        kt = tl.load(k_ptr + bh * skb + rn[None, :] * skn + rd[:, None] * skd{kmask})
+        vt = tl.load(v_ptr + bh * svb + rn[:, None] * svn + rdv[None, :] * svd{vmask})
         if UPCAST:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)

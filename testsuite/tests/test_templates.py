@@ -252,11 +252,12 @@ ATTN_TASK = """
         return []
 """
 #: attention (arguments, q/k/v shapes, dtype, policy): causal with fewer and with more queries than keys
-#: (top-left aligned), fp32 under tf32
+#: (top-left aligned), fp32 under tf32, keys a multiple of the block
 ATTN_VARIANTS = [
     ("is_causal=True", (2, 19, 32), (2, 45, 32), (2, 45, 16), "float16", "strict"),
     ("None, 0.0, True", (1, 2, 45, 16), (1, 2, 19, 16), (1, 2, 19, 16), "bfloat16", "strict"),
     ("is_causal=True, scale=0.5", (2, 21, 24), (2, 21, 24), (2, 21, 24), "float32", "tf32"),
+    ("is_causal=True", (1, 24, 16), (1, 32, 16), (1, 32, 16), "float16", "strict"),  # no key tail: unmasked loads
 ]
 #: the tiny tasks' attention (schedules), also on non-contiguous q, k, v; the second schedules walk several
 #: key blocks with several query blocks (a causal loop bound per query block)
@@ -549,8 +550,9 @@ def test_attention_reads_its_options_and_rejections_say_why(tmp_path: Path) -> N
     cross = one(SMALL / "07_sdpa_cross_scaled_bf16.py", "attention")
     assert "scale 0.3," in cross.description and "UPCAST=q.device.type == 'cpu'" in cross.render()
     assert "(rn[None, :] <= rm[:, None])" not in cross.render()
-    d = one(TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention").default_params()
-    assert d == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    full = one(TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention")
+    assert full.default_params() == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    assert "kt = tl.load(k_ptr + bh * skb + rn[None, :] * skn + rd[:, None] * skd)\n" in full.render()  # no tail: no mask
 
     def reason(args: str, dtype: str = "float16", policy: str = "strict", k: tuple[int, ...] = (2, 8, 16)) -> str:
         path = write_task(tmp_path, "attn.py", ATTN_TASK.format(args=args, q=(2, 8, 16), k=k, v=(2, 8, 16), dtype=dtype))
