@@ -2,6 +2,8 @@
 best template schedule (autotuned over its space), with speedup and fraction of speed of light.
 
     python -m kstrata.tools.bench_templates [--tasks 01,03] [--tune-s 35] [--runs 30] [--no-tf32]
+    python -m kstrata.tools.bench_templates --paths testsuite/tasks/level2/01_gemm_bias_relu_fp16.py \
+        --prefer gemm,attention,gemm_reduce      # other task files; which template to take where several match
 
 Per task, under `strict` (TF32 off for cuBLAS and cuDNN, as the hardened eval's reference):
   1. the model and inputs are built on the GPU under a seed (never on the host: inputs reach 6.4 GB);
@@ -39,8 +41,17 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+def pick(matches: list[Any], prefer: list[str]) -> Any:
+    """The match of the first preferred template that matches, else the first match (`TEMPLATES`' order)."""
+    for name in prefer:
+        for m in matches:
+            if m.template == name:
+                return m
+    return matches[0]
+
+
 def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: bool, cache_dir: Path,
-               deadline: float) -> dict[str, Any]:
+               deadline: float, prefer: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from kstrata.agents.evaluate import STRICT_FACTOR, STRICT_FLOOR_EPS
@@ -57,7 +68,7 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
     if not a.matches:
         entry["error"] = "no template: " + "; ".join(f"{r.template}: {r.reason}" for r in a.rejected)
         return entry
-    m = a.matches[0]
+    m = pick(list(a.matches), prefer or [])
     entry["template"] = m.template
     entry["description"] = m.description
 
@@ -186,6 +197,8 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="", help="comma-separated task number prefixes (default: all gap tasks)")
+    p.add_argument("--paths", default="", help="comma-separated task files to run instead of the gap tasks")
+    p.add_argument("--prefer", default="", help="comma-separated template names taken first where several match")
     p.add_argument("--tune-s", type=float, default=35.0, help="autotuning budget per task, seconds")
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--total-s", type=float, default=300.0, help="stop starting new work after this many seconds")
@@ -212,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
          f"{ceilings.matmul_flops_per_s['float32'] / 1e12:.1f} TFLOP/s")
     wanted = [t for t in ns.tasks.split(",") if t]
     paths = [q for q in sorted(GAPS.glob("[0-9]*.py")) if not wanted or any(q.name.startswith(w) for w in wanted)]
+    if ns.paths:
+        paths = [Path(q) for q in ns.paths.split(",") if q]
+        missing = [q for q in paths if not q.is_file()]
+        if missing:
+            print(f"bench_templates: no task file {missing[0]}", file=sys.stderr)
+            return 2
+    prefer = [t for t in ns.prefer.split(",") if t]
     results: dict[str, Any] = {
         "schema": "kstrata.templates-bench/1", "device": torch.cuda.get_device_name(), "date": dt.date.today().isoformat(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda)},
@@ -226,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results["tasks"].append(bench_task(path, ceilings, tune_s=min(ns.tune_s, task_deadline - time.monotonic() - 20),
                                                runs=ns.runs, tf32=not ns.no_tf32, cache_dir=out_dir or results_dir,
-                                               deadline=task_deadline))
+                                               deadline=task_deadline, prefer=prefer))
         except Exception as e:  # one task's failure is a row of the report, not the end of the run
             results["tasks"].append({"task": path.stem, "error": f"{type(e).__name__}: {str(e)[:400]}"})
             _say(f"  failed: {type(e).__name__}: {str(e)[:400]}")

@@ -9,8 +9,9 @@ standalone `ModelNew` sources.
 
 The graph is the task's `Model` traced by `torch.fx` on the meta device (`graph.trace`) and read as
 `epilogue(core(prologue(head(inputs))))` (`graph.chain`): at most one library op (convolution, linear,
-matmul) left to PyTorch — cuDNN/cuBLAS, with TF32 off under the default `strict` policy —, then one
-template kernel or kernel pair for the rest:
+matmul, scaled_dot_product_attention) left to PyTorch — cuDNN/cuBLAS, with TF32 off under the default `strict` policy —, then one
+template kernel or kernel pair for the rest; `gemm` and `attention` instead compute the library op
+themselves, its epilogue fused into their store:
 
 | template   | covers                                                                          | module        |
 |------------|---------------------------------------------------------------------------------|---------------|
@@ -18,7 +19,12 @@ template kernel or kernel pair for the rest:
 | norm       | LayerNorm over trailing dims, GroupNorm; fused rows or split rows (Welford)     | `norm`        |
 | softmax    | softmax / log-softmax over the last dim; fused rows or split rows (online)      | `softmax`     |
 | pool2d     | 2-D max / average pooling (stride, padding, dilation, count_include_pad)        | `pool`        |
+| pool1d     | 1-D max / average pooling: pool2d's kernel over (planes, L) with a (1, k) window | `pool1d`      |
+| pool3d     | 3-D max / average pooling: pool2d's kernels per output depth, depth window unrolled | `pool3d`   |
 | reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
+| gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
+| gemm_reduce | linear / 2-D matmul + pointwise + sum/mean/amax/logsumexp over the output features + pointwise; the product never written | `gemm_reduce` |
+| attention  | flash forward of scaled_dot_product_attention (causal or not, any scale) + epilogue; same dtypes | `attention` |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
 GPU (`tune.autotune`) times a match's schedules and caches the best by template, shapes, dtypes, policy,
@@ -33,7 +39,18 @@ from pathlib import Path
 from types import ModuleType
 
 from kstrata.agents.tasks import Task
-from kstrata.agents.templates import norm, pointwise, pool, reduce, softmax
+from kstrata.agents.templates import (
+    attention,
+    gemm,
+    gemm_reduce,
+    norm,
+    pointwise,
+    pool,
+    pool1d,
+    pool3d,
+    reduce,
+    softmax,
+)
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
 from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
@@ -41,7 +58,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, reduce, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, attention, pointwise)
 
 
 @dataclass(frozen=True)
@@ -81,7 +98,7 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
     rejected: list[Rejection] = []
     path = Path(task.path)
     for mod in TEMPLATES:
-        why = mod.applies(c)
+        why = mod.applies(c, policy)
         if why is not None:
             rejected.append(Rejection(mod.NAME, why))
             continue

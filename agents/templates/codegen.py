@@ -173,7 +173,10 @@ class ExprEmitter:
                 return _float_literal(e.value)
             v = self.fresh()
             off = broadcast_offset(e.shape, space, idx)
-            self.lines.append(f"{v} = tl.load({leaf_arg(e)} + ({off}){_masked(mask)}).to(tl.float32)")
+            if off == "0":  # one element broadcast everywhere: a scalar load (a block mask needs a block of pointers)
+                self.lines.append(f"{v} = tl.load({leaf_arg(e)}).to(tl.float32)")
+            else:
+                self.lines.append(f"{v} = tl.load({leaf_arg(e)} + ({off}){_masked(mask)}).to(tl.float32)")
             return v
         args = [self.emit(a, root, idx, space, mask) for a in e.args]
         v = self.fresh()
@@ -267,6 +270,8 @@ def _value(a: Any) -> str:
             return a.name
         if a.op == "param":
             return f"self.{a.target}"
+        if a.op == "transpose":
+            return f"{_value(a.args[0])}.transpose(-1, -2)"
         raise GraphError(f"{a.name}: a computed operand of the library op")
     return repr(a)
 

@@ -14,7 +14,8 @@ A GPU compile needs no GPU: with `record=True` a job also records every kernel l
 (kernel name, parameter types, constexpr values, num_warps), and `compile_jobs` compiles each recorded
 launch for a GPU target (`cuda:90` by default) in a child *without* the interpreter, so a rendered source
 that would not lower on the GPU (an op the backend lacks, a type mismatch the interpreter forgives) fails
-on the CPU machine.
+on the CPU machine, and so does one that needs more shared memory than a block of the target gets (which
+Triton itself checks only when it loads the binary on a device).
 """
 
 from __future__ import annotations
@@ -147,15 +148,38 @@ def compile_launches(candidate: str | Path, launches: list[dict[str, Any]], targ
             continue
         seen.add(key)
         fn = getattr(mod, launch["kernel"])
-        src = ASTSource(fn, dict(launch["signature"]), dict(launch["constexprs"]), {})
+        # "divisible": parameters a real launch would specialize as multiples of 16 (aligned pointers, strides)
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in launch.get("divisible", [])}
+        src = ASTSource(fn, dict(launch["signature"]), dict(launch["constexprs"]), attrs)
         opts = {k: launch[k] for k in ("num_warps", "num_stages") if k in launch}
         try:
-            triton.compile(src, target=tgt, options=opts)
+            compiled = triton.compile(src, target=tgt, options=opts)
         except Exception as e:  # what the GPU compiler says is the result
             lines = [line for line in str(e).splitlines() if line.strip()]
             # Triton's CompilationError: "at L:C:", the source lines, a caret, then the reason last
             failures.append(f"{launch['kernel']} {opts}: {type(e).__name__}: {' | '.join(lines[:1] + lines[-2:])[:400]}")
+            continue
+        # Triton checks shared memory only when it loads the binary on a device: check it here
+        shared, limit = int(getattr(compiled.metadata, "shared", 0)), _shared_limit(target)
+        if limit is not None and shared > limit:
+            failures.append(f"{launch['kernel']} {opts}: needs {shared} bytes of shared memory, a block on {target} "
+                            f"gets {limit}")
     return failures
+
+
+def _shared_limit(target: str) -> int | None:
+    """The shared memory one block may take on an NVIDIA target (None: not known here)."""
+    from kstrata.backends.nvidia import SM_LIMITS
+    from kstrata.ir.target import Target
+
+    t = Target.parse(target)
+    if t.backend != "cuda":
+        return None
+    try:
+        lim = SM_LIMITS[int(t.arch)]
+    except (KeyError, ValueError):
+        return None
+    return lim.shared_bytes - lim.reserved_shared_per_block
 
 
 def compile_jobs(jobs: list[dict[str, Any]], target: str = "cuda:90", timeout_s: float = 900.0) -> list[list[str]]:

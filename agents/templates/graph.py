@@ -8,7 +8,7 @@ modules, functions and methods that compute the same thing get one spelling (`nn
 
     output = epilogue(core(prologue(root, leaves...)), leaves...)     root = head(input) or an input
 
-where *head* is at most one library op (convolution, linear, matmul) left to PyTorch, *core* is at most one
+where *head* is at most one library op (convolution, linear, matmul, attention) left to PyTorch, *core* is at most one
 op a template implements (a norm, a softmax, a pooling), and *prologue*/*epilogue* are pointwise
 expressions (`Expr`) over the root, the model's parameters and buffers, other inputs and constants, with
 broadcasting. A graph that is not of that shape gets a reason, never a guess.
@@ -36,10 +36,10 @@ UNARY = ("relu", "sigmoid", "tanh", "gelu", "silu", "exp", "abs", "neg", "hardsw
 #: Pointwise functions of two operands (tensors or scalars), with broadcasting.
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 #: Library ops a template leaves to PyTorch (cuDNN, cuBLAS) and fuses what follows into.
-HEADS = ("conv", "conv_transpose", "linear", "matmul")
+HEADS = ("conv", "conv_transpose", "linear", "matmul", "attention")
 #: Ops a template implements.
-CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "sum", "mean", "amax",
-         "logsumexp")
+POOLS = ("max_pool1d", "avg_pool1d", "max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool3d")
+CORES = ("layer_norm", "group_norm", "softmax", "log_softmax", *POOLS, "sum", "mean", "amax", "logsumexp")
 
 
 class GraphError(Exception):
@@ -122,16 +122,18 @@ def _module_op(mod: nn.Module, target: str) -> tuple[str, dict[str, Any], list[s
         return "softmax", {"dim": mod.dim}, []
     if isinstance(mod, nn.LogSoftmax):
         return "log_softmax", {"dim": mod.dim}, []
-    if isinstance(mod, nn.MaxPool2d):
-        if mod.ceil_mode or mod.return_indices:
-            raise GraphError(f"{target}: MaxPool2d with ceil_mode or return_indices")
-        return "max_pool2d", _pool_attrs(mod.kernel_size, mod.stride, mod.padding, mod.dilation), []
-    if isinstance(mod, nn.AvgPool2d):
-        if mod.ceil_mode or mod.divisor_override is not None:
-            raise GraphError(f"{target}: AvgPool2d with ceil_mode or divisor_override")
-        attrs = _pool_attrs(mod.kernel_size, mod.stride, mod.padding, 1)
-        attrs["count_include_pad"] = bool(mod.count_include_pad)
-        return "avg_pool2d", attrs, []
+    for rank, mcls in ((1, nn.MaxPool1d), (2, nn.MaxPool2d), (3, nn.MaxPool3d)):
+        if isinstance(mod, mcls):
+            if mod.ceil_mode or mod.return_indices:
+                raise GraphError(f"{target}: {mcls.__name__} with ceil_mode or return_indices")
+            return f"max_pool{rank}d", _pool_attrs(mod.kernel_size, mod.stride, mod.padding, mod.dilation, rank), []
+    for rank, acls in ((1, nn.AvgPool1d), (2, nn.AvgPool2d), (3, nn.AvgPool3d)):
+        if isinstance(mod, acls):
+            if mod.ceil_mode or getattr(mod, "divisor_override", None) is not None:
+                raise GraphError(f"{target}: {acls.__name__} with ceil_mode or divisor_override")
+            attrs = _pool_attrs(mod.kernel_size, mod.stride, mod.padding, 1, rank)
+            attrs["count_include_pad"] = bool(mod.count_include_pad)
+            return f"avg_pool{rank}d", attrs, []
     simple = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu", nn.Hardswish: "hardswish",
               nn.Hardsigmoid: "hardsigmoid", nn.Mish: "mish", nn.ReLU6: "relu6"}
     for cls, name in simple.items():
@@ -152,14 +154,20 @@ def _module_op(mod: nn.Module, target: str) -> tuple[str, dict[str, Any], list[s
     raise GraphError(f"{target}: module {type(mod).__name__} has no template")
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _ntuple(v: Any, rank: int) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (int(v),) * rank
+    if len(v) == 1 and rank > 1:
+        return (int(v[0]),) * rank
+    if len(v) != rank:
+        raise GraphError(f"a {rank}-D pooling with a {len(v)}-element size {tuple(v)}")
+    return tuple(int(x) for x in v)
 
 
-def _pool_attrs(k: Any, s: Any, p: Any, d: Any) -> dict[str, Any]:
-    kernel = _pair(k)
-    return {"kernel": kernel, "stride": _pair(s) if s not in (None, []) else kernel, "padding": _pair(p),
-            "dilation": _pair(d)}
+def _pool_attrs(k: Any, s: Any, p: Any, d: Any, rank: int = 2) -> dict[str, Any]:
+    kernel = _ntuple(k, rank)
+    return {"kernel": kernel, "stride": _ntuple(s, rank) if s not in (None, [], ()) else kernel,
+            "padding": _ntuple(p, rank), "dilation": _ntuple(d, rank)}
 
 
 _FUNCTIONS: dict[Any, str] = {
@@ -172,15 +180,27 @@ _FUNCTIONS: dict[Any, str] = {
     operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub", operator.mul: "mul",
     torch.mul: "mul", operator.truediv: "div", torch.div: "div", torch.maximum: "maximum", torch.minimum: "minimum",
     torch.matmul: "matmul", operator.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul", F.linear: "linear",
-    F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv",
+    F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv", F.scaled_dot_product_attention: "attention",
     torch.softmax: "softmax", F.softmax: "softmax", torch.log_softmax: "log_softmax", F.log_softmax: "log_softmax",
     F.layer_norm: "layer_norm", F.group_norm: "group_norm", F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d",
+    F.max_pool1d: "max_pool1d", F.avg_pool1d: "avg_pool1d", F.max_pool3d: "max_pool3d", F.avg_pool3d: "avg_pool3d",
     torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.logsumexp: "logsumexp",
 }
 _HEAD_FUNCTIONS: dict[Any, str] = {
     torch.matmul: "torch.matmul", operator.matmul: "torch.matmul", torch.mm: "torch.mm", torch.bmm: "torch.bmm",
     F.linear: "F.linear", F.conv1d: "F.conv1d", F.conv2d: "F.conv2d", F.conv3d: "F.conv3d",
+    F.scaled_dot_product_attention: "F.scaled_dot_product_attention",
 }
+#: scaled_dot_product_attention's arguments after (query, key, value), in order, with their defaults.
+SDPA_OPTIONS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
+
+
+def sdpa_options(node: Node) -> dict[str, Any]:
+    """The options of an attention node, positional or keyword, with PyTorch's defaults."""
+    opts = dict(SDPA_OPTIONS)
+    opts.update(zip([k for k, _ in SDPA_OPTIONS], node.args[3:], strict=False))
+    opts.update(node.attrs["kwargs"])
+    return opts
 
 
 def _constant(v: Any, where: str) -> Any:
@@ -266,15 +286,16 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
     if op == "group_norm":
         return ({"num_groups": int(_kw(node, 1, "num_groups", 1)), "eps": float(_kw(node, 4, "eps", 1e-5))},
                 [a[0], _kw(node, 2, "weight", None), _kw(node, 3, "bias", None)])
-    if op == "max_pool2d":
+    if op.startswith("max_pool"):
         if _kw(node, 5, "ceil_mode", False) or _kw(node, 6, "return_indices", False):
-            raise GraphError(f"{node.name}: max_pool2d with ceil_mode or return_indices")
+            raise GraphError(f"{node.name}: {op} with ceil_mode or return_indices")
         return _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0),
-                           _kw(node, 4, "dilation", 1)), [a[0]]
-    if op == "avg_pool2d":
+                           _kw(node, 4, "dilation", 1), int(op[-2])), [a[0]]
+    if op.startswith("avg_pool"):
         if _kw(node, 4, "ceil_mode", False) or _kw(node, 6, "divisor_override", None) is not None:
-            raise GraphError(f"{node.name}: avg_pool2d with ceil_mode or divisor_override")
-        attrs = _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0), 1)
+            raise GraphError(f"{node.name}: {op} with ceil_mode or divisor_override")
+        attrs = _pool_attrs(_kw(node, 1, "kernel_size", 1), _kw(node, 2, "stride", None), _kw(node, 3, "padding", 0), 1,
+                            int(op[-2]))
         attrs["count_include_pad"] = bool(_kw(node, 5, "count_include_pad", True))
         return attrs, [a[0]]
     if len(a) != 1 or node.kwargs:
@@ -282,6 +303,42 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
             return {}, a
         raise GraphError(f"{node.name}: {op} with arguments {a[1:]} {dict(node.kwargs)}")
     return {}, a
+
+
+#: Names the generated `forward` binds or uses (head output, output and partial buffers, operand views, the
+#: modules): an input of one of these names is renamed (`out` -> `out_in`), or the forward would overwrite
+#: it before a kernel reads it.
+FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "self",
+                            "torch", "triton", "tl", "math", "nn", "F"})
+
+
+def _input_name(name: str, taken: set[str]) -> str:
+    while name in FORWARD_LOCALS or name in taken:
+        name += "_in"
+    return name
+
+
+def _swaps_last_two(n: fx.Node) -> bool:
+    """Whether an fx node is a view swapping its operand's last two dims (`x.T` of a matrix, `x.mT`, `x.t()`,
+    `x.transpose(-2, -1)`, `torch.transpose(x, ...)`): library ops read such an operand through its strides."""
+    if not n.args or not isinstance(n.args[0], fx.Node):
+        return False
+    src = n.args[0].meta.get("tensor_meta")
+    rank = len(src.shape) if src is not None and hasattr(src, "shape") else -1
+    if n.op == "call_function" and n.target is getattr and len(n.args) == 2:
+        return (n.args[1] == "T" and rank == 2) or n.args[1] == "mT"
+    if n.op == "call_method" and n.target == "t" and len(n.args) == 1:
+        return rank == 2
+    is_transpose = (n.op == "call_method" and n.target == "transpose") or (n.op == "call_function" and n.target is torch.transpose)
+    dims = [d for d in n.args[1:] if isinstance(d, int)]
+    if is_transpose and len(n.args) == 3 and len(dims) == 2 and not n.kwargs and rank >= 2:
+        return {d % rank for d in dims} == {rank - 2, rank - 1}
+    return False
+
+
+def is_operand(node: Node) -> bool:
+    """An input or parameter, or one with its last two dims swapped (a view a library op reads in place)."""
+    return node.op in ("input", "param") or (node.op == "transpose" and node.args[0].op in ("input", "param"))
 
 
 def trace(task: Task) -> Graph:
@@ -321,7 +378,8 @@ def trace(task: Task) -> Graph:
         if n.op == "placeholder":
             if not shape and not dtype:
                 raise GraphError(f"input {n.name} is not a tensor")
-            node = Node(n.name, "input", [], shape=shape, dtype=dtype, index=len(graph_inputs))
+            node = Node(_input_name(n.name, {g.name for g in graph_inputs}), "input", [], shape=shape, dtype=dtype,
+                        index=len(graph_inputs))
             graph_inputs.append(node)
         elif n.op == "get_attr":
             node = Node(n.name, "param", [], shape=shape, dtype=dtype, target=str(n.target))
@@ -338,6 +396,8 @@ def trace(task: Task) -> Graph:
                 else:
                     args.append(None)
             node = Node(n.name, op, args, attrs, shape, dtype, target=str(n.target))
+        elif n.op in ("call_function", "call_method") and _swaps_last_two(n):
+            node = Node(n.name, "transpose", [operand(n.args[0], n.name)], shape=shape, dtype=dtype)
         elif n.op in ("call_function", "call_method"):
             if n.op == "call_method":
                 op_name = _METHODS.get(str(n.target))
@@ -351,6 +411,8 @@ def trace(task: Task) -> Graph:
                 kwargs = {k: _constant(v, n.name) for k, v in n.kwargs.items()}
                 args = [nodes[a] if isinstance(a, fx.Node) else _constant(a, n.name) for a in n.args]
                 node = Node(n.name, op_name, args, {"fn": fn, "kwargs": kwargs}, shape, dtype)
+                if op_name == "attention" and sdpa_options(node)["dropout_p"]:
+                    raise GraphError(f"{n.name}: attention with dropout (random in eval mode too)")
             else:
                 attrs, raw = _function_attrs(op_name, n)
                 node = Node(n.name, op_name, [operand(a, n.name) for a in raw], attrs, shape, dtype)
@@ -441,7 +503,7 @@ def chain(graph: Graph) -> Chain:
     core = cores[0] if cores else None
     if head is not None:
         for a in head.args:
-            if isinstance(a, Node) and a.op not in ("input", "param"):
+            if isinstance(a, Node) and not is_operand(a):
                 raise GraphError(f"{head.name}: the library op's operands are computed ({a.name}); a template fuses after it")
         root = head
     else:

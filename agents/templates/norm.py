@@ -64,7 +64,7 @@ def geometry(chain: Chain) -> tuple[int, int, str]:
     return s[0] * g, (c // g) * hw, f"(row % {g}) * {c // g} + col // {hw}" if hw > 1 else f"(row % {g}) * {c // g} + col"
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     core = chain.core
     if core is None or core.op not in ("layer_norm", "group_norm"):
         return "the graph has no LayerNorm or GroupNorm"

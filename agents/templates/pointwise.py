@@ -26,7 +26,7 @@ SPACE = (("BLOCK", (512, 1024, 2048, 4096)), ("num_warps", (4, 8)))
 DEFAULT = (("BLOCK", 1024), ("num_warps", 4))
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     """None when the template covers the chain, else why not."""
     if chain.core is not None:
         return f"the graph has a {chain.core.op}, not only pointwise ops"

@@ -1,21 +1,27 @@
-"""2-D max and average pooling of a contiguous (N, C, H, W) tensor (any kernel, stride, padding, dilation;
-average with or without the padding counted), with pointwise ops before (applied to each loaded input,
-padding after them, as PyTorch pads the op's input) and after (fused into the store).
+"""Max and average pooling of a contiguous (N, C, *spatial) or unbatched (C, *spatial) tensor over 1, 2 or 3
+spatial dims (any kernel, stride, padding, dilation; average with or without the padding counted), with
+pointwise ops before (applied to each loaded input, padding after them, as PyTorch pads the op's input)
+and after (fused into the store). This module is the `pool2d` template and the kernels `pool1d` and
+`pool3d` share: a 1-D pooling is a 2-D one with a (1, k) window over the (planes, L) matrix, so a tile
+spans BLOCK_H planes; a 3-D pooling runs the 2-D tiles per output depth, with the depth window unrolled
+around them.
 
 Two strategies:
-- `direct`: a program computes a BLOCK_H x BLOCK_W tile of one output plane with kh*kw window loads per
-  output (they overlap at small strides and are served from L1/L2, so DRAM sees each input about once);
-- `rows` (stride 1 and dilation 1 along H): a program walks BLOCK_H + kh - 1 input rows of a BLOCK_W wide
-  column strip; per input row it loads the kw shifted vectors once, reduces them to a horizontal
-  max/sum, and keeps the last kh of those in registers (a rolling window), so each output costs kw
-  loads instead of kh*kw.
-PyTorch's max_pool2d also writes an int64 index per output, which this does not.
+- `direct`: a program computes a BLOCK_H x BLOCK_W tile of one output plane (of one output depth) with
+  kd*kh*kw window loads per output (they overlap at small strides and are served from L1/L2, so DRAM sees
+  each input about once);
+- `rows` (2-D and 3-D, stride 1 and dilation 1 along H): a program walks BLOCK_H + kh - 1 input rows of a
+  BLOCK_W wide column strip; per input row it loads the kd*kw shifted vectors once, reduces them to a
+  max/sum over depth and width, and keeps the last kh of those in registers (a rolling window), so each
+  output costs kd*kw loads instead of kd*kh*kw.
+PyTorch's max pooling also writes an int64 index per output, which this does not.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kstrata.agents.templates.base import Params
 from kstrata.agents.templates.codegen import (
@@ -32,29 +38,98 @@ from kstrata.agents.templates.codegen import (
 from kstrata.agents.templates.graph import Chain, describe
 
 NAME = "pool2d"
+#: The tile sizes both strategies take (BLOCK_H: output rows, or planes of a 1-D pooling).
+_BLOCKS = (("BLOCK_H", (4, 8, 16, 32, 64)), ("BLOCK_W", (16, 32, 64, 128, 256)), ("num_warps", (2, 4, 8)))
 
 
-def applies(chain: Chain) -> str | None:
+@dataclass(frozen=True)
+class Dim:
+    """One spatial dim of the window: input and output sizes, kernel, stride, padding, dilation."""
+
+    size: int
+    out: int
+    k: int = 1
+    s: int = 1
+    p: int = 0
+    d: int = 1
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The pooling as the kernels see it: `planes` independent (D, H, W) volumes; D is 1 below 3-D and H the
+    planes themselves for 1-D (then `planes` is 1)."""
+
+    rank: int
+    planes: int
+    dd: Dim
+    dh: Dim
+    dw: Dim
+    is_max: bool
+    count_include_pad: bool
+
+    @property
+    def counted(self) -> tuple[tuple[str, Dim], ...]:
+        """The dims the average's divisor counts (the real spatial dims)."""
+        return ((("d", self.dd),) if self.rank == 3 else ()) + ((("h", self.dh),) if self.rank >= 2 else ()) + \
+            (("w", self.dw),)
+
+
+def rank_of(chain: Chain) -> int | None:
     core = chain.core
-    if core is None or core.op not in ("max_pool2d", "avg_pool2d"):
-        return "the graph has no 2-D pooling"
-    if len(chain.core_shape) != 4:
-        return f"pooling of a rank-{len(chain.core_shape)} tensor (only batched NCHW)"
+    if core is None or not core.op.startswith(("max_pool", "avg_pool")):
+        return None
+    return int(core.op[-2])
+
+
+def applies_rank(chain: Chain, rank: int) -> str | None:
+    """None when the chain is a `rank`-D pooling the kernels take, else why not."""
+    if rank_of(chain) != rank:
+        return f"the graph has no {rank}-D pooling"
+    if len(chain.core_shape) not in (rank + 1, rank + 2):
+        return f"{rank}-D pooling of a rank-{len(chain.core_shape)} tensor (batched or unbatched channels first only)"
     return None
 
 
-def _rows_ok(chain: Chain) -> bool:
+def for_rank(rank: int, name: str) -> tuple[Callable[..., str | None], Callable[[Chain, Params, str], Kernel]]:
+    """(applies, kernel) of the template `name` for `rank`-D pooling (pool1d, pool3d share this module's kernels)."""
+    def applies(chain: Chain, policy: str = "strict") -> str | None:
+        return applies_rank(chain, rank)
+
+    def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
+        return render(chain, params, policy, name)
+
+    return applies, kernel
+
+
+def applies(chain: Chain, policy: str = "strict") -> str | None:
+    return applies_rank(chain, 2)
+
+
+def geometry(chain: Chain) -> Geometry:
+    core = chain.core
+    assert core is not None
+    a = core.attrs
+    r = int(core.op[-2])
+    s, o = chain.core_shape, chain.out_shape
+    dims = [Dim(s[i - r], o[i - r], a["kernel"][i], a["stride"][i], a["padding"][i], a["dilation"][i]) for i in range(r)]
+    planes = math.prod(s[:-r])
+    if r == 1:
+        return Geometry(1, 1, Dim(1, 1), Dim(planes, planes), dims[0], core.op.startswith("max"),
+                        bool(a.get("count_include_pad", True)))
+    dd = dims[0] if r == 3 else Dim(1, 1)
+    return Geometry(r, planes, dd, dims[-2], dims[-1], core.op.startswith("max"), bool(a.get("count_include_pad", True)))
+
+
+def _rows_ok(g: Geometry) -> bool:
     """The rolling-window strategy needs consecutive output rows to read consecutive input rows."""
-    assert chain.core is not None
-    a = chain.core.attrs
-    return bool(a["stride"][0] == 1 and a["dilation"][0] == 1)
+    return g.rank >= 2 and g.dh.s == 1 and g.dh.d == 1
 
 
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
-    rows = _rows_ok(chain)
-    sp = (("strategy", ("direct", "rows") if rows else ("direct",)), ("BLOCK_H", (4, 8, 16, 32, 64)),
-          ("BLOCK_W", (16, 32, 64, 128, 256)), ("num_warps", (2, 4, 8)))
-    ow = chain.out_shape[3]
+    g = geometry(chain)
+    rows = _rows_ok(g)
+    sp = (("strategy", ("direct", "rows") if rows else ("direct",)), *_BLOCKS)
+    ow = g.dw.out
     bw = 64 if ow >= 64 else (32 if ow >= 32 else 16)
     if rows and ow >= 64:
         return sp, (("strategy", "rows"), ("BLOCK_H", 32), ("BLOCK_W", 128), ("num_warps", 4))
@@ -63,7 +138,7 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 
 def valid(chain: Chain, p: Params) -> bool:
     if p["strategy"] == "rows":
-        return bool(_rows_ok(chain) and p["BLOCK_W"] >= 32 and p["BLOCK_H"] >= 4)
+        return bool(_rows_ok(geometry(chain)) and p["BLOCK_W"] >= 32 and p["BLOCK_H"] >= 4)
     return bool(64 <= p["BLOCK_H"] * p["BLOCK_W"] <= 4096)
 
 
@@ -77,7 +152,12 @@ def description(chain: Chain) -> str:
 
 
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
-    return _rows(chain, params, policy) if params["strategy"] == "rows" else _direct(chain, params, policy)
+    return render(chain, params, policy, NAME)
+
+
+def render(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
+    """The pooling kernel of either strategy, as template `name` (pool1d, pool2d, pool3d)."""
+    return _rows(chain, params, policy, name) if params["strategy"] == "rows" else _direct(chain, params, policy, name)
 
 
 def _combine(is_max: bool, a: str, b: str) -> str:
@@ -85,51 +165,87 @@ def _combine(is_max: bool, a: str, b: str) -> str:
     return f"tl.where(({b} > {a}) | ({b} != {b}), {b}, {a})" if is_max else f"{a} + {b}"
 
 
-def _divisor(chain: Chain, oh: str, ow: str) -> list[str]:
-    assert chain.core is not None
-    a = chain.core.attrs
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    h, w = chain.core_shape[2], chain.core_shape[3]
-    hs, ws = f"({oh} * {sh} - {ph})", f"({ow} * {sw} - {pw})"
-    if a["count_include_pad"]:
-        lines = [f"hc = tl.minimum({hs} + {kh}, {h + ph}) - {hs}", f"wc = tl.minimum({ws} + {kw}, {w + pw}) - {ws}"]
-    else:
-        lines = [f"hc = tl.minimum({hs} + {kh}, {h}) - tl.maximum({hs}, 0)",
-                 f"wc = tl.minimum({ws} + {kw}, {w}) - tl.maximum({ws}, 0)"]
-    return [*lines, "acc = acc / (hc * wc).to(tl.float32)"]
+def _divisor(g: Geometry, outs: dict[str, str]) -> list[str]:
+    """Lines dividing `acc` by the window's element count at output coordinates `outs` (per counted dim)."""
+    lines, names = [], []
+    for name, dim in g.counted:
+        st = f"({outs[name]} * {dim.s} - {dim.p})"
+        if g.count_include_pad:
+            lines.append(f"{name}c = tl.minimum({st} + {dim.k}, {dim.size + dim.p}) - {st}")
+        else:
+            lines.append(f"{name}c = tl.minimum({st} + {dim.k}, {dim.size}) - tl.maximum({st}, 0)")
+        names.append(f"{name}c")
+    return [*lines, f"acc = acc / ({' * '.join(names)}).to(tl.float32)"]
 
 
-def _geometry(chain: Chain) -> tuple[Any, ...]:
-    """What both pooling kernels read from the chain: window, stride, padding, dilation, shapes, the index
-    and output types, and the extra (leaf) kernel arguments with their signature text."""
-    core = chain.core
-    assert core is not None
-    a = core.attrs
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a["kernel"], a["stride"], a["padding"], a["dilation"]
-    n, c, h, w = chain.core_shape
-    oh, ow = chain.out_shape[2], chain.out_shape[3]
+def _prefix(name: str) -> str:
+    return "_" + name  # _pool2d_kernel, _pool3d_rows_kernel, ...
+
+
+def _depth_loop(g: Geometry, body: list[str], base: str, mask: str) -> tuple[list[str], str, str]:
+    """(lines opening the depth window's loop, the input base and mask inside it) — nothing below 3-D."""
+    if g.rank < 3:
+        return [], base, mask
+    d = g.dd
+    return [f"for kd in tl.static_range({d.k}):",
+            f"    idp = od * {d.s} + (kd * {d.d} - {d.p})",
+            f"    dbase = {base} + idp * {g.dh.size * g.dw.size}",
+            f"    dm = {mask} & (idp >= 0) & (idp < {d.size})"], "dbase", "dm"
+
+
+def _nest(lines: list[str], depth: int) -> list[str]:
+    return [" " * (4 * depth) + line for line in lines]
+
+
+def _program_coords(g: Geometry, it: str) -> list[str]:
+    if g.rank < 3:
+        return [f"plane = tl.program_id(0).to({it})"]
+    return [f"pd = tl.program_id(0).to({it})", f"plane = pd // {g.dd.out}", f"od = pd % {g.dd.out}"]
+
+
+def _out_index(g: Geometry, oh: str) -> str:
+    dpart = f" + od * {g.dh.out * g.dw.out}" if g.rank == 3 else ""
+    return f"plane * {g.dd.out * g.dh.out * g.dw.out}{dpart} + {oh} * {g.dw.out} + ow"
+
+
+def _launch_lines(chain: Chain, g: Geometry, params: Params, kname: str, leaf_vals: list[str]) -> list[str]:
+    fwd = check_shapes(chain) + head_code(chain)
+    fwd.append(f"out = torch.empty({chain.out_shape!r}, device=h.device, dtype=torch.{chain.out_dtype})")
+    grid = (f"({g.planes * g.dd.out}, triton.cdiv({g.dh.out}, {params['BLOCK_H']}), "
+            f"triton.cdiv({g.dw.out}, {params['BLOCK_W']}))")
+    meta = {"BLOCK_H": params["BLOCK_H"], "BLOCK_W": params["BLOCK_W"], "num_warps": params["num_warps"]}
+    fwd.append(launch(kname, grid, ["h", "out", *leaf_vals], meta))
+    fwd.append("return out")
+    return fwd
+
+
+def _common(chain: Chain) -> tuple[Geometry, tuple[int, ...], str, str, list[str], str]:
+    g = geometry(chain)
     s = chain.core_shape
     leaf_names, leaf_vals = leaf_kernel_args(chain)
-    return (kh, kw, sh, sw, ph, pw, dh, dw, n, c, h, w, oh, ow, core.op == "max_pool2d", s,
-            index_type(s, chain.out_shape, chain.root.shape), tl_dtype(chain.out_dtype), leaf_names, leaf_vals,
+    return (g, s, index_type(s, chain.out_shape, chain.root.shape), tl_dtype(chain.out_dtype), leaf_vals,
             "".join(x + ", " for x in leaf_names))
 
 
-def _rows(chain: Chain, params: Params, policy: str) -> Kernel:
-    (kh, kw, _sh, sw, ph, pw, _dh, dw, n, c, h, w, oh, ow, is_max, s, it, out_t, _names, leaf_vals,
-     lsig) = _geometry(chain)
+def _rows(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
+    g, s, it, out_t, leaf_vals, lsig = _common(chain)
+    kh, (h, w) = g.dh.k, (g.dh.size, g.dw.size)
+    dw, ph = g.dw, g.dh.p
+    is_max = g.is_max
     init = "tl.full([BLOCK_W], float('-inf'), tl.float32)" if is_max else "tl.zeros([BLOCK_W], tl.float32)"
+    opening, base, mask = _depth_loop(g, [], "in_base", "rowm")
     inner = ExprEmitter()
-    inner.lines += [f"iw = ow * {sw} + (kw * {dw} - {pw})",
-                    f"m = owm & rowm & (iw >= 0) & (iw < {w})",
-                    f"idx = in_base + ih * {w} + iw",
+    inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
+                    f"m = owm & {mask} & (iw >= 0) & (iw < {w})",
+                    f"idx = {base} + ih * {w} + iw",
                     root_load(chain, s, "idx", "m")]
     v = inner.emit(chain.prologue, "x", "idx", s, "m")
     if is_max:
         inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"hm = {_combine(True, 'hm', 'v')}"]
     else:
         inner.lines += [f"hm = hm + tl.where(m, {v}, 0.0)"]
-    inner_body = "\n".join("            " + line for line in inner.lines)
+    window = [*opening, *_nest([f"for kw in tl.static_range({dw.k}):", *_nest(inner.lines, 1)], 1 if opening else 0)]
+    inner_body = "\n".join(_nest(window, 2))
     hist = [f"h{i}" for i in range(kh - 1)]  # the previous kh - 1 horizontal results, oldest first
     acc = "hm"
     for hv in reversed(hist):
@@ -138,9 +254,9 @@ def _rows(chain: Chain, params: Params, policy: str) -> Kernel:
     out.lines.append(f"acc = {acc}")
     out.lines.append("ohr = oh0 + r - " + str(kh - 1))
     if not is_max:
-        out.lines += _divisor(chain, "ohr", "ow")
-    out.lines.append(f"oidx = plane * {oh * ow} + ohr * {ow} + ow")
-    out.lines.append(f"om = owm & (r >= {kh - 1}) & (ohr < {oh})")
+        out.lines += _divisor(g, {"d": "od", "h": "ohr", "w": "ow"})
+    out.lines.append(f"oidx = {_out_index(g, 'ohr')}")
+    out.lines.append(f"om = owm & (r >= {kh - 1}) & (ohr < {g.dh.out})")
     r = out.emit(chain.epilogue, "acc", "oidx", chain.out_shape, "om")
     out.lines.append(f"tl.store(out_ptr + oidx, {r}.to({out_t}), mask=om)")
     out.lines += [f"{hist[i]} = {hist[i + 1]}" for i in range(len(hist) - 1)]
@@ -148,78 +264,74 @@ def _rows(chain: Chain, params: Params, policy: str) -> Kernel:
         out.lines.append(f"{hist[-1]} = hm")
     out_body = "\n".join("        " + line for line in out.lines)
     hist_init = "\n".join(f"    {hv} = {init}" for hv in hist)
+    coords = "\n".join("    " + line for line in _program_coords(g, it))
+    kname = f"{_prefix(name)}_rows_kernel"
     src = f'''
 @triton.jit
-def _pool2d_rows_kernel(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
-    plane = tl.program_id(0).to({it})
+def {kname}(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+{coords}
     oh0 = tl.program_id(1).to({it}) * BLOCK_H
     ow = tl.program_id(2).to({it}) * BLOCK_W + tl.arange(0, BLOCK_W).to({it})
-    owm = ow < {ow}
-    in_base = plane * {h * w}
+    owm = ow < {g.dw.out}
+    in_base = plane * {g.dd.size * h * w}
 {hist_init}
     for r in range(0, BLOCK_H + {kh - 1}):
         ih = oh0 + r - {ph}
         rowm = (ih >= 0) & (ih < {h})
         hm = {init}
-        for kw in tl.static_range({kw}):
 {inner_body}
 {out_body}
 '''
-    fwd = check_shapes(chain) + head_code(chain)
-    fwd.append(f"out = torch.empty({chain.out_shape!r}, device=h.device, dtype=torch.{chain.out_dtype})")
-    grid = f"({n * c}, triton.cdiv({oh}, {params['BLOCK_H']}), triton.cdiv({ow}, {params['BLOCK_W']}))"
-    meta = {"BLOCK_H": params["BLOCK_H"], "BLOCK_W": params["BLOCK_W"], "num_warps": params["num_warps"]}
-    fwd.append(launch("_pool2d_rows_kernel", grid, ["h", "out", *leaf_vals], meta))
-    fwd.append("return out")
-    return Kernel(NAME, policy, description(chain), params, [src], fwd)
+    return Kernel(name, policy, description(chain), params, [src], _launch_lines(chain, g, params, kname, leaf_vals))
 
 
-def _direct(chain: Chain, params: Params, policy: str) -> Kernel:
-    (kh, kw, sh, sw, ph, pw, dh, dw, n, c, h, w, oh, ow, is_max, s, it, out_t, _names, leaf_vals,
-     lsig) = _geometry(chain)
+def _direct(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
+    g, s, it, out_t, leaf_vals, lsig = _common(chain)
+    dh, dw = g.dh, g.dw
+    h, w = dh.size, dw.size
+    is_max = g.is_max
+    opening, base, mask = _depth_loop(g, [], "in_base", "omask")
     inner = ExprEmitter()
-    inner.lines += [f"iw = ow * {sw} + (kw * {dw} - {pw})",
-                    f"m = omask & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
-                    "idx = in_base + ih * " + str(w) + " + iw",
+    inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
+                    f"m = {mask} & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
+                    f"idx = {base} + ih * " + str(w) + " + iw",
                     root_load(chain, s, "idx", "m")]
     v = inner.emit(chain.prologue, "x", "idx", s, "m")
     if is_max:
         inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", "acc = tl.where((v > acc) | (v != v), v, acc)"]
     else:
         inner.lines += [f"acc += tl.where(m, {v}, 0.0)"]
-    inner_body = "\n".join("            " + line for line in inner.lines)
+    window = [f"for kh in tl.static_range({dh.k}):",
+              f"    ih = oh * {dh.s} + (kh * {dh.d} - {dh.p})",
+              f"    for kw in tl.static_range({dw.k}):",
+              *_nest(inner.lines, 2)]
+    window = [*opening, *_nest(window, 1)] if opening else window
+    inner_body = "\n".join(_nest(window, 1))
     if is_max:
         init = "acc = tl.full([BLOCK_H, BLOCK_W], float('-inf'), tl.float32)"
         fin: list[str] = []
     else:
         init = "acc = tl.zeros([BLOCK_H, BLOCK_W], tl.float32)"
-        fin = _divisor(chain, "oh", "ow")
+        fin = _divisor(g, {"d": "od", "h": "oh", "w": "ow"})
     out = ExprEmitter("o")
     out.lines += fin
-    out.lines.append(f"oidx = plane * {oh * ow} + oh * {ow} + ow")
+    out.lines.append(f"oidx = {_out_index(g, 'oh')}")
     r = out.emit(chain.epilogue, "acc", "oidx", chain.out_shape, "omask")
     out.lines.append(f"tl.store(out_ptr + oidx, {r}.to({out_t}), mask=omask)")
     out_body = "\n".join("    " + line for line in out.lines)
+    coords = "\n".join("    " + line for line in _program_coords(g, it))
+    kname = f"{_prefix(name)}_kernel"
     src = f'''
 @triton.jit
-def _pool2d_kernel(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
-    plane = tl.program_id(0).to({it})
+def {kname}(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+{coords}
     oh = tl.program_id(1).to({it}) * BLOCK_H + tl.arange(0, BLOCK_H).to({it})[:, None]
     ow = tl.program_id(2).to({it}) * BLOCK_W + tl.arange(0, BLOCK_W).to({it})[None, :]
-    omask = (oh < {oh}) & (ow < {ow})
-    in_base = plane * {h * w}
+    omask = (oh < {dh.out}) & (ow < {dw.out})
+    in_base = plane * {g.dd.size * h * w}
     {init}
-    for kh in tl.static_range({kh}):
-        ih = oh * {sh} + (kh * {dh} - {ph})
-        for kw in tl.static_range({kw}):
 {inner_body}
 {out_body}
 '''
-    fwd = check_shapes(chain) + head_code(chain)
-    fwd.append(f"out = torch.empty({chain.out_shape!r}, device=h.device, dtype=torch.{chain.out_dtype})")
-    grid = f"({n * c}, triton.cdiv({oh}, {params['BLOCK_H']}), triton.cdiv({ow}, {params['BLOCK_W']}))"
-    meta = {"BLOCK_H": params["BLOCK_H"], "BLOCK_W": params["BLOCK_W"], "num_warps": params["num_warps"]}
-    fwd.append(launch("_pool2d_kernel", grid, ["h", "out", *leaf_vals], meta))
-    fwd.append("return out")
     assert math.prod(chain.out_shape) > 0
-    return Kernel(NAME, policy, description(chain), params, [src], fwd)
+    return Kernel(name, policy, description(chain), params, [src], _launch_lines(chain, g, params, kname, leaf_vals))

@@ -43,7 +43,7 @@ def geometry(chain: Chain) -> tuple[int, int, int]:
     return math.prod(s[:dims[0]]), math.prod(s[dims[0]:dims[-1] + 1]), math.prod(s[dims[-1] + 1:])
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     core = chain.core
     if core is None or core.op not in OPS:
         return "the graph has no sum/mean/amax/logsumexp"
@@ -78,6 +78,32 @@ def description(chain: Chain) -> str:
             f"epilogue {describe(chain.epilogue)}) in Triton")
 
 
+#: The running values each reduction keeps (a split reduction stores them as its partials).
+PARTIALS = {"sum": ("acc",), "mean": ("acc",), "amax": ("acc", "anynan"), "logsumexp": ("mx", "sm")}
+
+
+def row_reduction(op: str, v: str, m: str, ax: int, r: int, block: str, p: str = "") -> tuple[list[str], list[str], list[str]]:
+    """(lines starting the running values, lines folding in the masked tile `v` along axis `ax`, lines giving
+    `res`) of `op` over `r` elements, for `block` outputs; `p` prefixes the running values' names."""
+    other = "[:, None]" if ax == 1 else "[None, :]"
+    if op in ("sum", "mean"):
+        return ([f"{p}acc = tl.zeros([{block}], tl.float32)"],
+                [f"{p}acc = {p}acc + tl.sum(tl.where({m}, {v}, 0.0), axis={ax})"],
+                [f"res = {p}acc" if op == "sum" else f"res = {p}acc / {r}"])
+    if op == "amax":
+        # tl.max drops NaN (maxnum); PyTorch's amax returns NaN when the reduced elements hold one
+        return ([f"{p}acc = tl.full([{block}], float('-inf'), tl.float32)", f"{p}anynan = tl.zeros([{block}], tl.float32)"],
+                [f"v = tl.where({m}, {v}, float('-inf'))", f"{p}acc = tl.maximum({p}acc, tl.max(v, axis={ax}))",
+                 f"{p}anynan = tl.maximum({p}anynan, tl.max(tl.where(v != v, 1.0, 0.0), axis={ax}))"],
+                [f"res = tl.where({p}anynan > 0, float('nan'), {p}acc)"])
+    # logsumexp, online: a running max and a sum rescaled to it
+    return ([f"{p}mx = tl.full([{block}], float('-inf'), tl.float32)", f"{p}sm = tl.zeros([{block}], tl.float32)"],
+            [f"v = tl.where({m}, {v}, float('-inf'))", f"nm = tl.maximum({p}mx, tl.max(v, axis={ax}))",
+             "safe = tl.where(nm == float('-inf'), 0.0, nm)",
+             f"{p}sm = {p}sm * tl.exp({p}mx - safe) + tl.sum(tl.exp(v - safe{other}), axis={ax})", f"{p}mx = nm"],
+            [f"res = tl.where({p}mx == float('-inf'), {p}mx, {p}mx + tl.log({p}sm))"])
+
+
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     core = chain.core
     assert core is not None
@@ -99,23 +125,9 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
                      f"idx = a_i * {r * b} + rr * {b} + o[None, :]"]
     em.lines.append(root_load(chain, s, "idx", "m"))
     v = em.emit(chain.prologue, "x", "idx", s, "m")
-    if op in ("sum", "mean"):
-        em.lines.append(f"acc = acc + tl.sum(tl.where(m, {v}, 0.0), axis={ax})")
-        init = "acc = tl.zeros([BLOCK_O], tl.float32)"
-        fin = ["res = acc" if op == "sum" else f"res = acc / {r}"]
-    elif op == "amax":
-        # tl.max drops NaN (maxnum); PyTorch's amax returns NaN when the reduced elements hold one
-        em.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"acc = tl.maximum(acc, tl.max(v, axis={ax}))",
-                     f"anynan = tl.maximum(anynan, tl.max(tl.where(v != v, 1.0, 0.0), axis={ax}))"]
-        init = "acc = tl.full([BLOCK_O], float('-inf'), tl.float32)\n    anynan = tl.zeros([BLOCK_O], tl.float32)"
-        fin = ["res = tl.where(anynan > 0, float('nan'), acc)"]
-    else:  # logsumexp, online
-        bcast = "safe[:, None]" if trailing else "safe[None, :]"
-        em.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"nm = tl.maximum(mx, tl.max(v, axis={ax}))",
-                     "safe = tl.where(nm == float('-inf'), 0.0, nm)",
-                     f"sm = sm * tl.exp(mx - safe) + tl.sum(tl.exp(v - {bcast}), axis={ax})", "mx = nm"]
-        init = "mx = tl.full([BLOCK_O], float('-inf'), tl.float32)\n    sm = tl.zeros([BLOCK_O], tl.float32)"
-        fin = ["res = tl.where(mx == float('-inf'), mx, mx + tl.log(sm))"]
+    inits, update, fin = row_reduction(op, v, "m", ax, r, "BLOCK_O")
+    em.lines += update
+    init = "\n    ".join(inits)
     body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
     out = ExprEmitter("o")
     out.lines += fin

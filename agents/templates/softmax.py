@@ -47,7 +47,7 @@ def geometry(chain: Chain) -> tuple[int, int]:
     return math.prod(s[:-1]), s[-1]
 
 
-def applies(chain: Chain) -> str | None:
+def applies(chain: Chain, policy: str = "strict") -> str | None:
     core = chain.core
     if core is None or core.op not in ("softmax", "log_softmax"):
         return "the graph has no softmax or log_softmax"

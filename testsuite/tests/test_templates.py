@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 
 from kstrata.agents.tasks import load_task
-from kstrata.agents.templates import analyse, match
+from kstrata.agents.templates import TEMPLATES, analyse, match
 from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_jobs
-from kstrata.agents.templates.graph import describe
+from kstrata.agents.templates.graph import GraphError, describe
 from kstrata.testsuite.tasks import TASKS_DIR
 
 from .conftest import has_cuda
 
 GAPS = TASKS_DIR / "gaps"
+#: Tiny tasks written for these tests (not benchmarked): chains and sizes the suite's tasks do not have.
+SMALL = TASKS_DIR.parent / "template_tasks"
+NAMES = {m.NAME for m in TEMPLATES}
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
 
 
@@ -34,6 +37,13 @@ def shrunk(tmp_path: Path, rel: str, sizes: dict[str, int]) -> Path:
     path = tmp_path / Path(rel).name
     path.write_text(src)
     return path
+
+
+def one(path: Path, template: str, policy: str = "strict") -> Any:
+    """The task's match of `template` (a TemplateMatch)."""
+    found = [m for m in match(load_task(path), policy) if m.template == template]
+    assert len(found) == 1, f"{path.name}: {template} matches {len(found)} times"
+    return found[0]
 
 
 def write_task(tmp_path: Path, name: str, body: str) -> Path:
@@ -62,7 +72,7 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
     assert [m.template for m in a.matches] == [template]
     m = a.matches[0]
     assert words in m.description
-    assert {r.template for r in a.rejected} == {"norm", "softmax", "pool2d", "reduce", "pointwise"} - {template}
+    assert {r.template for r in a.rejected} == NAMES - {template}
     assert all(r.reason for r in a.rejected)
     if strategy:
         assert m.default_params()["strategy"] == strategy
@@ -139,6 +149,20 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("level2/11_gemm_sigmoid_sum_fp32.py", {"batch": 3, "in_features": 8, "out_features": 300}, "reduce", [{}]),
     ("level2/09_gemm_logsumexp_bf16.py", {"batch": 3, "in_features": 8, "out_features": 700}, "reduce",
      [{}, {"BLOCK_R": 256, "BLOCK_O": 2}]),
+    ("level2/01_gemm_bias_relu_fp16.py", {"batch": 19, "in_features": 40, "out_features": 56}, "gemm",
+     [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
+    ("level2/02_gemm_scale_residual_bf16.py", {"batch": 5, "features": 40}, "gemm", [{}]),
+    ("level1/03_batched_gemm_bf16.py", {"batch": 2, "M": 17, "K": 24, "N": 40}, "gemm", [{}]),
+    ("level1/05_gemm_transposed_a_fp16.py", {"M": 37, "K": 40, "N": 29}, "gemm",  # A.T read through its strides
+     [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
+]
+#: GEMM + epilogue on the tiny tasks (policy, schedules): every size leaves a tail of the default blocks; the
+#: second schedules have several tiles per dim in groups of GROUP_M rows and a K tail. All also run on
+#: non-contiguous (column-major) inputs, which the kernel reads through their strides.
+GEMM_CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
+    ("01_linear_gelu_scale_residual_fp16.py", "strict", [{}, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}]),
+    ("02_bmm_tanh_scale_bf16.py", "strict", [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
+    ("03_matmul_shared_weight_relu_fp16.py", "strict", [{}]),
 ]
 
 
@@ -171,6 +195,112 @@ POOL_VARIANTS = [  # small windows: the interpreter's cost is per op, and a wind
     ("avg_pool2d", "(2, 3), stride=(1, 2), padding=(1, 1), count_include_pad=False"),
     ("max_pool2d", "2, stride=2, padding=1, dilation=2"),
 ]
+POOLND_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.rand(1) + 0.5)
+
+        def forward(self, x):
+            y = F.{op}(torch.relu(x) * self.scale, {args})
+            return torch.sigmoid(y) - 0.25
+
+
+    def get_inputs():
+        return [torch.randn{shape}]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: 1-D and 3-D poolings (op, arguments, input shape, whether `rows` applies — 3-D with stride 1 and dilation 1
+#: along H — and is run too): dilation, unbatched input, padding counted or not
+POOLND_VARIANTS = [
+    ("max_pool1d", "4, stride=3, padding=2, dilation=2", (2, 3, 29), False),
+    ("avg_pool1d", "3", (4, 20), False),
+    ("avg_pool3d", "(2, 2, 3), stride=(1, 2, 1), padding=(1, 0, 1)", (1, 2, 4, 5, 6), False),
+    ("avg_pool3d", "2, stride=1, padding=1, count_include_pad=False", (1, 2, 3, 5, 6), True),
+    ("max_pool3d", "(2, 2, 2), stride=(1, 1, 2), dilation=(2, 1, 2)", (1, 2, 5, 5, 7), True),
+]
+#: the tiny tasks' poolings (template, schedules), also run on non-contiguous inputs
+POOLND_CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
+    ("04_avgpool1d_relu_scale_fp32.py", "pool1d", [{}, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}]),
+    ("05_maxpool3d_tanh_fp16.py", "pool3d", [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
+]
+ATTN_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, {args})
+
+
+    def get_inputs():
+        return [torch.randn({q}, dtype=torch.{dtype}), torch.randn({k}, dtype=torch.{dtype}),
+                torch.randn({v}, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: attention (arguments, q/k/v shapes, dtype, policy): causal with fewer and with more queries than keys
+#: (top-left aligned), fp32 under tf32, keys a multiple of the block
+ATTN_VARIANTS = [
+    ("is_causal=True", (2, 19, 32), (2, 45, 32), (2, 45, 16), "float16", "strict"),
+    ("None, 0.0, True", (1, 2, 45, 16), (1, 2, 19, 16), (1, 2, 19, 16), "bfloat16", "strict"),
+    ("is_causal=True, scale=0.5", (2, 21, 24), (2, 21, 24), (2, 21, 24), "float32", "tf32"),
+    ("is_causal=True", (1, 24, 16), (1, 32, 16), (1, 32, 16), "float16", "strict"),  # no key tail: unmasked loads
+]
+#: the tiny tasks' attention (schedules), also on non-contiguous q, k, v; the second schedules walk several
+#: key blocks with several query blocks (a causal loop bound per query block)
+ATTN_CASES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("06_sdpa_causal_tanh_fp16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 16}]),
+    ("07_sdpa_cross_scaled_bf16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 32}]),
+]
+GEMM_REDUCE_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(70, 24, dtype=torch.{dtype}) / 5.0)
+            self.b = nn.Parameter(torch.randn(70, dtype=torch.{dtype}))
+
+        def forward(self, x):
+            return {body}
+
+
+    def get_inputs():
+        return [torch.randn(13, 24, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: GEMM + row reduction (body over `F.linear(x, self.w, self.b)` = y, dtype, policy, schedule): amax keepdim with
+#: a NaN-aware max over SPLIT partials, a mean of fp32 operands under tf32, a sum with a column-broadcast prologue
+GEMM_REDUCE_VARIANTS = [
+    ("torch.amax(F.relu(y), dim=-1, keepdim=True) * 2.0", "bfloat16", "strict",
+     {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 4}),
+    ("torch.mean(y * 0.5, dim=1)", "float32", "tf32", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT": 1}),
+    ("torch.sum(y - self.b, dim=1) - 1.0", "float16", "strict", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT": 2}),
+]
+#: the tiny task's GEMM + logsumexp: one program per row block (SPLIT 1) and split column groups
+GEMM_REDUCE_CASES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("08_linear_sigmoid_logsumexp_fp16.py", [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 1},
+                                             {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 8}]),
+]
 BCAST_TASK = """
         import torch
         import torch.nn as nn
@@ -193,6 +323,50 @@ BCAST_TASK = """
         def get_init_inputs():
             return []
     """
+FLINEAR_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(24, 40, dtype=torch.bfloat16) / 6.0)
+            self.b = nn.Parameter(torch.randn(24, dtype=torch.bfloat16))
+
+        def forward(self, x, y):
+            return F.silu(F.linear(x, self.w, self.b)) - y
+
+
+    def get_inputs():
+        return [torch.randn(3, 7, 40, dtype=torch.bfloat16), torch.randn(7, 24, dtype=torch.bfloat16)]
+
+
+    def get_init_inputs():
+        return []
+"""
+TRANSPOSED_TASK = """
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(24, 40, dtype=torch.bfloat16) / 6.0)
+
+        def forward(self, x):
+            return torch.relu(x @ self.w.t()) * 2.0
+
+
+    def get_inputs():
+        return [torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)]  # a strided input of the task's own
+
+
+    def get_init_inputs():
+        return []
+"""
 REDUCE_TASK = """
     import torch
     import torch.nn as nn
@@ -217,8 +391,8 @@ NONCONTIGUOUS = ["gaps/01_layernorm_three_dims_fp32.py", "gaps/02_maxpool2d_k4_s
                  "gaps/03_softmax_wide_rows_fp32.py"]
 
 
-def _job(task_path: Path, template: str, params: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    a = analyse(load_task(task_path))
+def _job(task_path: Path, template: str, params: dict[str, Any], policy: str = "strict", **kw: Any) -> dict[str, Any]:
+    a = analyse(load_task(task_path), policy)
     found = [x for x in a.matches if x.template == template]
     assert found, f"{task_path.name}: {template} does not match: {a.rejected}"
     return {"task": str(task_path), "source": found[0].render(params), **kw}
@@ -239,18 +413,68 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
         if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
             jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+    for i, (op, args, shape, rows) in enumerate(POOLND_VARIANTS):
+        path = write_task(tmp, f"poolnd_task_{i}.py", POOLND_TASK.format(op=op, args=args, shape=shape))
+        tmpl = "pool" + op[-2:]
+        jobs[f"poolnd-{i}"] = [_job(path, tmpl, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16})]
+        if rows:
+            jobs[f"poolnd-{i}"].append(_job(path, tmpl, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+    for name, tmpl, schedules in POOLND_CASES:
+        jobs["poolnd-" + name] = [_job(SMALL / name, tmpl, p) for p in schedules]
+        jobs["poolnd-noncontiguous-" + name] = [_job(SMALL / name, tmpl, {}, noncontiguous=True)]
+    for i, (args, q, k, v, dtype, policy) in enumerate(ATTN_VARIANTS):
+        path = write_task(tmp, f"attn_task_{i}.py", ATTN_TASK.format(args=args, q=q, k=k, v=v, dtype=dtype))
+        jobs[f"attn-{i}"] = [_job(path, "attention", {"BLOCK_M": 16, "BLOCK_N": 16}, policy)]
+    for name, schedules in ATTN_CASES:
+        jobs["attn-" + name] = [_job(SMALL / name, "attention", p) for p in schedules]
+        jobs["attn-noncontiguous-" + name] = [_job(SMALL / name, "attention", {}, noncontiguous=True)]
+    for i, (body, dtype, policy, params) in enumerate(GEMM_REDUCE_VARIANTS):
+        task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
+        path = write_task(tmp, f"gemm_reduce_task_{i}.py", task)
+        jobs[f"gemm_reduce-{i}"] = [_job(path, "gemm_reduce", params, policy)]
+    for name, schedules in GEMM_REDUCE_CASES:
+        jobs["gemm_reduce-" + name] = [_job(SMALL / name, "gemm_reduce", p) for p in schedules]
+        jobs["gemm_reduce-noncontiguous-" + name] = [_job(SMALL / name, "gemm_reduce", {}, noncontiguous=True)]
     for i, body in enumerate(REDUCE_BODIES):
         path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
         jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
     path = write_task(tmp, "bcast.py", BCAST_TASK)
     jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
-    # planted bugs: a normalization off by 1%, a max pool that skips the last window column
+    for name, policy, schedules in GEMM_CASES:
+        jobs["gemm-" + name] = [_job(SMALL / name, "gemm", p, policy) for p in schedules]
+        jobs["gemm-noncontiguous-" + name] = [_job(SMALL / name, "gemm", {}, policy, noncontiguous=True)]
+    path = write_task(tmp, "reserved.py", BCAST_TASK.replace("x, y", "out, h").replace("(x", "(out").replace(
+        "x *", "out *").replace("+ y", "+ h").replace("(y)", "(h)"))  # inputs named like the forward's locals
+    jobs["reserved"] = [_job(path, "pointwise", {"BLOCK": 512})]
+    path = write_task(tmp, "shared_a.py", TRANSPOSED_TASK.replace("x @ self.w.t()", "torch.matmul(self.w, x)").replace(
+        "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)", "torch.randn(3, 40, 17, dtype=torch.bfloat16)"))
+    jobs["gemm-shared-a"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]  # batch stride 0 for w
+    path = write_task(tmp, "transposed.py", TRANSPOSED_TASK)  # gemm reads w.t() in place; pointwise's cuBLAS does too
+    jobs["transposed"] = [_job(path, "gemm", {}), _job(path, "pointwise", {})]
+    path = write_task(tmp, "flinear.py", FLINEAR_TASK)  # F.linear on a rank-3 input, a broadcast second input
+    jobs["gemm-flinear"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
+    # fp32 operands under tf32 (TF32 dot inputs on the GPU; the interpreter's dot is fp32)
+    (tmp / "tf32").mkdir()  # other sizes than CASES' copy of the same task
+    path = shrunk(tmp / "tf32", "level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 24, "out_features": 33})
+    jobs["gemm-tf32"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "tf32")]
+    # planted bugs: a normalization off by 1%, a max pool that skips the last window column, a GEMM that skips
+    # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window, a causal attention
+    # whose mask lets each query see one key past the diagonal
     norm = jobs["01_layernorm_three_dims_fp32"][0]
     pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
+    gemm = jobs["gemm-01_linear_gelu_scale_residual_fp16.py"][1]
+    pool3 = jobs["poolnd-05_maxpool3d_tanh_fp16.py"][0]
+    attn = jobs["attn-06_sdpa_causal_tanh_fp16.py"][1]
+    red = jobs["gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"][1]  # 10 column tiles of 16: skip the last 5
+    good = [norm, pool, gemm, pool3, attn, red]
     bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
-           pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2)]
-    assert bad[0] != norm["source"] and bad[1] != pool["source"]
-    jobs["planted"] = [{"task": norm["task"], "source": bad[0]}, {"task": pool["task"], "source": bad[1]}]
+           pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2),
+           gemm["source"].replace("for kk in range(0, 40, BLOCK_K):", "for kk in range(0, 32, BLOCK_K):"),
+           pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):"),
+           attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)"),
+           red["source"].replace("for nt in range(split, 10, SPLIT):", "for nt in range(split, 5, SPLIT):")]
+    assert all(b != g["source"] for b, g in zip(bad, good, strict=True))
+    jobs["planted"] = [{"task": g["task"], "source": b} for b, g in zip(bad, good, strict=True)]
     flat = [{**j, "record": True} for js in jobs.values() for j in js]
     results = iter(run_jobs(flat, keep_sources=True))
     return {k: [next(results) for _ in js] for k, js in jobs.items()}
@@ -285,6 +509,113 @@ def test_pooling_variants_with_prologue_and_epilogue(interpreted: dict[str, Any]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(POOLND_VARIANTS)), ids=[f"{v[0]}({v[1]}){v[2]}" for v in POOLND_VARIANTS])
+def test_1d_and_3d_pooling_variants(interpreted: dict[str, Any], tmp_path: Path, i: int) -> None:
+    op, args, shape, rows = POOLND_VARIANTS[i]
+    [m] = match(load_task(write_task(tmp_path, "poolnd_task.py", POOLND_TASK.format(op=op, args=args, shape=shape))))
+    assert m.template == "pool" + op[-2:] and describe(m.chain.prologue) == "mul(relu(x), scale)"
+    assert m.schedule_space()["strategy"] == (("direct", "rows") if rows else ("direct",))
+    _assert_all_pass(interpreted[f"poolnd-{i}"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in POOLND_CASES])
+def test_1d_and_3d_pooling_tasks_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["poolnd-" + name])
+    _assert_all_pass(interpreted["poolnd-noncontiguous-" + name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(ATTN_VARIANTS)), ids=[f"{v[0]} {v[1]}x{v[2]} {v[4]}" for v in ATTN_VARIANTS])
+def test_attention_variants(interpreted: dict[str, Any], i: int) -> None:
+    _assert_all_pass(interpreted[f"attn-{i}"])
+    if ATTN_VARIANTS[i][5] == "tf32":
+        assert 'input_precision="tf32"' in interpreted[f"attn-{i}"][0]["candidate_source"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in ATTN_CASES])
+def test_attention_tasks_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["attn-" + name])
+    _assert_all_pass(interpreted["attn-noncontiguous-" + name])
+
+
+def test_attention_reads_its_options_and_rejections_say_why(tmp_path: Path) -> None:
+    m = one(SMALL / "06_sdpa_causal_tanh_fp16.py", "attention")
+    assert m.description.startswith("causal attention over 6 batch x heads, 37 queries x 37 keys, head dims 40/40")
+    src = m.render()
+    assert "q = q_in.reshape(6, 37, 40)" in src  # inputs named like the forward's locals are renamed and "(rn[None, :] <= rm[:, None])" in src
+    assert "tl.minimum(37, (pid_m + 1) * BLOCK_M)" in src  # a causal block stops at its diagonal
+    assert "rd = tl.arange(0, 64)" in src  # head dim 40 padded to 64, masked
+    cross = one(SMALL / "07_sdpa_cross_scaled_bf16.py", "attention")
+    assert "scale 0.3," in cross.description and "UPCAST=q.device.type == 'cpu'" in cross.render()
+    assert "(rn[None, :] <= rm[:, None])" not in cross.render()
+    full = one(TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention")
+    assert full.default_params() == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    assert "kt = tl.load(k_ptr + bh * skb + rn[None, :] * skn + rd[:, None] * skd)\n" in full.render()  # no tail: no mask
+
+    def reason(args: str, dtype: str = "float16", policy: str = "strict", k: tuple[int, ...] = (2, 8, 16)) -> str:
+        path = write_task(tmp_path, "attn.py", ATTN_TASK.format(args=args, q=(2, 8, 16), k=k, v=(2, 8, 16), dtype=dtype))
+        return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["attention"]
+
+    assert "only under --precision tf32" in reason("is_causal=True", "float32")
+    assert reason("dropout_p=0.1").endswith("attention with dropout (random in eval mode too)")
+    assert reason("enable_gqa=True") == "attention with enable_gqa (grouped key/value heads)"
+    assert reason("", k=(1, 8, 16)) == "attention with batch dims (2,), (1,), (2,) that broadcast"
+    masked = write_task(tmp_path, "masked.py", ATTN_TASK.format(args="self.mask", q=(2, 8, 16), k=(2, 8, 16),
+                                                               v=(2, 8, 16), dtype="float16").replace(
+        "    class Model(nn.Module):\n", "    class Model(nn.Module):\n        def __init__(self):\n            super().__init__()\n"
+        "            self.register_buffer('mask', torch.ones(8, 8, dtype=torch.bool).tril())\n\n"))
+    rej = {r.template: r.reason for r in analyse(load_task(masked)).rejected}
+    assert rej["attention"] == "attention with an attn_mask (the template takes is_causal only)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(GEMM_REDUCE_VARIANTS)), ids=[v[0] for v in GEMM_REDUCE_VARIANTS])
+def test_gemm_reduce_variants(interpreted: dict[str, Any], i: int) -> None:
+    [r] = interpreted[f"gemm_reduce-{i}"]
+    assert r["ok"], r
+    split = GEMM_REDUCE_VARIANTS[i][3]["SPLIT"]
+    assert ("def _gemm_reduce_combine(" in r["candidate_source"]) == (split > 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in GEMM_REDUCE_CASES])
+def test_gemm_reduce_task_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["gemm_reduce-" + name])
+    _assert_all_pass(interpreted["gemm_reduce-noncontiguous-" + name])
+
+
+def test_gemm_reduce_schedules_and_rejections(tmp_path: Path) -> None:
+    big = one(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py", "gemm_reduce")
+    d = big.default_params()  # 32 row blocks of 128: the smallest SPLIT for at least 264 programs is 16
+    assert (d["BLOCK_M"], d["BLOCK_N"], d["SPLIT"]) == (128, 128, 16) and "GROUP_M" not in d
+    assert "logsumexp over its 8192 columns" in big.description
+    assert not big._valid({**d, "BLOCK_N": 256, "SPLIT": 64})  # 32 column tiles cannot feed 64 splits
+    small = one(SMALL / "08_linear_sigmoid_logsumexp_fp16.py", "gemm_reduce")
+    assert small.default_params()["SPLIT"] == 2  # one row block: split its 2 column tiles
+
+    def reason(body: str, dtype: str = "float16", policy: str = "strict") -> str:
+        task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
+        path = write_task(tmp_path, "gr.py", task)
+        return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["gemm_reduce"]
+
+    assert reason("torch.sum(y, dim=0)") == "sum over dims (0,) of the product, not its last dim alone"
+    assert reason("torch.sum(y)") == "sum over dims None of the product, not its last dim alone"
+    assert "only under --precision tf32" in reason("torch.sum(y, dim=1)", "float32")
+    assert reason("torch.relu(y)") == "the graph has no sum/mean/amax/logsumexp after the product"
+
+
+def test_pooling_rejections_say_why(tmp_path: Path) -> None:
+    a = analyse(load_task(SMALL / "05_maxpool3d_tanh_fp16.py"))
+    why = {r.template: r.reason for r in a.rejected}
+    assert why["pool1d"] == "the graph has no 1-D pooling" and why["pool2d"] == "the graph has no 2-D pooling"
+    path = write_task(tmp_path, "ceil.py", POOLND_TASK.format(op="max_pool1d", args="3, ceil_mode=True", shape=(2, 3, 9)))
+    a = analyse(load_task(path))
+    assert not a.matches and all("max_pool1d with ceil_mode or return_indices" in r.reason for r in a.rejected)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(REDUCE_BODIES)), ids=REDUCE_BODIES)
 def test_reductions_over_dim_runs(interpreted: dict[str, Any], i: int) -> None:
     _assert_all_pass(interpreted[f"reduce-{i}"])
@@ -296,6 +627,136 @@ def test_pointwise_broadcasts_parameters_and_second_inputs(interpreted: dict[str
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in GEMM_CASES])
+def test_gemm_with_epilogue_matches_the_model_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["gemm-" + name])
+    _assert_all_pass(interpreted["gemm-noncontiguous-" + name])
+
+
+@pytest.mark.slow
+def test_gemm_on_fp32_operands_under_tf32(interpreted: dict[str, Any]) -> None:
+    [r] = interpreted["gemm-tf32"]
+    assert r["ok"], r
+    assert 'input_precision="tf32"' in r["candidate_source"] and "allow_tf32 = True" in r["candidate_source"]
+
+
+def test_gemm_reads_the_product_and_its_epilogue() -> None:
+    """Which operand layouts the kernel is given (a weight read transposed, batch dims flattened or shared)."""
+    linear = one(SMALL / "01_linear_gelu_scale_residual_fp16.py", "gemm")
+    assert linear.description.startswith("linear 37x72x40 (BxMxNxK) float16 in Triton (fp32 accumulation) + bias")
+    src = linear.render()
+    assert "b = self.linear.weight.t()" in src and "self.linear.bias" in src and "UPCAST=False" in src
+    shared = one(SMALL / "03_matmul_shared_weight_relu_fp16.py", "gemm")
+    src = shared.render()
+    assert "a = x.reshape(120, 48)" in src and "0, b.stride(0), b.stride(1)" in src  # (2, 3, 20) rows, one weight
+    assert shared.description.startswith("matmul 120x36x48 (BxMxNxK)")
+    bmm = one(SMALL / "02_bmm_tanh_scale_bf16.py", "gemm")
+    assert "UPCAST=a.device.type == 'cpu'" in bmm.render()  # the interpreter's bf16 dot (module docstring)
+
+
+@pytest.mark.slow
+def test_inputs_named_like_the_forwards_locals_are_renamed(interpreted: dict[str, Any]) -> None:
+    """A task whose inputs are `out` and `h` (the forward's output buffer and head): renamed `out_in`, `h_in`,
+    they are read, not the buffers (before, `out = torch.empty(...)` replaced the input the kernel then read)."""
+    [r] = interpreted["reserved"]
+    assert r["ok"], r
+    assert "def forward(self, out_in, h_in):" in r["candidate_source"]
+
+
+@pytest.mark.slow
+def test_transposed_operands_are_read_as_views(interpreted: dict[str, Any], tmp_path: Path) -> None:
+    """`w.t()`, `A.T`, `x.mT`, `x.transpose(-2, -1)` of an input or parameter are library-op operands (strided
+    views, not copies); a transpose of other dims is not."""
+    _assert_all_pass(interpreted["transposed"])
+    gemm_src, pointwise_src = (r["candidate_source"] for r in interpreted["transposed"])
+    assert "b = self.w.transpose(-1, -2)" in gemm_src and "torch.matmul(x, self.w.transpose(-1, -2))" in pointwise_src
+    assert "a = a_in.transpose(-1, -2)" in one(TASKS_DIR / "level1" / "05_gemm_transposed_a_fp16.py", "gemm").render()
+    for view, ok in (("x.mT", True), ("x.transpose(-2, -1)", True), ("torch.transpose(x, 2, 1)", True),
+                     ("x.transpose(0, 1)", False)):
+        path = write_task(tmp_path, "t.py", TRANSPOSED_TASK.replace("x @ self.w.t()", f"torch.bmm({view}, y)").replace(
+            "def forward(self, x):", "def forward(self, x, y):").replace(
+            "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)]",
+            "torch.randn(4, 4, 4, dtype=torch.bfloat16), torch.randn(4, 4, 8, dtype=torch.bfloat16)]"))
+        a = analyse(load_task(path))
+        if ok:
+            assert one(path, "gemm").render().count(".transpose(-1, -2)") == 1
+        else:
+            assert not a.matches and "transpose() has no template" in a.rejected[0].reason
+
+
+@pytest.mark.slow
+def test_gemm_with_a_first_operand_shared_by_the_batch(interpreted: dict[str, Any]) -> None:
+    [r] = interpreted["gemm-shared-a"]
+    assert r["ok"], r
+    assert "_gemm_kernel[(4, 3)](a, b, out, 0, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2)" in \
+        r["candidate_source"]
+
+
+@pytest.mark.slow
+def test_gemm_of_functional_linear_on_a_rank3_input(interpreted: dict[str, Any]) -> None:
+    [r] = interpreted["gemm-flinear"]
+    assert r["ok"], r
+    src = r["candidate_source"]
+    assert "a = x.reshape(21, 40)" in src and "b = self.w.t()" in src and "self.b" in src
+
+
+def test_gemm_schedule_space_rules_out_what_cannot_run() -> None:
+    m = one(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm")
+    space = m.schedule_space()
+    assert set(space) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+    assert m.default_params() == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
+                                  "num_stages": 4}
+    base = m.default_params()
+    assert not m._valid({**base, "BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 8})  # 256 fp32 accumulators a thread
+    assert m._valid({**base, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3})
+    assert not m._valid({**base, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3})  # 288 KiB smem
+    assert len(m.hint_params()) == 4 and all(m._valid(h) for h in m.hint_params())
+    small = one(SMALL / "01_linear_gelu_scale_residual_fp16.py", "gemm")
+    d = small.default_params()  # 37x72x40: blocks cut to the dims' powers of two, one tile row (GROUP_M 1)
+    assert (d["BLOCK_M"], d["BLOCK_N"], d["BLOCK_K"], d["GROUP_M"]) == (64, 128, 64, 1) and small._valid(d)
+    bmm = one(TASKS_DIR / "level1" / "03_batched_gemm_bf16.py", "gemm").default_params()  # M = 512: 4 tile rows
+    assert (bmm["BLOCK_M"], bmm["BLOCK_N"], bmm["GROUP_M"]) == (128, 128, 4)
+    assert not small._valid({**d, "BLOCK_M": 16, "GROUP_M": 8})  # 3 tile rows: GROUP_M 4 already takes them all
+    assert small._valid({**d, "BLOCK_M": 16, "GROUP_M": 4})
+    configs = small.configs()
+    assert len(configs) == len({str(sorted(c.items())) for c in configs}) > 100
+
+
+def test_gemm_rejections_say_why(tmp_path: Path) -> None:
+    def reason(path: Path, policy: str = "strict") -> str:
+        return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["gemm"]
+
+    fp32 = TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py"
+    assert "only under --precision tf32" in reason(fp32)
+    m = one(fp32, "gemm", "tf32")
+    with pytest.raises(GraphError, match="only under --precision tf32"):
+        m.render(policy="strict")
+    assert reason(TASKS_DIR / "level1" / "06_conv2d_3x3_fp32.py") == "the graph's library op is a conv, not a linear or matmul"
+    assert reason(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py").startswith("the graph has a logsumexp after the product")
+    assert reason(TASKS_DIR / "level1" / "17_softmax_fp32.py") == "the graph has no linear or matmul"
+    path = write_task(tmp_path, "bcast_bmm.py", """
+        import torch
+        import torch.nn as nn
+
+
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b) * 2.0
+
+
+        def get_inputs():
+            return [torch.randn(2, 1, 8, 16, dtype=torch.float16), torch.randn(1, 3, 16, 8, dtype=torch.float16)]
+
+
+        def get_init_inputs():
+            return []
+    """)
+    assert reason(path) == "matmul with batch dims (2, 1) and (1, 3) that broadcast"
+    vec = write_task(tmp_path, "matvec.py", path.read_text().replace("torch.randn(1, 3, 16, 8,", "torch.randn(16,"))
+    assert "a vector operand (matrix-vector product)" in reason(vec)
+
+
+@pytest.mark.slow
 def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, Any]) -> None:
     """The kernels the cases above launched, compiled for cuda:90 with the signatures they were launched with
     (no GPU needed): the interpreter forgives what the GPU compiler refuses (a loop-carried variable that
@@ -303,8 +764,19 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     # the gap tasks' schedules and the pooling variants: every kernel shape the templates emit, at the cost of
     # a compile each (the other suite tasks render the same kernels with other shapes and dtypes)
     gap_names = {Path(c[0]).stem for c in CASES if c[0].startswith("gaps/")}
-    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "reduce-")) for r in rs]
+    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "poolnd-", "reduce-"))
+                for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
+    # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
+    for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32",
+              "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2", "gemm_reduce-0",
+              "gemm_reduce-1", "gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"):
+        for r in interpreted[k]:
+            launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} if "UPCAST" in x["constexprs"] else x
+                        for x in r["launches"]]
+            assert launches and all(x["kernel"] in ("_gemm_kernel", "_attention_kernel", "_gemm_reduce_kernel",
+                                                    "_gemm_reduce_combine") for x in launches)
+            recorded.append({**r, "launches": launches})
     # the team kernel is never launched on the CPU: compile it with the signature its GPU launch has
     team = dict(interpreted["03_softmax_wide_rows_fp32"][2])
     assert "def _softmax_team_kernel(" in team["candidate_source"]
@@ -316,11 +788,63 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
 
+def _launch_of(source: str, kernel: str, pointers: str, params: dict[str, Any], ones: tuple[str, ...]) -> dict[str, Any]:
+    """A launch record of `kernel` as its GPU launch on the task's contiguous inputs would have it: pointers of
+    type `pointers`, the integer parameters `ones` specialized to 1 (unit strides), the others i32 multiples of
+    16 like the pointers, the schedule's constexprs (UPCAST False, as on the GPU)."""
+    found = re.search(rf"def {kernel}\((.*?)\):", source, re.S)
+    assert found, kernel
+    signature, constexprs, divisible = {}, {"UPCAST": False}, []
+    for param in (p.strip() for p in found.group(1).split(",") if p.strip()):
+        name = param.split(":")[0].strip()
+        if "constexpr" in param or name in ones:
+            signature[name] = "constexpr"
+            constexprs[name] = 1 if name in ones else params.get(name, False)
+        else:
+            signature[name] = pointers if name.endswith("_ptr") else "i32"
+            divisible.append(name)
+    constexprs["UPCAST"] = False
+    return {"kernel": kernel, "signature": signature, "constexprs": constexprs, "divisible": divisible,
+            "num_warps": params["num_warps"], "num_stages": params["num_stages"]}
+
+
+@pytest.mark.slow
+def test_full_size_tensor_core_schedules_compile_for_the_gpu() -> None:
+    """The default and the first hinted schedule of the GEMM and attention templates on the suite's full-size
+    tasks (128x128 and 128x256 tiles, 8 warps, pipelines 3-4 deep) compile for cuda:90 through ptxas: the
+    shared memory and register limits `valid` assumes hold for what the GPU compiler makes of them."""
+    cases = [(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm", "_gemm_kernel", "*fp16",
+              ("stride_ak", "stride_bk")),  # x @ W.T: the weight read transposed (unit stride along K)
+             (TASKS_DIR / "level1" / "03_batched_gemm_bf16.py", "gemm", "_gemm_kernel", "*bf16", ("stride_ak", "stride_bn")),
+             (TASKS_DIR / "level1" / "31_sdpa_causal_fp16.py", "attention", "_attention_kernel", "*fp16",
+              ("sqd", "skd", "svd")),
+             (TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py", "gemm_reduce", "_gemm_reduce_kernel", "*bf16",
+              ("stride_ak", "stride_bk"))]
+    recorded = []
+    for path, template, kernel, pointers, ones in cases:
+        m = one(path, template)
+        for params in (m.default_params(), m.hint_params()[0]):
+            src = m.render(params)
+            recorded.append({"candidate_source": src, "launches": [_launch_of(src, kernel, pointers, params, ones)]})
+    # a schedule `valid` refuses (128x128 tiles 128 deep in 5 stages: 320 KiB) fails the check
+    m = one(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm")
+    big = {**m.default_params(), "BLOCK_K": 128, "num_stages": 5}
+    assert not m._valid(big)
+    src = m.render()
+    recorded.append({"candidate_source": src,
+                     "launches": [_launch_of(src, "_gemm_kernel", "*fp16", big, ("stride_ak", "stride_bk"))]})
+    failures = compile_recorded(recorded, "cuda:90")
+    assert failures[:-1] == [[] for _ in recorded[:-1]], [f for f in failures if f]
+    assert len(failures[-1]) == 1 and "bytes of shared memory, a block on cuda:90 gets 232448" in failures[-1][0]
+
+
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_kernel(interpreted: dict[str, Any]) -> None:
-    """The execution check can fail: a normalization off by 1% and a max pool that skips the last window
-    column are rejected (run in the same child as the cases above)."""
-    assert [r["ok"] for r in interpreted["planted"]] == [False, False], interpreted["planted"]
+    """The execution check can fail: a normalization off by 1%, a max pool that skips the last window column,
+    a GEMM that drops its K tail, a 3-D max pool that drops a depth, a causal attention that sees one key
+    too many and a GEMM + logsumexp that skips its last 70 columns are rejected (run in the same child as the
+    cases above)."""
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 6, interpreted["planted"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -334,7 +858,7 @@ def test_the_check_rejects_a_wrong_kernel(interpreted: dict[str, Any]) -> None:
 def test_templates_that_do_not_apply_say_why(rel: str, words: str) -> None:
     a = analyse(load_task(TASKS_DIR / rel))
     assert not a.matches
-    assert len(a.rejected) == 5 and all(words in r.reason for r in a.rejected)
+    assert len(a.rejected) == len(TEMPLATES) and all(words in r.reason for r in a.rejected)
 
 
 def test_plain_library_op_is_left_alone() -> None:
@@ -403,6 +927,19 @@ def test_proposer_offers_schedules_and_refines_its_own_nodes(tmp_path: Path) -> 
     assert p.propose(none) == [] and "argmax has no template" in none.notes["templates"]
 
 
+def test_proposer_offers_the_gemm_template_beside_pointwise() -> None:
+    pytest.importorskip("kstrata.agents.optimize.candidate", reason="the optimizer (branch i13) is not merged here")
+    from kstrata.agents.templates.proposer import TemplateProposer
+
+    cands = TemplateProposer(width=2).propose(_FakeState(SMALL / "01_linear_gelu_scale_residual_fp16.py"))
+    assert [c.params["template"] for c in cands] == ["gemm", "gemm", "pointwise", "pointwise"]
+    assert all("def _gemm_kernel(" in c.source for c in cands[:2])
+    fp32 = TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py"
+    assert {c.params["template"] for c in TemplateProposer(width=1).propose(_FakeState(fp32))} == {"pointwise"}
+    tf32 = TemplateProposer(width=1).propose(_FakeState(fp32, policy="tf32"))
+    assert {c.params["template"] for c in tf32} == {"gemm", "pointwise"} and all(c.policy == "tf32" for c in tf32)
+
+
 @pytest.mark.slow
 def test_kstrata_eval_on_cpu_accepts_a_rendered_model_new(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from kstrata.agents.evaluate import evaluate
@@ -416,6 +953,35 @@ def test_kstrata_eval_on_cpu_accepts_a_rendered_model_new(monkeypatch: pytest.Mo
     v = evaluate(task_path, cand, device="cpu", timeout_s=300)
     assert v.accepted and v.correct_strict, v.reason
     assert all(t.passes("strict") for t in v.trials) and len(v.trials) >= 5
+
+
+#: one rendered source per template the tiny tasks cover, for `kstrata eval`
+EVAL_CLI_CASES = [
+    ("01_linear_gelu_scale_residual_fp16.py", "gemm", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}),
+    ("04_avgpool1d_relu_scale_fp32.py", "pool1d", {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}),
+    ("05_maxpool3d_tanh_fp16.py", "pool3d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16}),
+    ("06_sdpa_causal_tanh_fp16.py", "attention", {"BLOCK_M": 16, "BLOCK_N": 16}),
+    ("08_linear_sigmoid_logsumexp_fp16.py", "gemm_reduce", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT": 4}),
+]
+
+
+@pytest.mark.slow
+def test_kstrata_eval_cli_on_cpu_accepts_each_tiny_tasks_model_new(tmp_path: Path) -> None:
+    """`kstrata eval --device cpu --no-timing` (the CLI, its hardened trials) on a rendered source of each tiny
+    task's template; the evaluations run side by side (each is mostly process start-up)."""
+    import subprocess
+    import sys
+
+    procs = []
+    for i, (name, template, params) in enumerate(EVAL_CLI_CASES):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(one(SMALL / name, template).render(params))
+        procs.append(subprocess.Popen([sys.executable, "-m", "kstrata.tools.cli", "eval", str(SMALL / name), str(cand),
+                                       "--device", "cpu", "--no-timing", "--trials", "5"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for (name, template, _), proc in zip(EVAL_CLI_CASES, procs, strict=True):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "ACCEPTED" in out and "strict=True" in out, (name, template, out + err)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -519,6 +1085,28 @@ def test_rendered_model_new_matches_the_model_on_gpu(tmp_path: Path, rel: str, s
         assert r["ok"], (params, r)
 
 
+#: every tiny task's case: (task, template, policy, schedules)
+SMALL_CASES = [*((n, "gemm", p, s) for n, p, s in GEMM_CASES), *((n, t, "strict", s) for n, t, s in POOLND_CASES),
+               *((n, "attention", "strict", s) for n, s in ATTN_CASES),
+               *((n, "gemm_reduce", "strict", s) for n, s in GEMM_REDUCE_CASES)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("name", "template", "policy", "schedules"), SMALL_CASES, ids=[c[0] for c in SMALL_CASES])
+def test_tiny_tasks_match_the_model_on_gpu(tmp_path: Path, name: str, template: str, policy: str,
+                                           schedules: list[dict[str, Any]]) -> None:
+    """The tiny tasks' schedules, hints and a sample of the space on the GPU, contiguous and strided inputs."""
+    m = one(SMALL / name, template, policy)
+    configs = m.configs()
+    for i, params in enumerate([*schedules, *m.hint_params(), *configs[1::max(1, len(configs) // 8)]]):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        for noncontiguous in (False, True):
+            r = compare(SMALL / name, cand, device="cuda", noncontiguous=noncontiguous)
+            assert r["ok"], (params, noncontiguous, r)
+
+
 @pytest.mark.gpu
 @gpu
 def test_autotune_finds_a_correct_schedule_and_caches_it(tmp_path: Path) -> None:
@@ -543,6 +1131,15 @@ def test_bench_script_says_it_needs_a_gpu(capsys: pytest.CaptureFixture[str]) ->
 
     assert main([]) == 2
     assert capsys.readouterr().err.strip() == "bench_templates: needs a CUDA GPU"
+
+
+def test_bench_picks_the_preferred_template_where_several_match() -> None:
+    from kstrata.tools.bench_templates import pick
+
+    matches = match(load_task(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py"))
+    assert [m.template for m in matches] == ["reduce", "gemm_reduce"]
+    assert pick(matches, []).template == "reduce"
+    assert pick(matches, ["attention", "gemm_reduce"]).template == "gemm_reduce"
 
 
 def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
