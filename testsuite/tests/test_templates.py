@@ -967,21 +967,28 @@ EVAL_CLI_CASES = [
 
 @pytest.mark.slow
 def test_kstrata_eval_cli_on_cpu_accepts_each_tiny_tasks_model_new(tmp_path: Path) -> None:
-    """`kstrata eval --device cpu --no-timing` (the CLI, its hardened trials) on a rendered source of each tiny
-    task's template; the evaluations run side by side (each is mostly process start-up)."""
+    """The hardened evaluation (`--device cpu`, no timing, 5 trials) accepts a rendered source of each tiny
+    task's template: the first through the `kstrata eval` CLI (its process, exit code and output), the others
+    through the same evaluation from this process (the CLI is the same for every template; a CLI process per
+    case cost about 12 s of CPU each, mostly importing torch)."""
     import subprocess
     import sys
 
-    procs = []
+    from kstrata.agents.evaluate import evaluate
+
+    cands = []
     for i, (name, template, params) in enumerate(EVAL_CLI_CASES):
         cand = tmp_path / f"model_new_{i}.py"
         cand.write_text(one(SMALL / name, template).render(params))
-        procs.append(subprocess.Popen([sys.executable, "-m", "kstrata.tools.cli", "eval", str(SMALL / name), str(cand),
-                                       "--device", "cpu", "--no-timing", "--trials", "5"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for (name, template, _), proc in zip(EVAL_CLI_CASES, procs, strict=True):
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0 and "ACCEPTED" in out and "strict=True" in out, (name, template, out + err)
+        cands.append(cand)
+    (name, template, _), first = EVAL_CLI_CASES[0], cands[0]
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "eval", str(SMALL / name), str(first),
+                           "--device", "cpu", "--no-timing", "--trials", "5"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ACCEPTED" in proc.stdout and "strict=True" in proc.stdout, (
+        name, template, proc.stdout + proc.stderr)
+    for (name, template, _), cand in zip(EVAL_CLI_CASES[1:], cands[1:], strict=True):
+        v = evaluate(SMALL / name, cand, device="cpu", timing=False, trials=5, timeout_s=300)
+        assert v.accepted and v.correct_strict, (name, template, v.reason)
 
 
 # ---------------------------------------------------------------------------------------------------
