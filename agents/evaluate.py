@@ -46,10 +46,11 @@ one decides the verdict.
 - `strict` (default): the reference is also run in float64 (model and floating inputs cast to double)
   and both the fp32/fp16/bf16 PyTorch reference and the candidate are measured against it, by the
   largest absolute error and the relative L2 error over the finite elements. The candidate passes when
-  for both measures `err_candidate <= STRICT_FACTOR * err_reference + STRICT_FLOOR_EPS * eps(dtype) * s`
-  (s: the largest |value| for the absolute measure, 1 for the relative one). Measured on an H200 for a
+  for both measures `err_candidate <= STRICT_FACTOR * err_reference + floor * eps(dtype) * s`
+  (s: the largest |value| for the absolute measure, 1 for the relative one; floor `STRICT_FLOOR_EPS` = 8
+  for the absolute measure, `STRICT_FLOOR_EPS_REL_L2` = 2 for the relative one). Measured on an H200 for a
   4096^3 fp32 GEMM, the relative errors are fp32 8.4e-7, TF32 2.8e-5, bf16 1.8e-3: the bound is
-  4 * 8.4e-7 + 8 * 1.2e-7 = 4.3e-6, so TF32 (33x the fp32 error) and bf16 are rejected where
+  4 * 8.4e-7 + 2 * 1.2e-7 = 3.6e-6, so TF32 (33x the fp32 error) and bf16 are rejected where
   KernelBench's 1e-4 lets TF32 pass. (kstrata's own run on an H200, 2026-11-30, torch 2.11, on the suite
   task `level1/01_square_gemm_fp32` with randn inputs, relative L2 error: fp32 1.15e-6, TF32 2.94e-4,
   bf16 2.88e-3; strict bound 5.5e-6 — both rejected, and at that error TF32 also fails KernelBench's
@@ -104,8 +105,14 @@ KERNELBENCH_TOLERANCE: dict[str, float] = {"float32": 1e-4, "float16": 1e-2, "bf
 
 #: The candidate's error against float64 may be this many times the PyTorch reference's own error ...
 STRICT_FACTOR = 4.0
-#: ... plus this many machine epsilons of the output dtype (times the largest |value| for absolute error).
+#: ... plus this many machine epsilons of the output dtype times the largest |value| (absolute error: a few
+#: ULPs of legitimate difference in any one element, a different but exact-enough `exp`) ...
 STRICT_FLOOR_EPS = 8.0
+#: ... or this many for the relative L2 error over all elements: a correctly rounded result is within half
+#: an ULP everywhere, so a candidate that differs by an ULP or two in every element stays within it, while a
+#: systematic error is not hidden in the floor. With 8 here (the absolute floor's), fp16's floor of 7.8e-3 let
+#: a GEMM + logsumexp that leaves out 6 of its 150 columns pass (relative L2 5.0e-3; PyTorch's own 3.1e-4).
+STRICT_FLOOR_EPS_REL_L2 = 2.0
 
 POLICIES = ("strict", "kernelbench")
 #: Trial i uses DISTRIBUTIONS[i % len(DISTRIBUTIONS)]; "task" is the task's own get_inputs() values.
@@ -258,7 +265,7 @@ def strict_bounds(dtype: torch.dtype, reference_max_abs: float, reference_rel_l2
     """The largest absolute and relative-L2 errors against float64 that `strict` admits for a candidate."""
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     return (STRICT_FACTOR * reference_max_abs + STRICT_FLOOR_EPS * eps * scale,
-            STRICT_FACTOR * reference_rel_l2 + STRICT_FLOOR_EPS * eps)
+            STRICT_FACTOR * reference_rel_l2 + STRICT_FLOOR_EPS_REL_L2 * eps)
 
 
 def _errors_against(x: torch.Tensor, truth: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:

@@ -54,7 +54,7 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
                deadline: float, prefer: list[str] | None = None) -> dict[str, Any]:
     import torch
 
-    from kstrata.agents.evaluate import STRICT_FACTOR, STRICT_FLOOR_EPS
+    from kstrata.agents.evaluate import strict_bounds
     from kstrata.agents.roofline import assess
     from kstrata.agents.tasks import load_task
     from kstrata.agents.templates import analyse
@@ -115,9 +115,8 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
         out_abs, out_rel = errors(out, truth)
         scale = float(truth.abs().max())
     del out
-    eps = torch.finfo(env.ref.dtype).eps
-    ok = (out_abs <= STRICT_FACTOR * ref_abs + STRICT_FLOOR_EPS * eps * scale
-          and out_rel <= STRICT_FACTOR * ref_rel + STRICT_FLOOR_EPS * eps)
+    abs_bound, rel_bound = strict_bounds(env.ref.dtype, ref_abs, ref_rel, scale)
+    ok = out_abs <= abs_bound and out_rel <= rel_bound
     strict["template"]["correct_strict"] = ok
     strict["template"]["errors_vs_fp64"] = {"template_max_abs": out_abs, "template_rel_l2": out_rel,
                                             "eager_max_abs": ref_abs, "eager_rel_l2": ref_rel}

@@ -4,7 +4,7 @@ Triton's interpreter (or on any device), judged by the strict bound of `kstrata.
 `compare(task, candidate)` seeds and builds both models as KernelBench does (same weights: the test also
 checks the state dicts are equal), runs them on the task's inputs (optionally made non-contiguous), runs
 the Model in float64 as the truth, and passes when the candidate's largest absolute error and relative L2
-error are within `STRICT_FACTOR` times the PyTorch reference's own plus `STRICT_FLOOR_EPS` ULPs.
+error are within `kstrata eval`'s strict bounds (`evaluate.strict_bounds`: a multiple of the PyTorch reference's own plus a few ULPs).
 
 Triton decides at `import triton` whether `@triton.jit` means the interpreter (`TRITON_INTERPRET=1`), so
 the check runs in a child process started with it set: `run_jobs(jobs)` runs many checks in one child
@@ -45,7 +45,7 @@ def compare(task: str | Path, candidate: str | Path, *, device: str = "cpu", non
     """Figures of the candidate against the task's Model (see the module docstring); `ok` says if it passes."""
     import torch
 
-    from kstrata.agents.evaluate import STRICT_FACTOR, STRICT_FLOOR_EPS
+    from kstrata.agents.evaluate import strict_bounds
     from kstrata.agents.tasks import import_task_module
 
     task_mod = import_task_module(task)
@@ -76,12 +76,9 @@ def compare(task: str | Path, candidate: str | Path, *, device: str = "cpu", non
                                        f"expected {tuple(ref.shape)} {ref.dtype}"}
     if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(ref).all()):
         return {"ok": False, "reason": "non-finite values in the candidate's output (an element not written?)"}
-    eps = torch.finfo(ref.dtype).eps
     ref_abs, ref_rel = _errors(ref, truth)
     out_abs, out_rel = _errors(out, truth)
-    scale = float(truth.abs().max())
-    abs_bound = STRICT_FACTOR * ref_abs + STRICT_FLOOR_EPS * eps * scale
-    rel_bound = STRICT_FACTOR * ref_rel + STRICT_FLOOR_EPS * eps
+    abs_bound, rel_bound = strict_bounds(ref.dtype, ref_abs, ref_rel, float(truth.abs().max()))
     ok = out_abs <= abs_bound and out_rel <= rel_bound
     return {"ok": ok, "reason": "" if ok else "error above the strict bound", "max_abs": out_abs, "rel_l2": out_rel,
             "ref_max_abs": ref_abs, "ref_rel_l2": ref_rel, "abs_bound": abs_bound, "rel_bound": rel_bound}
