@@ -39,6 +39,20 @@ def zygote_workers() -> Iterator[None]:
         os.environ.pop("KSTRATA_ZYGOTE", None)
 
 
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """Each test starts from the session's environment. What a test, or a library it calls, writes into
+    os.environ would otherwise reach every later test on the worker and every process they start (Inductor
+    sets TORCHINDUCTOR_CACHE_DIR the first time it picks its cache); and each new environment costs the
+    worker a zygote of its own, until it has `_MAX_ZYGOTES` and starts every later worker the plain way."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache root holding the whole suite compiled for cuda:90 and hip:gfx942, built once per test session
