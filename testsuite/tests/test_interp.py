@@ -28,6 +28,8 @@ from kstrata.testsuite.kernels import all_kernels, get_kernel
 from kstrata.testsuite.kernels.run import first_mismatch, poison_
 from kstrata.testsuite.kernels.spec import SuiteKernel
 
+from .conftest import computed_once
+
 # ---------------------------------------------------------------------------------------------------
 # the suite
 # ---------------------------------------------------------------------------------------------------
@@ -101,10 +103,11 @@ for name in names:
 
 @pytest.fixture(scope="module")
 def triton_interpreter_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("triton-interp")
-    subprocess.run([sys.executable, "-c", _TRITON_INTERPRETER_SCRIPT, str(out), json.dumps(TRITON_INTERPRETER_KERNELS)],
-                   check=True, timeout=300, capture_output=True)
-    return out
+    def run(out: Path) -> None:
+        subprocess.run([sys.executable, "-c", _TRITON_INTERPRETER_SCRIPT, str(out),
+                        json.dumps(TRITON_INTERPRETER_KERNELS)], check=True, timeout=300, capture_output=True)
+
+    return computed_once(tmp_path_factory, "triton-interpreter-outputs", run)
 
 
 @pytest.mark.parametrize("name", TRITON_INTERPRETER_KERNELS)

@@ -6,6 +6,7 @@ rendered source; GPU twins at the end."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -19,7 +20,7 @@ from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_job
 from kstrata.agents.templates.graph import describe
 from kstrata.testsuite.tasks import TASKS_DIR
 
-from .conftest import has_cuda
+from .conftest import computed_once, has_cuda
 
 GAPS = TASKS_DIR / "gaps"
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
@@ -226,34 +227,39 @@ def _job(task_path: Path, template: str, params: dict[str, Any], **kw: Any) -> d
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """Every execution case below, run in one child process under TRITON_INTERPRET=1 (Triton reads it at import)."""
-    tmp = tmp_path_factory.mktemp("templates")
-    jobs: dict[str, list[dict[str, Any]]] = {}
-    for rel, sizes, template, schedules in CASES:
-        path = shrunk(tmp, rel, sizes)
-        jobs[Path(rel).stem] = [_job(path, template, p) for p in schedules]
-        if rel in NONCONTIGUOUS:
-            jobs["noncontiguous-" + Path(rel).stem] = [_job(path, template, {}, noncontiguous=True)]
-    for i, (op, args) in enumerate(POOL_VARIANTS):
-        path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
-        jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
-        if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
-            jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
-    for i, body in enumerate(REDUCE_BODIES):
-        path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
-        jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
-    path = write_task(tmp, "bcast.py", BCAST_TASK)
-    jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
-    # planted bugs: a normalization off by 1%, a max pool that skips the last window column
-    norm = jobs["01_layernorm_three_dims_fp32"][0]
-    pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
-    bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
-           pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2)]
-    assert bad[0] != norm["source"] and bad[1] != pool["source"]
-    jobs["planted"] = [{"task": norm["task"], "source": bad[0]}, {"task": pool["task"], "source": bad[1]}]
-    flat = [{**j, "record": True} for js in jobs.values() for j in js]
-    results = iter(run_jobs(flat, keep_sources=True))
-    return {k: [next(results) for _ in js] for k, js in jobs.items()}
+    """Every execution case below, run in one child process under TRITON_INTERPRET=1 (Triton reads it at import),
+    once per session."""
+    def make(tmp: Path) -> None:
+        jobs: dict[str, list[dict[str, Any]]] = {}
+        for rel, sizes, template, schedules in CASES:
+            path = shrunk(tmp, rel, sizes)
+            jobs[Path(rel).stem] = [_job(path, template, p) for p in schedules]
+            if rel in NONCONTIGUOUS:
+                jobs["noncontiguous-" + Path(rel).stem] = [_job(path, template, {}, noncontiguous=True)]
+        for i, (op, args) in enumerate(POOL_VARIANTS):
+            path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
+            jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
+            if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
+                jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+        for i, body in enumerate(REDUCE_BODIES):
+            path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
+            jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
+        path = write_task(tmp, "bcast.py", BCAST_TASK)
+        jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
+        # planted bugs: a normalization off by 1%, a max pool that skips the last window column
+        norm = jobs["01_layernorm_three_dims_fp32"][0]
+        pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
+        bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
+               pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2)]
+        assert bad[0] != norm["source"] and bad[1] != pool["source"]
+        jobs["planted"] = [{"task": norm["task"], "source": bad[0]}, {"task": pool["task"], "source": bad[1]}]
+        flat = [{**j, "record": True} for js in jobs.values() for j in js]
+        results = iter(run_jobs(flat, keep_sources=True))
+        (tmp / "results.json").write_text(json.dumps({k: [next(results) for _ in js] for k, js in jobs.items()}))
+
+    results: dict[str, list[dict[str, Any]]] = json.loads(
+        (computed_once(tmp_path_factory, "templates-interpreted", make) / "results.json").read_text())
+    return results
 
 
 def _assert_all_pass(results: list[dict[str, Any]]) -> None:
