@@ -53,11 +53,9 @@ from typing import IO, Any
 #: The variable that turns this on (in the environment of the process that starts workers).
 ENV_FLAG = "KSTRATA_ZYGOTE"
 
-#: The worker modules that may be forked from a zygote. `backends.child` runs `call_in_child`'s functions
-#: (the engine's build, check and measure jobs, LLVM IR rebuilds, evaluation jobs): 75 of them in one test
-#: run at 0.4 s CPU each started the plain way, a few with torch at 2.6 s.
+#: The worker modules that may be forked from a zygote.
 MODULES = frozenset({"kstrata.agents.eval_worker", "kstrata.agents.task_worker", "kstrata.agents.optimize.worker",
-                     "kstrata.backends.dynamic_worker", "kstrata.backends.child"})
+                     "kstrata.backends.dynamic_worker"})
 
 #: Imported by the zygote before it serves (what those workers import first, third-party only). The
 #: interpreter's (a dynamic worker's `kind: interp` jobs): ml_dtypes 0.75 s and xDSL 0.15 s per worker here.

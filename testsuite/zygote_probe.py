@@ -35,10 +35,5 @@ def main() -> None:
     sys.exit(spec.get("exit", 0))
 
 
-def describe(payload: object) -> dict[str, object]:
-    """For `backends.child.call_in_child`: how the process that runs it was started."""
-    return {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(), "payload": payload}
-
-
 if __name__ == "__main__":
     main()

@@ -116,19 +116,6 @@ def test_signals_pipes_timeouts_and_kill_tree(tmp_path: Path, probe_env: dict[st
         raise AssertionError("kill_tree left the worker's own child running")
 
 
-def test_call_in_child_functions_are_forked_and_their_errors_come_back(tmp_path: Path,
-                                                                       probe_env: dict[str, str]) -> None:
-    _warm(tmp_path, probe_env)
-    z = zygote._zygotes[zygote.env_key(probe_env)]
-    run = child.call_in_child(f"{PROBE}:describe", {"n": 1}, timeout=60, env=probe_env)
-    assert run.ok, run.reason()
-    assert run.value["preloaded"] is True and run.value["ppid"] == z.proc.pid and run.value["payload"] == {"n": 1}
-    failed = child.call_in_child(f"{PROBE}:no_such_function", {}, timeout=60, env=probe_env)
-    assert failed.status == "error" and "no_such_function" in (failed.error or "")
-    hung = child.call_in_child("time:sleep", 30, timeout=1, env=probe_env)
-    assert hung.status == "timeout"
-
-
 def test_what_a_zygote_cannot_serve_starts_the_plain_way(tmp_path: Path, probe_env: dict[str, str]) -> None:
     _warm(tmp_path, probe_env)
     other = {**probe_env, "OMP_NUM_THREADS": "3"}  # read when OpenMP loads: not this zygote's to serve
