@@ -91,7 +91,10 @@ def compile_options(bundle: KernelBundle, overrides: Mapping[str, Any] | None = 
 def _private_cache() -> Iterator[str]:
     from triton import knobs
 
-    with tempfile.TemporaryDirectory(prefix="kstrata-rebuild-") as tmp, knobs.cache.scope():
+    # Both knob groups scoped: a knob set outside its group's scope stays set for the rest of the process,
+    # in Triton and in os.environ (TRITON_ALWAYS_COMPILE=1 for every later compile and child process).
+    with tempfile.TemporaryDirectory(prefix="kstrata-rebuild-") as tmp, knobs.cache.scope(), \
+            knobs.compilation.scope():
         knobs.cache.dir = tmp
         knobs.compilation.always_compile = True
         yield tmp

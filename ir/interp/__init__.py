@@ -19,6 +19,7 @@ stride operand, and `cf` branches whose condition differs between the active pro
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -151,6 +152,29 @@ def _scalar(value: Any, t: Any, index: int) -> np.ndarray[Any, Any]:
     return np.array([wrap_int(int(value), 1 if dt == np.bool_ else dt.itemsize * 8)]).astype(dt)
 
 
+#: Modules parsed from text, by (text, origin), most recently used last. A verify runs each level of the
+#: original and the candidate on every input set (2-4 of them), and parsing a suite kernel's text with
+#: xDSL (0.1-0.4 s) costs more than interpreting it on the CPU; the interpreter only reads the module.
+_PARSED: OrderedDict[tuple[str, str | None], tuple[ModuleOp, dict[Any, str]]] = OrderedDict()
+_PARSED_KEPT = 8
+
+
+def _parsed(text: str, origin: str | None) -> tuple[ModuleOp, dict[Any, str]]:
+    """The module of `text` and its values' names, parsed once per process for the last few texts."""
+    key = (text, origin)
+    hit = _PARSED.get(key)
+    if hit is None:
+        from kstrata.ir.triton_ir import parse_triton
+
+        parsed = parse_triton(text, origin)
+        hit = _PARSED[key] = (parsed.module, dict(parsed.value_names))
+        while len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(key)
+    return hit
+
+
 def run_kernel(module: str | ModuleOp, grid: tuple[int, int, int] | Sequence[int], args: Sequence[ArgValue],
                *, origin: str | None = None) -> None:
     """Run the kernel of `module` (TTIR or TTGIR text, or a parsed module) over `grid` with `args`.
@@ -162,11 +186,7 @@ def run_kernel(module: str | ModuleOp, grid: tuple[int, int, int] | Sequence[int
     """
     names: dict[Any, str] = {}
     if isinstance(module, str):
-        from kstrata.ir.triton_ir import parse_triton
-
-        parsed = parse_triton(module, origin)
-        mod = parsed.module
-        names = dict(parsed.value_names)
+        mod, names = _parsed(module, origin)
     else:
         mod = module
     g = tuple(int(v) for v in grid) + (1,) * (3 - len(tuple(grid)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,20 @@ def zygote_workers() -> Iterator[None]:
     yield
     if saved is None:
         os.environ.pop("KSTRATA_ZYGOTE", None)
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """Each test starts from the session's environment. What a test, or a library it calls, writes into
+    os.environ would otherwise reach every later test on the worker and every process they start (Inductor
+    sets TORCHINDUCTOR_CACHE_DIR the first time it picks its cache); and each new environment costs the
+    worker a zygote of its own, until it has `_MAX_ZYGOTES` and starts every later worker the plain way."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +92,24 @@ def suite_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with locks[spelling]:
             build(spelling)
     return root
+
+
+def computed_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """A directory `name` that `make` fills once per test session, shared by every xdist worker and by every
+    later setup of the fixture that asks for it (an xdist worker tears module fixtures down whenever its
+    queue runs empty, and sets them up again for the next test of the module)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, done = shared / name, shared / f"{name}.complete"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            make(out)
+            done.write_text("ok\n")
+    return out
 
 
 def copy_suite_subset(suite_cache: Path, dest: Path, names: tuple[str, ...],

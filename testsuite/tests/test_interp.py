@@ -28,6 +28,8 @@ from kstrata.testsuite.kernels import all_kernels, get_kernel
 from kstrata.testsuite.kernels.run import first_mismatch, poison_
 from kstrata.testsuite.kernels.spec import SuiteKernel
 
+from .conftest import computed_once
+
 # ---------------------------------------------------------------------------------------------------
 # the suite
 # ---------------------------------------------------------------------------------------------------
@@ -101,10 +103,11 @@ for name in names:
 
 @pytest.fixture(scope="module")
 def triton_interpreter_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("triton-interp")
-    subprocess.run([sys.executable, "-c", _TRITON_INTERPRETER_SCRIPT, str(out), json.dumps(TRITON_INTERPRETER_KERNELS)],
-                   check=True, timeout=300, capture_output=True)
-    return out
+    def run(out: Path) -> None:
+        subprocess.run([sys.executable, "-c", _TRITON_INTERPRETER_SCRIPT, str(out),
+                        json.dumps(TRITON_INTERPRETER_KERNELS)], check=True, timeout=300, capture_output=True)
+
+    return computed_once(tmp_path_factory, "triton-interpreter-outputs", run)
 
 
 @pytest.mark.parametrize("name", TRITON_INTERPRETER_KERNELS)
@@ -327,6 +330,30 @@ def test_out_of_bounds_store_names_op_location_and_program() -> None:
     # With the store masked too, the same launch is fine.
     run_kernel(_copy_ir(store_mask=True), (2, 1, 1), [a, out, 6])
     assert out.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_text_run_again_is_parsed_once_and_runs_on_its_new_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kstrata.ir.interp as interp
+    import kstrata.ir.triton_ir as triton_ir
+
+    parsed: list[Any] = []
+    real = triton_ir.parse_triton
+    monkeypatch.setattr(triton_ir, "parse_triton", lambda text, path=None, **kw: parsed.append(path) or real(text, path, **kw))
+    monkeypatch.setattr(interp, "_PARSED", type(interp._PARSED)())
+    text = _copy_ir(store_mask=True)
+    for first in (0, 10):  # the second run reads its own inputs, not the first run's
+        out = np.zeros(6, dtype=np.float32)
+        run_kernel(text, (2, 1, 1), [np.arange(first, first + 6, dtype=np.float32), out, 6], origin="copy.ttir")
+        assert out.tolist() == list(range(first, first + 6))
+    assert parsed == ["copy.ttir"]
+    with pytest.raises(InterpError, match="past the end of buffer 'o'"):  # names still come from the one parse
+        run_kernel(_copy_ir(store_mask=False), (2, 1, 1), [np.zeros(6, np.float32), np.zeros(6, np.float32), 6])
+    run_kernel(text, (1, 1, 1), [np.zeros(4, np.float32), np.zeros(4, np.float32), 4], origin="other.ttir")
+    assert parsed == ["copy.ttir", None, "other.ttir"]  # another text or origin is parsed on its own
+    for n in range(interp._PARSED_KEPT):  # only the last few texts are kept
+        run_kernel(kernel_ir("%a: !tt.ptr<f32>", f"    %c = arith.constant {n}.0 : f32\n    tt.store %a, %c : !tt.ptr<f32>"),
+                   (1, 1, 1), [np.zeros(1, np.float32)])
+    assert len(interp._PARSED) == interp._PARSED_KEPT and ("copy.ttir" not in {k[1] for k in interp._PARSED})
 
 
 def test_misaligned_access_is_an_error() -> None:

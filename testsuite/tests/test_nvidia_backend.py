@@ -74,6 +74,23 @@ def test_rebuild_is_byte_identical_for_the_whole_suite(cuda_bundles: list[Kernel
         assert build.reports[b.name].registers > 0
 
 
+def test_a_rebuild_leaves_tritons_settings_and_the_environment_as_they_were() -> None:
+    import os
+
+    from triton import knobs
+
+    from kstrata.backends.rebuild import rebuild_from
+
+    b = bundle_for(get_kernel("vector_add"), Target.parse("cuda:90"))
+
+    def settings() -> tuple[object, ...]:
+        return knobs.compilation.always_compile, knobs.cache.dir, dict(os.environ)
+
+    before = settings()
+    rebuild_from(b, "ttgir", b.text("ttgir"))
+    assert settings() == before
+
+
 def test_compare_cubins_tells_debug_only_differences(cuda_bundles: list[KernelBundle], tmp_path: Path) -> None:
     b = _bundle(cuda_bundles, "vector_add_kernel")
     moved = b.text("ptx").replace('.file\t1 "', '.file\t1 "/nonexistent')

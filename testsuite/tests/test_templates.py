@@ -6,6 +6,7 @@ rendered source; GPU twins at the end."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -19,7 +20,7 @@ from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_job
 from kstrata.agents.templates.graph import GraphError, describe
 from kstrata.testsuite.tasks import TASKS_DIR
 
-from .conftest import has_cuda
+from .conftest import computed_once, has_cuda
 
 GAPS = TASKS_DIR / "gaps"
 #: Tiny tasks written for these tests (not benchmarked): chains and sizes the suite's tasks do not have.
@@ -400,84 +401,89 @@ def _job(task_path: Path, template: str, params: dict[str, Any], policy: str = "
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """Every execution case below, run in one child process under TRITON_INTERPRET=1 (Triton reads it at import)."""
-    tmp = tmp_path_factory.mktemp("templates")
-    jobs: dict[str, list[dict[str, Any]]] = {}
-    for rel, sizes, template, schedules in CASES:
-        path = shrunk(tmp, rel, sizes)
-        jobs[Path(rel).stem] = [_job(path, template, p) for p in schedules]
-        if rel in NONCONTIGUOUS:
-            jobs["noncontiguous-" + Path(rel).stem] = [_job(path, template, {}, noncontiguous=True)]
-    for i, (op, args) in enumerate(POOL_VARIANTS):
-        path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
-        jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
-        if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
-            jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
-    for i, (op, args, shape, rows) in enumerate(POOLND_VARIANTS):
-        path = write_task(tmp, f"poolnd_task_{i}.py", POOLND_TASK.format(op=op, args=args, shape=shape))
-        tmpl = "pool" + op[-2:]
-        jobs[f"poolnd-{i}"] = [_job(path, tmpl, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16})]
-        if rows:
-            jobs[f"poolnd-{i}"].append(_job(path, tmpl, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
-    for name, tmpl, schedules in POOLND_CASES:
-        jobs["poolnd-" + name] = [_job(SMALL / name, tmpl, p) for p in schedules]
-        jobs["poolnd-noncontiguous-" + name] = [_job(SMALL / name, tmpl, {}, noncontiguous=True)]
-    for i, (args, q, k, v, dtype, policy) in enumerate(ATTN_VARIANTS):
-        path = write_task(tmp, f"attn_task_{i}.py", ATTN_TASK.format(args=args, q=q, k=k, v=v, dtype=dtype))
-        jobs[f"attn-{i}"] = [_job(path, "attention", {"BLOCK_M": 16, "BLOCK_N": 16}, policy)]
-    for name, schedules in ATTN_CASES:
-        jobs["attn-" + name] = [_job(SMALL / name, "attention", p) for p in schedules]
-        jobs["attn-noncontiguous-" + name] = [_job(SMALL / name, "attention", {}, noncontiguous=True)]
-    for i, (body, dtype, policy, params) in enumerate(GEMM_REDUCE_VARIANTS):
-        task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
-        path = write_task(tmp, f"gemm_reduce_task_{i}.py", task)
-        jobs[f"gemm_reduce-{i}"] = [_job(path, "gemm_reduce", params, policy)]
-    for name, schedules in GEMM_REDUCE_CASES:
-        jobs["gemm_reduce-" + name] = [_job(SMALL / name, "gemm_reduce", p) for p in schedules]
-        jobs["gemm_reduce-noncontiguous-" + name] = [_job(SMALL / name, "gemm_reduce", {}, noncontiguous=True)]
-    for i, body in enumerate(REDUCE_BODIES):
-        path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
-        jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
-    path = write_task(tmp, "bcast.py", BCAST_TASK)
-    jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
-    for name, policy, schedules in GEMM_CASES:
-        jobs["gemm-" + name] = [_job(SMALL / name, "gemm", p, policy) for p in schedules]
-        jobs["gemm-noncontiguous-" + name] = [_job(SMALL / name, "gemm", {}, policy, noncontiguous=True)]
-    path = write_task(tmp, "reserved.py", BCAST_TASK.replace("x, y", "out, h").replace("(x", "(out").replace(
-        "x *", "out *").replace("+ y", "+ h").replace("(y)", "(h)"))  # inputs named like the forward's locals
-    jobs["reserved"] = [_job(path, "pointwise", {"BLOCK": 512})]
-    path = write_task(tmp, "shared_a.py", TRANSPOSED_TASK.replace("x @ self.w.t()", "torch.matmul(self.w, x)").replace(
-        "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)", "torch.randn(3, 40, 17, dtype=torch.bfloat16)"))
-    jobs["gemm-shared-a"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]  # batch stride 0 for w
-    path = write_task(tmp, "transposed.py", TRANSPOSED_TASK)  # gemm reads w.t() in place; pointwise's cuBLAS does too
-    jobs["transposed"] = [_job(path, "gemm", {}), _job(path, "pointwise", {})]
-    path = write_task(tmp, "flinear.py", FLINEAR_TASK)  # F.linear on a rank-3 input, a broadcast second input
-    jobs["gemm-flinear"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
-    # fp32 operands under tf32 (TF32 dot inputs on the GPU; the interpreter's dot is fp32)
-    (tmp / "tf32").mkdir()  # other sizes than CASES' copy of the same task
-    path = shrunk(tmp / "tf32", "level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 24, "out_features": 33})
-    jobs["gemm-tf32"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "tf32")]
-    # planted bugs: a normalization off by 1%, a max pool that skips the last window column, a GEMM that skips
-    # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window, a causal attention
-    # whose mask lets each query see one key past the diagonal
-    norm = jobs["01_layernorm_three_dims_fp32"][0]
-    pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
-    gemm = jobs["gemm-01_linear_gelu_scale_residual_fp16.py"][1]
-    pool3 = jobs["poolnd-05_maxpool3d_tanh_fp16.py"][0]
-    attn = jobs["attn-06_sdpa_causal_tanh_fp16.py"][1]
-    red = jobs["gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"][1]  # 10 column tiles of 16: skip the last 5
-    good = [norm, pool, gemm, pool3, attn, red]
-    bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
-           pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2),
-           gemm["source"].replace("for kk in range(0, 40, BLOCK_K):", "for kk in range(0, 32, BLOCK_K):"),
-           pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):"),
-           attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)"),
-           red["source"].replace("for nt in range(split, 10, SPLIT):", "for nt in range(split, 5, SPLIT):")]
-    assert all(b != g["source"] for b, g in zip(bad, good, strict=True))
-    jobs["planted"] = [{"task": g["task"], "source": b} for b, g in zip(bad, good, strict=True)]
-    flat = [{**j, "record": True} for js in jobs.values() for j in js]
-    results = iter(run_jobs(flat, keep_sources=True))
-    return {k: [next(results) for _ in js] for k, js in jobs.items()}
+    """Every execution case below, run in one child process under TRITON_INTERPRET=1 (Triton reads it at import),
+    once per session."""
+    def make(tmp: Path) -> None:
+        jobs: dict[str, list[dict[str, Any]]] = {}
+        for rel, sizes, template, schedules in CASES:
+            path = shrunk(tmp, rel, sizes)
+            jobs[Path(rel).stem] = [_job(path, template, p) for p in schedules]
+            if rel in NONCONTIGUOUS:
+                jobs["noncontiguous-" + Path(rel).stem] = [_job(path, template, {}, noncontiguous=True)]
+        for i, (op, args) in enumerate(POOL_VARIANTS):
+            path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
+            jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
+            if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
+                jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+        for i, (op, args, shape, rows) in enumerate(POOLND_VARIANTS):
+            path = write_task(tmp, f"poolnd_task_{i}.py", POOLND_TASK.format(op=op, args=args, shape=shape))
+            tmpl = "pool" + op[-2:]
+            jobs[f"poolnd-{i}"] = [_job(path, tmpl, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16})]
+            if rows:
+                jobs[f"poolnd-{i}"].append(_job(path, tmpl, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+        for name, tmpl, schedules in POOLND_CASES:
+            jobs["poolnd-" + name] = [_job(SMALL / name, tmpl, p) for p in schedules]
+            jobs["poolnd-noncontiguous-" + name] = [_job(SMALL / name, tmpl, {}, noncontiguous=True)]
+        for i, (args, q, k, v, dtype, policy) in enumerate(ATTN_VARIANTS):
+            path = write_task(tmp, f"attn_task_{i}.py", ATTN_TASK.format(args=args, q=q, k=k, v=v, dtype=dtype))
+            jobs[f"attn-{i}"] = [_job(path, "attention", {"BLOCK_M": 16, "BLOCK_N": 16}, policy)]
+        for name, schedules in ATTN_CASES:
+            jobs["attn-" + name] = [_job(SMALL / name, "attention", p) for p in schedules]
+            jobs["attn-noncontiguous-" + name] = [_job(SMALL / name, "attention", {}, noncontiguous=True)]
+        for i, (body, dtype, policy, params) in enumerate(GEMM_REDUCE_VARIANTS):
+            task = GEMM_REDUCE_TASK.format(body=body.replace("y", "F.linear(x, self.w, self.b)", 1), dtype=dtype)
+            path = write_task(tmp, f"gemm_reduce_task_{i}.py", task)
+            jobs[f"gemm_reduce-{i}"] = [_job(path, "gemm_reduce", params, policy)]
+        for name, schedules in GEMM_REDUCE_CASES:
+            jobs["gemm_reduce-" + name] = [_job(SMALL / name, "gemm_reduce", p) for p in schedules]
+            jobs["gemm_reduce-noncontiguous-" + name] = [_job(SMALL / name, "gemm_reduce", {}, noncontiguous=True)]
+        for i, body in enumerate(REDUCE_BODIES):
+            path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
+            jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
+        path = write_task(tmp, "bcast.py", BCAST_TASK)
+        jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
+        for name, policy, schedules in GEMM_CASES:
+            jobs["gemm-" + name] = [_job(SMALL / name, "gemm", p, policy) for p in schedules]
+            jobs["gemm-noncontiguous-" + name] = [_job(SMALL / name, "gemm", {}, policy, noncontiguous=True)]
+        path = write_task(tmp, "reserved.py", BCAST_TASK.replace("x, y", "out, h").replace("(x", "(out").replace(
+            "x *", "out *").replace("+ y", "+ h").replace("(y)", "(h)"))  # inputs named like the forward's locals
+        jobs["reserved"] = [_job(path, "pointwise", {"BLOCK": 512})]
+        path = write_task(tmp, "shared_a.py", TRANSPOSED_TASK.replace("x @ self.w.t()", "torch.matmul(self.w, x)").replace(
+            "torch.randn(3, 5, 40, dtype=torch.bfloat16).transpose(0, 1)", "torch.randn(3, 40, 17, dtype=torch.bfloat16)"))
+        jobs["gemm-shared-a"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]  # batch stride 0 for w
+        path = write_task(tmp, "transposed.py", TRANSPOSED_TASK)  # gemm reads w.t() in place; pointwise's cuBLAS does too
+        jobs["transposed"] = [_job(path, "gemm", {}), _job(path, "pointwise", {})]
+        path = write_task(tmp, "flinear.py", FLINEAR_TASK)  # F.linear on a rank-3 input, a broadcast second input
+        jobs["gemm-flinear"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
+        # fp32 operands under tf32 (TF32 dot inputs on the GPU; the interpreter's dot is fp32)
+        (tmp / "tf32").mkdir()  # other sizes than CASES' copy of the same task
+        path = shrunk(tmp / "tf32", "level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 24, "out_features": 33})
+        jobs["gemm-tf32"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "tf32")]
+        # planted bugs: a normalization off by 1%, a max pool that skips the last window column, a GEMM that skips
+        # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window, a causal attention
+        # whose mask lets each query see one key past the diagonal
+        norm = jobs["01_layernorm_three_dims_fp32"][0]
+        pool = jobs["02_maxpool2d_k4_s1_p1_fp32"][0]
+        gemm = jobs["gemm-01_linear_gelu_scale_residual_fp16.py"][1]
+        pool3 = jobs["poolnd-05_maxpool3d_tanh_fp16.py"][0]
+        attn = jobs["attn-06_sdpa_causal_tanh_fp16.py"][1]
+        red = jobs["gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"][1]  # 10 column tiles of 16: skip the last 5
+        good = [norm, pool, gemm, pool3, attn, red]
+        bad = [norm["source"].replace("rstd = 1.0 / tl.sqrt_rn(", "rstd = 1.01 / tl.sqrt_rn("),
+               pool["source"].replace("tl.static_range(4)", "tl.static_range(3)", 2),
+               gemm["source"].replace("for kk in range(0, 40, BLOCK_K):", "for kk in range(0, 32, BLOCK_K):"),
+               pool3["source"].replace("for kd in tl.static_range(2):", "for kd in tl.static_range(1):"),
+               attn["source"].replace("(rn[None, :] <= rm[:, None])", "(rn[None, :] <= rm[:, None] + 1)"),
+               red["source"].replace("for nt in range(split, 10, SPLIT):", "for nt in range(split, 5, SPLIT):")]
+        assert all(b != g["source"] for b, g in zip(bad, good, strict=True))
+        jobs["planted"] = [{"task": g["task"], "source": b} for b, g in zip(bad, good, strict=True)]
+        flat = [{**j, "record": True} for js in jobs.values() for j in js]
+        results = iter(run_jobs(flat, keep_sources=True))
+        (tmp / "results.json").write_text(json.dumps({k: [next(results) for _ in js] for k, js in jobs.items()}))
+
+    results: dict[str, list[dict[str, Any]]] = json.loads(
+        (computed_once(tmp_path_factory, "templates-interpreted", make) / "results.json").read_text())
+    return results
 
 
 def _assert_all_pass(results: list[dict[str, Any]]) -> None:
