@@ -53,7 +53,7 @@ one decides the verdict.
   4 * 8.4e-7 + 2 * 1.2e-7 = 3.6e-6, so TF32 (33x the fp32 error) and bf16 are rejected where
   KernelBench's 1e-4 lets TF32 pass. (kstrata's own run on an H200, 2026-11-30, torch 2.11, on the suite
   task `level1/01_square_gemm_fp32` with randn inputs, relative L2 error: fp32 1.15e-6, TF32 2.94e-4,
-  bf16 2.88e-3; strict bound 5.5e-6 — both rejected, and at that error TF32 also fails KernelBench's
+  bf16 2.88e-3; strict bound 4.8e-6 (5.5e-6 with the relative floor of 8 ulps then) — both rejected, and at that error TF32 also fails KernelBench's
   elementwise 1e-4.) The floor admits a few ULPs of legitimate difference (a different
   but exact-enough `exp`) where PyTorch's own error is near zero (ReLU, copies). When the float64 run
   fails (an op without float64 support), strict falls back to the kernelbench check and says so.

@@ -147,10 +147,11 @@ class GpuUse:
     """Who uses one GPU: any number of *sharing* jobs at once (checks, profiles: their kernels may overlap,
     nobody reads a clock) or one *timing* holder, never both. A timing waits until the sharing jobs running on
     the device have ended, and sharing jobs that arrive while a timing waits or runs wait for it (writer
-    preference: a steady stream of checks cannot starve a measurement). Without this a check's kernels ran
-    beside a measurement: on the H200 (2026-12-02) torch.compile's GroupNorm measured 117 us in the optimizer
-    while checks ran and 84 us alone, and a CUDA-graph candidate, less sensitive to the contention, was
-    taken as 1.31x faster. A thread that holds a sharing use and asks to time (a gated job: its checks,
+    preference: a steady stream of checks cannot starve a measurement). Before it, timing was serialized
+    only against timing, so another candidate's check (its trials on the GPU, its compiles on the host) could
+    run beside a measurement. (On the H200, 2026-12-02, this was not the whole story: the same torch.compile
+    model also drifted from 84 to 140 us between fresh processes with nothing else running, see
+    testsuite/results/optimize-measurement-drift-gpu-2026-12-02.md.) A thread that holds a sharing use and asks to time (a gated job: its checks,
     then its timing) gives its share up for the timing and takes it back after; a thread that is timing
     and asks to share already has the device to itself."""
 

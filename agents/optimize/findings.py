@@ -122,8 +122,9 @@ class LaunchAnalyzer:
     The busy fraction is the kernels' time per call over the call's time *as the timer measured it*
     (`Evidence.incumbent_us`, without a profiler attached); the profiler's own wall time per call counts its
     overhead: on the H200 (2026-12-02) torch.compile's GroupNorm (level1/22) took 170 us per call under
-    torch.profiler and 84 us under the timer, with 62.7 us of kernels, so the profiler's wall said "GPU busy
-    37%, launch-bound" of a call whose GPU was busy 75% of the time. The profiler's wall is used only when
+    torch.profiler and 84 us under the timer in a fresh-process evaluation of the same call, with 62.7 us of
+    kernels: the profiler's wall said "GPU busy 37%, launch-bound", the timer 75%. (The timer's own figure
+    drifted on that machine too, up to 136 us in later processes, which then fired the finding again.) The profiler's wall is used only when
     the incumbent was not timed."""
 
     name = "launches"

@@ -989,7 +989,7 @@ class TaskSearch:
             if conf.get("key") == inc.key and conf.get("reason"):
                 lines.append(f"confirmed at the end: {conf['reason']}")
             if inc.key == base.key:
-                lines.append("nothing beat the best baseline: this file IS that baseline" if not conf.get("verdict") == "slower"
+                lines.append("nothing beat the best baseline: this file IS that baseline" if conf.get("verdict") != "slower"
                              else f"the search's choice was slower at the end ({conf['reason']}): this file IS the best baseline")
         else:
             lines.append("nothing timed (no GPU): correctness only; this file is the eager baseline"
