@@ -995,7 +995,10 @@ class Engine:
         if Verdict.DIFFERENT.value in verdicts:
             return _verdict_of(evidence)
         if all(v == Verdict.EQUIVALENT.value for v in verdicts):
-            dynamic = sum(1 for e in evidence if e.verdict == "pass" and e.name.startswith(("interpreter", "gpu")))
+            from kstrata.backends.verify import GPU_DIFFERENTIAL
+
+            dynamic = sum(1 for e in evidence if e.verdict == "pass"
+                          and e.name.startswith(("interpreter", GPU_DIFFERENTIAL + ":", "determinism")))
             return CheckResult(Verdict.EQUIVALENT, f"equivalent on {len(launches)} launch records "
                                f"({dynamic} dynamic checks passed)", tuple(evidence))
         return CheckResult(Verdict.UNPROVEN, "; ".join(dict.fromkeys(reasons)) or "unproven", tuple(evidence))

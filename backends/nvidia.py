@@ -34,6 +34,11 @@ def triton_nvidia_bin() -> Path | None:
 def find_nvidia_tool(name: str) -> FoundTool:
     """Locate `name` (one of `NVIDIA_TOOLS`)."""
     candidates: list[tuple[str, str | os.PathLike[str]]] = []
+    # the ptxas Triton itself uses (Inductor points it at torch's own, whose PTX ISA the bundled one may not know:
+    # PTX that Triton wrote for it, `.version 9.0`, is refused by a bundled ptxas 8.7)
+    triton_ptxas = os.environ.get("TRITON_PTXAS_PATH") if name == "ptxas" else None
+    if triton_ptxas:
+        candidates.append(("TRITON_PTXAS_PATH", triton_ptxas))
     bundled = triton_nvidia_bin()
     if bundled is not None:
         candidates.append(("triton", bundled / name))
@@ -120,6 +125,9 @@ class CubinBuild:
 def _ptxas_tool(arch: str) -> FoundTool:
     # Triton uses a separate ptxas for Blackwell (sm_100 and newer).
     if int(re.sub(r"\D", "", arch)[:3] or 0) >= 100 and not os.environ.get("KSTRATA_PTXAS"):
+        chosen = os.environ.get("TRITON_PTXAS_BLACKWELL_PATH")  # Triton's own choice for these targets
+        if chosen and Path(chosen).is_file() and os.access(chosen, os.X_OK):
+            return FoundTool("ptxas", Path(chosen), "TRITON_PTXAS_BLACKWELL_PATH")
         bundled = triton_nvidia_bin()
         if bundled is not None and (bundled / "ptxas-blackwell").exists():
             return FoundTool("ptxas", bundled / "ptxas-blackwell", "triton")

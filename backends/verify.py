@@ -35,7 +35,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +73,16 @@ CHECK_VERDICTS = ("pass", "fail", "skipped", "n/a")
 #: The dynamic checks, by evidence group: a group is evidence when every check of it passed (or does not apply).
 _EVIDENCE_GROUPS = {"interpreter": ("interpreter",), "differential": ("differential", "determinism"),
                     "symbolic": ("symbolic",), "identical binary": ("identical binary",)}
+#: The checks that ran both binaries on a GPU (their names start with it: `differential: <input set>`).
+GPU_DIFFERENTIAL = "differential"
+
+
+def ran_on_gpu(evidence: Iterable[Any]) -> bool:
+    """Whether some GPU differential run of both binaries passed among `evidence` (objects with `name` and
+    `verdict`: this module's checks or the engine's evidence); a skipped one is not evidence."""
+    return any(e.verdict == "pass" and str(e.name).startswith(GPU_DIFFERENTIAL + ":") for e in evidence)
+
+
 _DYNAMIC_PREFIXES = ("interpreter", "differential", "determinism", "symbolic", "compute-sanitizer", "dynamic",
                      "identical binary")
 
@@ -844,7 +854,7 @@ def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBund
             for s in sets:
                 runs = 20 if first_random and s.mode == "random" else 0  # time the pair once
                 first_random = first_random and runs == 0
-                planned.append((f"differential: {s.label}", binary_level, s,
+                planned.append((f"{GPU_DIFFERENTIAL}: {s.label}", binary_level, s,
                                 {**job_base, "kind": "gpu", "runs": runs, "input_set": s}))
             again = next((s for s in sets if s.mode == "random"), sets[0])
             planned.append(("determinism", binary_level, again,

@@ -138,7 +138,9 @@ def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, tri
         trial.status = "error"
         return
     low = [a.level for a in atoms if a.level in _LOW_LEVELS]
-    gpu_evidence = any(e.verdict == "pass" and e.name.startswith("gpu") for e in result.evidence)
+    from kstrata.backends.verify import ran_on_gpu
+
+    gpu_evidence = ran_on_gpu(result.evidence)
     if result.verdict is Verdict.EQUIVALENT and low and not gpu_evidence and not built.same_binary_as_base:
         trial.status = "unproven"
         trial.reason = (f"edits {', '.join(dict.fromkeys(low))}, which only the GPU differential run checks; "

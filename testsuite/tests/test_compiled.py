@@ -19,6 +19,7 @@ from kstrata.agents.compiled.program import Program, ProgramKernel, assign_share
 from kstrata.agents.compiled.search import SearchConfig, search_kernel
 from kstrata.agents.compiled.spaces import Atom, Space, alias_evidence, pipeline_of
 from kstrata.agents.engine import BuildResult, CheckResult, Evidence, Measurement, Verdict
+from kstrata.backends.verify import GPU_DIFFERENTIAL
 from kstrata.backends.hotwindow import find_loops, parse_ncu_source_csv, static_hot_window, window_from_samples
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
 
@@ -155,7 +156,8 @@ class ScriptedEngine:
         spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
         self.checked.append(spec)
         v = self.verdicts.get(spec, Verdict.EQUIVALENT)
-        ev = (Evidence("gpu differential", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
+        # the name the real GPU differential run gives its evidence (backends/verify.py)
+        ev = (Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
         return CheckResult(v, v.value, ev)
 
     def measure(self, base: str, built: BuildResult, launches: Any, budget: Any) -> Measurement:
@@ -192,6 +194,10 @@ def test_search_gates_before_timing_and_the_guard_needs_every_round_faster() -> 
     assert result.best is not None and result.best.pipeline == nw8 and result.best.speedup == pytest.approx(1.30)
     # one slower round: not a winner; 1% is inside the noise: not a winner
     assert by["ttgir(num-warps{n=2})"].measured and by["ttgir(num-warps{n=2})"] is not result.best
+    # a PTX edit with the GPU differential run's evidence is proven and timed (an H200 run found every PTX edit
+    # left unproven: the search looked for evidence named "gpu...", which verify never writes)
+    ptx = by["ptx(cache-hints{loads=cs stores=none})"]
+    assert ptx.status == "equivalent" and ptx.measured
     assert len(result.trials) <= cfg.budget
     assert any(t.phase == "anneal" and "," in t.pipeline for t in result.trials)  # sequences of edits were tried
     again = search_kernel(ScriptedEngine(engine.verdicts, engine.speedups), "b" * 64, "k", "/c/k", "cuda:90",  # type: ignore[arg-type]
@@ -210,6 +216,15 @@ def test_on_the_cpu_low_level_edits_are_unproven_and_nothing_is_timed() -> None:
     assert by["ttgir(num-warps{n=2})"].status == "equivalent"
     assert not engine.measured and result.best is None
     assert all(t.unmeasured == "unmeasured: no GPU" for t in result.trials if t.status in ("equivalent", "unproven"))
+
+
+def test_only_a_passing_gpu_differential_run_counts_as_gpu_evidence() -> None:
+    from kstrata.backends.verify import ran_on_gpu
+
+    assert ran_on_gpu([Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", "")])
+    assert not ran_on_gpu([Evidence(GPU_DIFFERENTIAL, "cubin", "skipped", "needs an NVIDIA GPU (--device cpu)")])
+    assert not ran_on_gpu([Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "fail", "element 3 differs"),
+                           Evidence("interpreter: seed 0", "ttgir", "pass", "")])
 
 
 def test_pipeline_of_orders_stages_by_level() -> None:

@@ -242,3 +242,26 @@ def test_asm_cli(cuda_bundles: list[KernelBundle], tmp_path: Path) -> None:
     bad.write_text("# kstrata asm patch v1\nlevel: ptx\n\n@@\n-\tno.such.instruction;\n")
     failed = _kstrata("asm", "patch", entry, str(bad), "--out", str(tmp_path / "ovr2"))
     assert failed.returncode == 2 and "hunk 1" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_ptx_is_assembled_by_the_ptxas_triton_was_pointed_at(cuda_bundles: list[KernelBundle], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor points Triton at torch's ptxas (TRITON_PTXAS_PATH), and Triton then writes PTX of that ptxas's
+    ISA version; the bundled ptxas refused it (`Unsupported .version 9.0; current version is '8.7'`, an H200
+    run), which failed every rebuilt candidate of an Inductor kernel as "not accepted at ptx"."""
+    from triton import knobs
+
+    from kstrata.backends.nvidia import find_nvidia_tool
+
+    monkeypatch.delenv("KSTRATA_PTXAS", raising=False)
+    bundled = find_nvidia_tool("ptxas").path
+    log = tmp_path / "ptxas-calls"
+    wrapper = tmp_path / "ptxas"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\nexec {knobs.nvidia.ptxas.path} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(wrapper))
+    assert find_nvidia_tool("ptxas").path == wrapper and find_nvidia_tool("cuobjdump").path != wrapper
+    rebuild_cubin(cuda_bundles[0])
+    assert log.exists() and "sm_90" in log.read_text()
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
+    assert find_nvidia_tool("ptxas").path == bundled
