@@ -19,8 +19,8 @@ from kstrata.agents.compiled.program import Program, ProgramKernel, assign_share
 from kstrata.agents.compiled.search import SearchConfig, search_kernel
 from kstrata.agents.compiled.spaces import Atom, Space, alias_evidence, pipeline_of
 from kstrata.agents.engine import BuildResult, CheckResult, Evidence, Measurement, Verdict
-from kstrata.backends.verify import GPU_DIFFERENTIAL
 from kstrata.backends.hotwindow import find_loops, parse_ncu_source_csv, static_hot_window, window_from_samples
+from kstrata.backends.verify import GPU_DIFFERENTIAL
 from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
 
 from .conftest import copy_suite_subset, has_cuda
