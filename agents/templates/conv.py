@@ -350,7 +350,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     lsig = "".join(x + ", " for x in leaf_names)
     bias_sig = "bias_ptr, " if cv.bias else ""
     part_sig = "part_ptr, " if groups else ""
-    em = ExprEmitter("e")
+    em = ExprEmitter("e", along=(1, "rb[None, :]"))  # per-channel operands (a (C, 1, 1) scale): one load per column
     em.lines.append("x = acc" + (" + tl.load(bias_ptr + rb).to(tl.float32)[None, :]" if cv.bias else ""))
     res = em.emit(chain.prologue if groups else chain.epilogue, "x", "idx", shape, "mask")
     em.lines.append(f"y = {res}.to({out_t})")
@@ -438,7 +438,7 @@ def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
     tl.store(stats_ptr + row * 2 + 1, 1.0 / tl.sqrt_rn(tm2 / tn + {eps!r}))
 '''
     w, b = core.args[1], core.args[2]
-    em = ExprEmitter("a")
+    em = ExprEmitter("a", along=(1, "c"))  # a program's plane is one channel: its per-channel operands are scalars
     em.lines += ["v = tl.load(out_ptr + idx, mask=mask, other=0.0).to(tl.float32)",
                  "y = (v - tl.load(stats_ptr + row * 2)) * tl.load(stats_ptr + row * 2 + 1)"]
     if w is not None:

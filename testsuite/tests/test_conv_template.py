@@ -38,6 +38,7 @@ CONV_TASK = """
             self.conv = nn.Conv2d({ci}, {co}, {k}, stride={stride}, padding={padding}, dilation={dilation},
                                   bias={bias}, dtype=torch.{dtype})
             self.scale = nn.Parameter(torch.rand({co}, 1, 1, dtype=torch.{dtype}) + 0.5)
+            self.pos = nn.Parameter(torch.randn({pos}, dtype=torch.{dtype}))
 
         def forward(self, x):
             return {body}
@@ -52,14 +53,15 @@ CONV_TASK = """
 """
 #: (name, task fields, policy): M = H_out * W_out, N = C_out, K = C_in * KH * KW none of them a multiple of the
 #: default blocks (K = 27, 45, 20; C_out = 5, 7, 20), strides, paddings 0/1/2, dilation 2, a bias or none, a
-#: residual of the input's channels-broadcast scale, a clamp; fp16/bf16 on the tensor-core path; fp32 under tf32
+#: per-channel scale (one load per tile column), a per-pixel parameter, a one-element one, a clamp; fp16/bf16
+#: on the tensor-core path; fp32 under tf32
 VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     ("3x3-s1-p1-bias", dict(ci=3, co=5, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=11,
-                            body="torch.relu(self.conv(x)) * self.scale"), "strict"),
+                            pos=(9, 11), body="torch.relu(self.conv(x)) * self.scale + self.pos"), "strict"),
     ("3x3-s2-p0-nobias", dict(ci=3, co=7, k=3, stride=2, padding=0, dilation=1, bias=False, n=2, h=12, w=9,
                               body="torch.sigmoid(self.conv(x) + 0.5)"), "strict"),
     ("5x5-s1-p2", dict(ci=1, co=20, k=5, stride=1, padding=2, dilation=1, bias=True, n=1, h=7, w=13,
-                       body="F.hardswish(self.conv(x)).clamp(-0.2, 2.0)"), "strict"),
+                       body="F.hardswish(self.conv(x)).clamp(-0.2, 2.0) * self.pos"), "strict"),
     ("3x3-d2-p2-s2", dict(ci=5, co=6, k=3, stride=2, padding=2, dilation=2, bias=True, n=2, h=11, w=10,
                           body="self.conv(x) * self.scale - 1.0"), "strict"),
     ("2x2-rect-s(1,2)", dict(ci=5, co=9, k="(2, 2)", stride="(1, 2)", padding="(1, 0)", dilation=1, bias=True, n=1,
@@ -122,7 +124,7 @@ GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
 
 
 def _conv_task(tmp: Path, name: str, fields: dict[str, Any]) -> Path:
-    f = {"dtype": "float32", **fields}
+    f = {"dtype": "float32", "pos": 1, **fields}
     path = tmp / f"conv_{re.sub(r'[^A-Za-z0-9]', '_', name)}.py"
     path.write_text(textwrap.dedent(CONV_TASK.format(**f)).lstrip())
     return path
@@ -247,12 +249,12 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
 
 def test_rejections_say_why(tmp_path: Path) -> None:
     def reason(fields: dict[str, Any], body: str = "torch.relu(self.conv(x))") -> str:
-        f = {"ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True, "n": 2, "h": 8, "w": 8,
+        f = {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True, "n": 2, "h": 8, "w": 8,
              "body": body, **fields}
         path = _conv_task(tmp_path, "r", f)
         return {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
 
-    path = _conv_task(tmp_path, "groups", {"ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1,
+    path = _conv_task(tmp_path, "groups", {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1,
                                            "bias": True, "n": 2, "h": 8, "w": 8, "body": "torch.relu(self.conv(x))"})
     path.write_text(path.read_text().replace("bias=True,", "bias=True, groups=2,"))
     why = {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
@@ -261,7 +263,7 @@ def test_rejections_say_why(tmp_path: Path) -> None:
     assert reason({}, "F.max_pool2d(self.conv(x), 2)") == (
         "the graph has a max_pool2d after the convolution; the template fuses pointwise ops and a GroupNorm")
     assert reason({"k": 2, "padding": "'same'"}) == "padding='same' with kernel (2, 2), dilation (1, 1): asymmetric padding"
-    conv1d = _conv_task(tmp_path, "c1", {"ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True,
+    conv1d = _conv_task(tmp_path, "c1", {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True,
                                          "n": 2, "h": 8, "w": 8, "body": "torch.relu(self.conv(x))"})
     conv1d.write_text(conv1d.read_text().replace("nn.Conv2d", "nn.Conv1d").replace("torch.randn(2, 4, 8, 8,",
                                                                                    "torch.randn(2, 4, 8,"))
