@@ -74,6 +74,10 @@ NAME = "conv"
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("strategy", ("dot", "fma")), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
     ("BLOCK_K", (16, 32, 64)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
+#: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
+#: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
+#: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
+FMA_MIN_ACC = 32
 #: The GroupNorm kernels' block (streaming kernels: one block size serves).
 NORM_BLOCK = 1024
 
@@ -237,7 +241,8 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 
 def valid(chain: Chain, p: Params) -> bool:
     """Blocks no larger than their dim's power of two, the accumulator within registers, the dot's pipelined
-    tiles within shared memory; `fma` has no BLOCK_K (its default stands) and no pipelining."""
+    tiles within shared memory; `fma` has no BLOCK_K (its default stands) and no pipelining, and keeps at least
+    FMA_MIN_ACC accumulators a thread."""
     cv = conv_of(chain)
     bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
     if bm > max(32, next_pow2(cv.hw)) or bn > max(16, next_pow2(cv.co)):
@@ -245,18 +250,23 @@ def valid(chain: Chain, p: Params) -> bool:
     if bm * bn > ACC_PER_THREAD * 32 * p["num_warps"]:
         return False
     if p["strategy"] == "fma":
-        return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1)
+        return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
     if bk > max(16, next_pow2(cv.k)):
         return False
     return bool(p["num_stages"] * (bm * bk + bk * bn) * dtype_bytes(cv.dtype) <= SMEM_BYTES)
 
 
 def hints(chain: Chain) -> list[Params]:
-    """The FMA strategy at two tile sizes, and a wider dot tile."""
+    """The FMA strategy at two tile sizes (the most warps that keep FMA_MIN_ACC accumulators a thread, and 64 a
+    thread), and a wider dot tile."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
-    return [{"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
-            {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 1},
+
+    def warps(bm: int, acc: int) -> int:
+        return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
+
+    return [{"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
+            {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
 
 

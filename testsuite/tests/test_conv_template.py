@@ -58,25 +58,25 @@ CONV_TASK = """
 VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     ("3x3-s1-p1-bias", dict(ci=3, co=5, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=11,
                             pos=(9, 11), body="torch.relu(self.conv(x)) * self.scale + self.pos"), "strict"),
-    ("3x3-s2-p0-nobias", dict(ci=3, co=7, k=3, stride=2, padding=0, dilation=1, bias=False, n=2, h=12, w=9,
+    ("3x3-s2-p0-nobias", dict(ci=3, co=7, k=3, stride=2, padding=0, dilation=1, bias=False, n=2, h=20, w=17,
                               body="torch.sigmoid(self.conv(x) + 0.5)"), "strict"),
     ("5x5-s1-p2", dict(ci=1, co=20, k=5, stride=1, padding=2, dilation=1, bias=True, n=1, h=7, w=13,
                        body="F.hardswish(self.conv(x)).clamp(-0.2, 2.0) * self.pos"), "strict"),
-    ("3x3-d2-p2-s2", dict(ci=5, co=6, k=3, stride=2, padding=2, dilation=2, bias=True, n=2, h=11, w=10,
+    ("3x3-d2-p2-s2", dict(ci=5, co=6, k=3, stride=2, padding=2, dilation=2, bias=True, n=2, h=19, w=18,
                           body="self.conv(x) * self.scale - 1.0"), "strict"),
     ("2x2-rect-s(1,2)", dict(ci=5, co=9, k="(2, 2)", stride="(1, 2)", padding="(1, 0)", dilation=1, bias=True, n=1,
-                             h=6, w=9, body="F.leaky_relu(self.conv(x), 0.1)"), "strict"),
-    ("fp16", dict(ci=4, co=10, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=7, w=9, dtype="float16",
+                             h=10, w=17, body="F.leaky_relu(self.conv(x), 0.1)"), "strict"),
+    ("fp16", dict(ci=4, co=10, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=9, dtype="float16",
                   body="torch.tanh(self.conv(x))"), "strict"),
-    ("bf16", dict(ci=4, co=10, k=3, stride=1, padding=0, dilation=1, bias=False, n=2, h=7, w=9, dtype="bfloat16",
+    ("bf16", dict(ci=4, co=10, k=3, stride=1, padding=0, dilation=1, bias=False, n=2, h=11, w=11, dtype="bfloat16",
                   body="torch.relu(self.conv(x)) + 1.0"), "strict"),
     ("fp32-tf32", dict(ci=3, co=5, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=11,
                        body="torch.relu(self.conv(x))"), "tf32"),
 ]
 #: the schedules every variant runs: the default (dot), small dot tiles with several M and N tiles and a K
-#: tail, the FMA strategy
+#: tail, the FMA strategy (its smallest tile: 32 accumulators a thread of 2 warps; an M tail everywhere)
 SCHEDULES: list[dict[str, Any]] = [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
-                                   {"strategy": "fma", "BLOCK_M": 32, "BLOCK_N": 16, "num_stages": 1}]
+                                   {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]
 
 GN_TASK = """
     import torch
@@ -110,16 +110,16 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
      [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
     ("c40-g8-noaffine", dict(ci=3, co=40, groups=8, padding=0, affine=False, n=2, h=8, w=11, dtype="float32",
                              body="self.gn(self.conv(x) * 2.0) + 0.25"),
-     [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1}]),
+     [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2, "num_stages": 1}]),
     ("fp16", dict(ci=3, co=8, groups=4, padding=1, affine=True, n=2, h=7, w=9, dtype="float16",
                   body="self.gn(torch.relu(self.conv(x)))"), [{}]),
 ]
 #: the gap tasks at reduced sizes (several pixel tiles per image with a tail), their schedules
 GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
     ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 13, "width": 11},
-     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_stages": 1}]),
+     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
     ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
-     [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 32, "num_stages": 1}]),
+     [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
 ]
 
 
@@ -241,6 +241,8 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert m._valid({**d, "BLOCK_K": 64}) and m._valid({**d, "BLOCK_M": 256, "num_warps": 2})  # 64 accumulators a thread
     assert not m._valid({**d, "strategy": "fma", "num_stages": 2})  # no pipelining: one schedule, not three
     assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_K": 64})  # fma has no BLOCK_K
+    assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64})  # 16 accumulators a thread: spills
+    assert m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64, "num_warps": 2})
     assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 3
     configs = m.configs()
     assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) > 50
@@ -394,7 +396,7 @@ def test_kstrata_eval_on_cpu_accepts_the_gap_tasks_sources(monkeypatch: pytest.M
     for name, sizes, params in (("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 1, "height": 12, "width": 10},
                                  {"BLOCK_M": 32, "BLOCK_N": 16}),
                                 ("05_conv_relu_hardswish_fp32.py", {"batch": 1, "height": 10, "width": 9},
-                                 {"strategy": "fma", "BLOCK_M": 32, "num_stages": 1})):
+                                 {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1})):
         task = _shrunk(tmp_path, name, sizes)
         cand = tmp_path / f"model_new_{name}"
         cand.write_text(_conv_match(task).render(params))
