@@ -10,7 +10,7 @@ standalone `ModelNew` sources.
 The graph is the task's `Model` traced by `torch.fx` on the meta device (`graph.trace`) and read as
 `epilogue(core(prologue(head(inputs))))` (`graph.chain`): at most one library op (convolution, linear,
 matmul, scaled_dot_product_attention) left to PyTorch — cuDNN/cuBLAS, with TF32 off under the default `strict` policy —, then one
-template kernel or kernel pair for the rest; `gemm` and `attention` instead compute the library op
+template kernel or kernel pair for the rest; `gemm`, `attention` and `conv` instead compute the library op
 themselves, its epilogue fused into their store:
 
 | template   | covers                                                                          | module        |
@@ -25,6 +25,7 @@ themselves, its epilogue fused into their store:
 | gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
 | gemm_reduce | linear / 2-D matmul + pointwise + sum/mean/amax/logsumexp over the output features + pointwise; the product never written | `gemm_reduce` |
 | attention  | flash forward of scaled_dot_product_attention (causal or not, any scale) + epilogue; same dtypes | `attention` |
+| conv       | conv2d (NCHW, any stride/padding/dilation, groups=1) as an implicit GEMM + epilogue, or + GroupNorm (partials fused); fp32 IEEE under strict | `conv` |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
 GPU (`tune.autotune`) times a match's schedules and caches the best by template, shapes, dtypes, policy,
@@ -41,6 +42,7 @@ from types import ModuleType
 from kstrata.agents.tasks import Task
 from kstrata.agents.templates import (
     attention,
+    conv,
     gemm,
     gemm_reduce,
     norm,
@@ -58,7 +60,8 @@ from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, attention, pointwise)
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, attention, conv,
+                                     pointwise)
 
 
 @dataclass(frozen=True)

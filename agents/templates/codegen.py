@@ -154,11 +154,14 @@ def broadcast_offset(shape: tuple[int, ...], space: tuple[int, ...], idx: str) -
 class ExprEmitter:
     """Emits Triton statements for pointwise expressions; leaves are loaded with broadcast indexing."""
 
-    def __init__(self, prefix: str = "t") -> None:
+    def __init__(self, prefix: str = "t", along: tuple[int, str] | None = None) -> None:
         self.lines: list[str] = []
         self._n = 0
         self.prefix = prefix  # distinct per emitter in one kernel: a name reused with another shape inside a loop
         # is a loop-carried variable whose type changes, which Triton's compiler refuses (the interpreter does not)
+        # (dim, offset): a leaf that varies along dim `dim` of the space alone is loaded at `offset`, an in-range
+        # index the kernel already has (a tile's channels), instead of being gathered per element by its flat index
+        self.along = along
 
     def fresh(self) -> str:
         self._n += 1
@@ -173,7 +176,9 @@ class ExprEmitter:
                 return _float_literal(e.value)
             v = self.fresh()
             off = broadcast_offset(e.shape, space, idx)
-            if off == "0":  # one element broadcast everywhere: a scalar load (a block mask needs a block of pointers)
+            if self.along is not None and off != "0" and _varies_along(e.shape, space) == self.along[0]:
+                self.lines.append(f"{v} = tl.load({leaf_arg(e)} + {self.along[1]}).to(tl.float32)")
+            elif off == "0":  # one element broadcast everywhere: a scalar load (a block mask needs a block of pointers)
                 self.lines.append(f"{v} = tl.load({leaf_arg(e)}).to(tl.float32)")
             else:
                 self.lines.append(f"{v} = tl.load({leaf_arg(e)} + ({off}){_masked(mask)}).to(tl.float32)")
@@ -182,6 +187,13 @@ class ExprEmitter:
         v = self.fresh()
         self.lines.append(f"{v} = {_op_code(e, args)}")
         return v
+
+
+def _varies_along(shape: tuple[int, ...], space: tuple[int, ...]) -> int | None:
+    """The one dim of `space` along which an operand of `shape` broadcast to it varies (None: several or none)."""
+    s = (1,) * (len(space) - len(shape)) + tuple(shape)
+    dims = [d for d, n in enumerate(s) if n != 1]
+    return dims[0] if len(dims) == 1 and s[dims[0]] == space[dims[0]] else None
 
 
 def _float_literal(x: float) -> str:

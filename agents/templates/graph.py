@@ -308,7 +308,7 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
 #: Names the generated `forward` binds or uses (head output, output and partial buffers, operand views, the
 #: modules): an input of one of these names is renamed (`out` -> `out_in`), or the forward would overwrite
 #: it before a kernel reads it.
-FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "self",
+FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "w", "x_in", "stats", "self",
                             "torch", "triton", "tl", "math", "nn", "F"})
 
 

@@ -35,7 +35,7 @@ NAME = "norm"
 #: Largest segment the fused strategy keeps in registers.
 FUSED_MAX = 16384
 
-def _combine_lines(n: str, mean: str, m2: str, out: str) -> list[str]:
+def combine_lines(n: str, mean: str, m2: str, out: str) -> list[str]:
     """Kernel lines combining per-lane (count, mean, M2) vectors into the totals `{out}n, {out}mean, {out}m2`.
 
     Chan's parallel formula over all lanes at once: M2 = sum(M2_i) + sum(n_i (mean_i - mean)^2), with
@@ -221,8 +221,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
                      "mean = mean + tl.where(mask, delta / tl.maximum(cnt, 1.0), 0.0)",
                      f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)", "n = cnt"]
         body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
-        stats = "\n".join("    " + line for line in _combine_lines("n", "mean", "m2", "t"))
-        combine = "\n".join("    " + line for line in _combine_lines("pn", "pmean", "pm2", "t"))
+        stats = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
+        combine = "\n".join("    " + line for line in combine_lines("pn", "pmean", "pm2", "t"))
         srcs.append(f'''
 @triton.jit
 def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}row0, BLOCK: tl.constexpr):

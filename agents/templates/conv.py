@@ -1,0 +1,473 @@
+"""2-D convolution + epilogue as an implicit GEMM in Triton: the chain's convolution computed by a Triton kernel
+instead of cuDNN, with the pointwise ops after it (bias, scalings, activations, clamps, residuals, with
+broadcasting) fused into its store, and optionally a following GroupNorm:
+
+    out = epilogue(conv2d(x, W) (+ bias))                                       no core
+    out = epilogue(group_norm(prologue(conv2d(x, W) (+ bias))))                 a GroupNorm after it
+
+The GEMM: M = the output pixels of one image (H_out * W_out; the batch is grid axis 1), N = C_out,
+K = C_in * KH * KW (PyTorch's weight order: W viewed as (C_out, K) is B transposed). A's tile is gathered
+from the NCHW input through its strides (any stride, padding, dilation; a non-contiguous input needs no
+copy): row m, column k = (ci, kh, kw) reads x[n, ci, oh * s - p + kh * d, ow * s - p + kw * d], zero
+outside the image. The output is written once, in the task's contiguous NCHW layout (consecutive pixels
+of one channel are consecutive addresses, so the store is coalesced along M); the input is read as it is,
+not converted to channels-last (that would be one more pass over it, for a layout only the loads prefer).
+
+Two ways to compute the product (`strategy`):
+- `dot`: `tl.dot` over BLOCK_K-deep steps (the K tail masked). fp16/bf16 operands on the tensor cores
+  (fp32 accumulation); fp32 operands under `strict` with `input_precision="ieee"` (Triton's FMA dot: IEEE
+  fp32 products and sums, as cuDNN's under TF32 off), under `tf32` with TF32 inputs (labelled, lower precision).
+- `fma`: a loop over input channels with the KH x KW taps unrolled, one outer product (BLOCK_M pixels x
+  BLOCK_N channels, fp32 FMAs) per tap: no padding of a small K (72 = 8 x 9 here pads to 80 in 16-deep
+  dot steps), no operand staging in shared memory. IEEE fp32 under every policy.
+
+GroupNorm (`group_norm` core, groups over channels of one image): the conv kernel writes the prologue's
+value y into `out` and, per (image, pixel tile, channel), the tile's count, mean and M2 of y (a corrected
+two-pass over the tile's registers: mean0 = sum/n, then d = y - mean0, mean = mean0 + sum(d)/n,
+M2 = sum(d^2) - sum(d)^2/n); a second kernel combines a group's partials with Chan's formula into mean and
+rstd per (image, group); a third normalizes `out` in place (affine, epilogue). Traffic: the input once,
+y written and read once, the output written once (1.75 GB on the 64 x 32 x 254 x 254 gap task) against
+cuDNN then the `norm` template's split strategy (y written, read twice, output written: 2.28 GB), so the
+partials are fused rather than composing with `norm`; recomputing the convolution instead of storing y
+would cut the traffic to 0.8 GB but double the 19 GFLOP of FMA work that already bounds the kernel under
+strict. Both this and `norm` are proposed; the tuner picks by measurement.
+
+Does not apply (the reason is reported): 1-D / 3-D and transposed convolutions, groups > 1 (a grouped
+convolution is `groups` block-diagonal GEMMs, each K = C_in / groups deep: another grid axis and weight
+indexing this kernel does not have), an asymmetric `padding='same'`, a batch above a grid axis' 65535,
+other cores after the convolution (pooling, softmax, LayerNorm: their templates take PyTorch's
+convolution output).
+
+On a CPU tensor bf16 tiles are converted to fp32 before the dot (`UPCAST`: `tensorcore`'s docstring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from kstrata.agents.templates.base import Params, cdiv, next_pow2
+from kstrata.agents.templates.codegen import (
+    ExprEmitter,
+    Kernel,
+    check_shapes,
+    index_type,
+    launch,
+    leaf_kernel_args,
+    tl_dtype,
+)
+from kstrata.agents.templates.graph import Chain, GraphError, Node, describe
+from kstrata.agents.templates.norm import combine_lines
+from kstrata.agents.templates.tensorcore import (
+    ACC_PER_THREAD,
+    MAX_BATCH,
+    SMEM_BYTES,
+    dtype_bytes,
+    operand,
+    ref,
+    upcast,
+)
+
+NAME = "conv"
+SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
+    ("strategy", ("dot", "fma")), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
+    ("BLOCK_K", (16, 32, 64)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
+#: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
+#: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
+#: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
+FMA_MIN_ACC = 32
+#: The GroupNorm kernels' block (streaming kernels: one block size serves).
+NORM_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class Conv:
+    """The convolution as the kernel computes it."""
+
+    n: int
+    ci: int
+    h: int
+    w: int
+    co: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ho: int
+    wo: int
+    dtype: str
+    x: str  # forward expression of the input
+    weight: str  # ... of the (C_out, C_in, KH, KW) weight
+    bias: str | None  # ... of the (C_out,) bias
+
+    @property
+    def k(self) -> int:
+        return self.ci * self.kh * self.kw
+
+    @property
+    def hw(self) -> int:
+        return self.ho * self.wo
+
+
+def _pair(v: Any, what: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(x) for x in v)
+    if len(t) == 1:
+        return (t[0], t[0])
+    if len(t) != 2:
+        raise GraphError(f"a 2-D convolution with a {len(t)}-element {what} {t}")
+    return (t[0], t[1])
+
+
+def _padding(p: Any, kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
+    if p == "valid":
+        return (0, 0)
+    if p == "same":
+        total = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+        if any(t % 2 for t in total):
+            raise GraphError(f"padding='same' with kernel {kernel}, dilation {dilation}: asymmetric padding")
+        return (total[0] // 2, total[1] // 2)
+    return _pair(p, "padding")
+
+
+def conv_of(chain: Chain) -> Conv:
+    """The chain's head read as a 2-D convolution (GraphError: why this template does not compute it)."""
+    h = chain.head
+    if h is None or h.op != "conv":
+        raise GraphError("the graph has no convolution" if h is None or h.op != "conv_transpose" else
+                         "a transposed convolution: the template computes forward convolutions")
+    if "module" in h.attrs:
+        mod = chain.graph.model.get_submodule(h.attrs["module"])
+        if not isinstance(mod, nn.Conv2d):
+            raise GraphError(f"{h.attrs['module']}: a {type(mod).__name__}; the template computes 2-D convolutions")
+        x = operand(h.args[0], "convolution's input")
+        groups, stride, pad, dil = int(mod.groups), mod.stride, mod.padding, mod.dilation
+        weight = f"self.{h.attrs['module']}.weight"
+        wshape, wdtype = tuple(int(d) for d in mod.weight.shape), str(mod.weight.dtype).removeprefix("torch.")
+        bias = None if mod.bias is None else f"self.{h.attrs['module']}.bias"
+    else:
+        if h.attrs["fn"] != "F.conv2d":
+            raise GraphError(f"{h.name}: {h.attrs['fn']}; the template computes 2-D convolutions")
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        opts: dict[str, Any] = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+        opts.update(zip(names, h.args, strict=False))
+        opts.update(h.attrs["kwargs"])
+        x = operand(opts["input"], "convolution's input")
+        wn = operand(opts["weight"], "convolution's weight")
+        groups, stride, pad, dil = int(opts["groups"]), opts["stride"], opts["padding"], opts["dilation"]
+        weight, wshape, wdtype = ref(wn), wn.shape, wn.dtype
+        bias = None
+        if opts["bias"] is not None:
+            bn = operand(opts["bias"], "convolution's bias")
+            if bn.dtype != x.dtype or tuple(bn.shape) != (wshape[0],):
+                raise GraphError(f"a convolution with a {bn.dtype} bias of shape {bn.shape}")
+            bias = ref(bn)
+    if groups != 1:
+        raise GraphError(f"groups={groups}: a grouped convolution is {groups} block-diagonal GEMMs of K = C_in/groups; "
+                         "the implicit GEMM here is one GEMM over all input channels (groups=1)")
+    if len(x.shape) != 4:
+        raise GraphError(f"a convolution of a rank-{len(x.shape)} input (the template takes batched NCHW)")
+    if x.dtype != wdtype:
+        raise GraphError(f"a convolution of a {x.dtype} input with a {wdtype} weight")
+    n, ci, hh, ww = x.shape
+    co, wci, kh, kw = wshape
+    if wci != ci:
+        raise GraphError(f"a convolution of {x.shape} with a weight of {wshape}")
+    st, dl = _pair(stride, "stride"), _pair(dil, "dilation")
+    pd = _padding(pad, (kh, kw), dl)
+    ho = (hh + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
+    wo = (ww + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
+    if (n, co, ho, wo) != tuple(h.shape):
+        raise GraphError(f"{h.name}: output {h.shape}, the template's geometry gives {(n, co, ho, wo)}")
+    if n > MAX_BATCH:
+        raise GraphError(f"a convolution over a batch of {n} (a grid axis takes {MAX_BATCH})")
+    return Conv(n, ci, hh, ww, co, kh, kw, st, pd, dl, ho, wo, x.dtype, ref(x), weight, bias)
+
+
+def _norm_of(chain: Chain, cv: Conv) -> int | None:
+    """The GroupNorm's group count, None without a core (GraphError: a core the template does not fuse)."""
+    core = chain.core
+    if core is None:
+        if chain.out_shape != chain.root.shape:
+            raise GraphError(f"the epilogue broadcasts the convolution's output {chain.root.shape} to {chain.out_shape}")
+        return None
+    if core.op != "group_norm":
+        raise GraphError(f"the graph has a {core.op} after the convolution; the template fuses pointwise ops and a GroupNorm")
+    g = int(core.attrs["num_groups"])
+    if chain.core_shape != chain.root.shape or chain.out_shape != chain.core_shape:
+        raise GraphError("the pointwise ops around the GroupNorm broadcast the convolution's output")
+    if cv.co % g:
+        raise GraphError(f"GroupNorm of {g} groups over {cv.co} channels")
+    for a in core.args[1:3]:
+        if a is not None and (not isinstance(a, Node) or a.op != "param"):
+            raise GraphError("a GroupNorm weight or bias that is not a parameter")
+    if cv.n * cv.co > 2**31 - 1:
+        raise GraphError(f"{cv.n * cv.co} image planes: more than a grid axis takes")
+    return g
+
+
+def _dot_precision(dtype: str, policy: str) -> str:
+    if dtype != "float32":
+        return ""
+    return ', input_precision="tf32"' if policy == "tf32" else ', input_precision="ieee"'
+
+
+def applies(chain: Chain, policy: str = "strict") -> str | None:
+    try:
+        _norm_of(chain, conv_of(chain))
+    except GraphError as e:
+        return str(e)
+    return None
+
+
+def _k_blocks(k: int) -> int:
+    """The BLOCK_K of (16, 32, 64) padding K least (the deepest of equals)."""
+    return min((16, 32, 64), key=lambda b: (cdiv(k, b) * b, -b))
+
+
+def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
+    """128-pixel tiles, every output channel in one tile up to 64 (the input gathered once per pixel tile),
+    the BLOCK_K padding K least; the dot strategy."""
+    cv = conv_of(chain)
+    bn = min(64, max(16, next_pow2(cv.co)))
+    bm = min(128, max(32, next_pow2(cv.hw)))
+    return SPACE, (("strategy", "dot"), ("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", _k_blocks(cv.k)),
+                   ("num_warps", 4), ("num_stages", 2))
+
+
+def valid(chain: Chain, p: Params) -> bool:
+    """Blocks no larger than their dim's power of two, the accumulator within registers, the dot's pipelined
+    tiles within shared memory; `fma` has no BLOCK_K (its default stands) and no pipelining, and keeps at least
+    FMA_MIN_ACC accumulators a thread."""
+    cv = conv_of(chain)
+    bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+    if bm > max(32, next_pow2(cv.hw)) or bn > max(16, next_pow2(cv.co)):
+        return False
+    if bm * bn > ACC_PER_THREAD * 32 * p["num_warps"]:
+        return False
+    if p["strategy"] == "fma":
+        return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
+    if bk > max(16, next_pow2(cv.k)):
+        return False
+    return bool(p["num_stages"] * (bm * bk + bk * bn) * dtype_bytes(cv.dtype) <= SMEM_BYTES)
+
+
+def hints(chain: Chain) -> list[Params]:
+    """The FMA strategy at two tile sizes (the most warps that keep FMA_MIN_ACC accumulators a thread, and 64 a
+    thread), and a wider dot tile."""
+    cv = conv_of(chain)
+    bn = min(64, max(16, next_pow2(cv.co)))
+
+    def warps(bm: int, acc: int) -> int:
+        return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
+
+    return [{"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
+            {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
+            {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
+
+
+def description(chain: Chain) -> str:
+    cv = conv_of(chain)
+    g = _norm_of(chain, cv)
+    geo = (f"conv2d {cv.n}x{cv.ci}x{cv.h}x{cv.w} -> {cv.co} channels, {cv.kh}x{cv.kw} kernel, stride {cv.stride}, "
+           f"padding {cv.padding}, dilation {cv.dilation} {cv.dtype}")
+    gemm = f"implicit GEMM {cv.n}x{cv.hw}x{cv.co}x{cv.k} (BxMxNxK) in Triton{' + bias' if cv.bias else ''}"
+    if g is None:
+        return f"{geo}: {gemm}, epilogue {describe(chain.epilogue)} fused into its store"
+    return (f"{geo}: {gemm}, prologue {describe(chain.prologue)} and group_norm ({g} groups) partial statistics "
+            f"fused into its store; normalized in place by a second pass, epilogue {describe(chain.epilogue)}")
+
+
+def _gather_mask(cv: Conv, ih: str, iw: str, k_tail: str) -> str:
+    """The mask of an input gather: inside the image where padding can put a tap outside, the K tail."""
+    terms = []
+    if cv.padding[0] or (cv.ho - 1) * cv.stride[0] + (cv.kh - 1) * cv.dilation[0] >= cv.h:
+        terms.append(f"({ih} >= 0) & ({ih} < {cv.h})")
+    if cv.padding[1] or (cv.wo - 1) * cv.stride[1] + (cv.kw - 1) * cv.dilation[1] >= cv.w:
+        terms.append(f"({iw} >= 0) & ({iw} < {cv.w})")
+    if k_tail:
+        terms.append(k_tail)
+    return " & ".join(terms)
+
+
+def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
+    """Kernel lines computing `acc`, the fp32 BLOCK_M x BLOCK_N tile (pixels `pix` of image `nb`, channels
+    `rb`, wrapped into range), from `x_ptr`, its strides and the (C_out, K) weight `w_ptr`."""
+    (sh, sw), (ph, pw), (dh, dw) = cv.stride, cv.padding, cv.dilation
+    taps = cv.kh * cv.kw
+    lines = [f"oh = pix // {cv.wo}", f"ow = pix % {cv.wo}", f"ih0 = oh * {sh} - {ph}", f"iw0 = ow * {sw} - {pw}",
+             "x_img = x_ptr + nb * sxn", "acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)"]
+    if p["strategy"] == "fma":
+        mask = _gather_mask(cv, "ih", "iw", "")
+        lines += [f"for ci in range(0, {cv.ci}):",
+                  "    x_ch = x_img + ci * sxc",
+                  f"    for t in tl.static_range({taps}):",
+                  f"        ih = ih0 + (t // {cv.kw}) * {dh}",
+                  f"        iw = iw0 + (t % {cv.kw}) * {dw}",
+                  f"        a = tl.load(x_ch + ih * sxh + iw * sxw{f', mask={mask}, other=0.0' if mask else ''})",
+                  f"        b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + t)",
+                  "        acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]"]
+        return lines
+    k = cv.k
+    tail = k % p["BLOCK_K"] != 0
+    mask = _gather_mask(cv, "ih", "iw", f"(rk < {k})[None, :]" if tail else "")
+    lines += [f"for k0 in range(0, {k}, BLOCK_K):",
+              f"    rk = k0 + tl.arange(0, BLOCK_K).to({it})",
+              f"    ci = rk // {taps}",
+              f"    r = rk % {taps}",
+              f"    ih = ih0[:, None] + ((r // {cv.kw}) * {dh})[None, :]",
+              f"    iw = iw0[:, None] + ((r % {cv.kw}) * {dw})[None, :]",
+              f"    a = tl.load(x_img + ci[None, :] * sxc + ih * sxh + iw * sxw{f', mask={mask}, other=0.0' if mask else ''})",
+              f"    b = tl.load(w_ptr + rb[None, :] * {k} + rk[:, None]{f', mask=rk[:, None] < {k}, other=0.0' if tail else ''})",
+              "    if UPCAST:",
+              "        a = a.to(tl.float32)",
+              "        b = b.to(tl.float32)",
+              f"    acc = tl.dot(a, b, acc{_dot_precision(cv.dtype, policy)})"]
+    return lines
+
+
+def _tile_stats(v: str, hw: int, co: int, tiles_m: int, part: int) -> list[str]:
+    """Kernel lines storing the tile's per-channel count, mean and M2 of `v` (corrected two-pass) to `part_ptr`,
+    laid out (3, N, tiles of M, C_out)."""
+    return [f"vs = tl.where(mask, {v}, 0.0)",
+            f"cnt = tl.sum((rm < {hw}).to(tl.float32), axis=0)",
+            "m0 = tl.sum(vs, axis=0) / cnt",
+            "dv = tl.where(mask, vs - m0[None, :], 0.0)",
+            "sd = tl.sum(dv, axis=0)",
+            "cmean = m0 + sd / cnt",
+            "cm2 = tl.maximum(tl.sum(dv * dv, axis=0) - sd * sd / cnt, 0.0)",
+            f"pidx = (nb * {tiles_m} + pid_m) * {co} + rn",
+            f"pmask = rn < {co}",
+            "tl.store(part_ptr + pidx, cnt + tl.zeros([BLOCK_N], tl.float32), mask=pmask)",
+            f"tl.store(part_ptr + {part} + pidx, cmean, mask=pmask)",
+            f"tl.store(part_ptr + {2 * part} + pidx, cm2, mask=pmask)"]
+
+
+def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
+    cv = conv_of(chain)
+    groups = _norm_of(chain, cv)
+    bm, bn = params["BLOCK_M"], params["BLOCK_N"]
+    hw, co = cv.hw, cv.co
+    tiles_m, tiles_n = cdiv(hw, bm), cdiv(co, bn)
+    shape = chain.root.shape
+    it = index_type(shape, (cv.n, cv.ci, cv.h, cv.w))
+    out_t = tl_dtype(chain.out_dtype)
+    leaf_names, leaf_vals = leaf_kernel_args(chain)
+    lsig = "".join(x + ", " for x in leaf_names)
+    bias_sig = "bias_ptr, " if cv.bias else ""
+    part_sig = "part_ptr, " if groups else ""
+    em = ExprEmitter("e", along=(1, "rb[None, :]"))  # per-channel operands (a (C, 1, 1) scale): one load per column
+    em.lines.append("x = acc" + (" + tl.load(bias_ptr + rb).to(tl.float32)[None, :]" if cv.bias else ""))
+    res = em.emit(chain.prologue if groups else chain.epilogue, "x", "idx", shape, "mask")
+    em.lines.append(f"y = {res}.to({out_t})")
+    em.lines.append("tl.store(out_ptr + idx, y, mask=mask)")
+    if groups:
+        em.lines += _tile_stats("y.to(tl.float32)", hw, co, tiles_m, cv.n * tiles_m * co)  # the statistics of y as stored (eager's GroupNorm input)
+    body = "\n".join("    " + line for line in [*_product(cv, params, policy, it), *em.lines])
+    src = [f'''
+@triton.jit
+def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh, sxw,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_n = pid % {tiles_n}
+    pid_m = pid // {tiles_n}
+    nb = tl.program_id(1).to({it})
+    rm = pid_m.to({it}) * BLOCK_M + tl.arange(0, BLOCK_M).to({it})
+    rn = pid_n.to({it}) * BLOCK_N + tl.arange(0, BLOCK_N).to({it})
+    pix = {'rm' if hw % bm == 0 else f'rm % {hw}'}
+    rb = {'rn' if co % bn == 0 else f'rn % {co}'}
+    mask = (rm[:, None] < {hw}) & (rn[None, :] < {co})
+    idx = nb * {co * hw} + rn[None, :] * {hw} + rm[:, None]
+{body}
+''']
+    fwd = check_shapes(chain)
+    fwd.append(f"w = {cv.weight}.reshape({co}, {cv.k})")
+    fwd.append(f"x_in = {cv.x}")
+    fwd.append(f"out = torch.empty({chain.out_shape!r}, device=x_in.device, dtype=torch.{chain.out_dtype})")
+    args = ["x_in", "w", "out", *([cv.bias] if cv.bias else [])]
+    if groups:
+        fwd.append(f"part = torch.empty((3, {cv.n}, {tiles_m}, {co}), device=x_in.device, dtype=torch.float32)")
+        args.append("part")
+    args += [*leaf_vals, "x_in.stride(0), x_in.stride(1), x_in.stride(2), x_in.stride(3)", upcast("x_in", cv.dtype)]
+    meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": params["BLOCK_K"], "num_warps": params["num_warps"],
+            "num_stages": params["num_stages"]}
+    fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))
+    if groups:
+        src += _norm_kernels(chain, cv, groups, tiles_m, lsig, out_t, it)
+        core = chain.core
+        assert core is not None
+        affine = [f"self.{a.target}" for a in core.args[1:3] if a is not None]
+        fwd.append(f"stats = torch.empty(({cv.n * groups * 2},), device=x_in.device, dtype=torch.float32)")
+        fwd.append(launch("_conv_gn_stats_kernel", f"({cv.n * groups},)", ["part", "stats"],
+                          {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * (co // groups))), "num_warps": 4}))
+        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co}, {cdiv(hw, NORM_BLOCK)})",
+                          ["out", "stats", *affine, *leaf_vals], {"BLOCK": NORM_BLOCK, "num_warps": 4}))
+    fwd.append("return out")
+    return Kernel(NAME, policy, description(chain), params, src, fwd)
+
+
+def _norm_kernels(chain: Chain, cv: Conv, groups: int, tiles_m: int, lsig: str, out_t: str, it: str) -> list[str]:
+    """The GroupNorm's statistics kernel (per (image, group): Chan's combination of the conv kernel's partials,
+    lane-wise then across lanes) and its in-place apply kernel (one program per image plane and pixel block)."""
+    core = chain.core
+    assert core is not None
+    co, hw = cv.co, cv.hw
+    cpg = co // groups
+    entries = tiles_m * cpg
+    eps = float(core.attrs["eps"])
+    part = cv.n * tiles_m * co
+    combine = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
+    stats = f'''
+@triton.jit
+def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to({it})
+    nb = row // {groups}
+    g = row % {groups}
+    n = tl.zeros([BLOCK], tl.float32)
+    mean = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
+    for e0 in range(0, {entries}, BLOCK):
+        e = e0 + tl.arange(0, BLOCK).to({it})
+        em = e < {entries}
+        off = (nb * {tiles_m} + e // {cpg}) * {co} + g * {cpg} + e % {cpg}
+        pn = tl.load(part_ptr + off, mask=em, other=0.0)
+        pmean = tl.load(part_ptr + {part} + off, mask=em, other=0.0)
+        pm2 = tl.load(part_ptr + {2 * part} + off, mask=em, other=0.0)
+        tot = n + pn
+        frac = pn / tl.maximum(tot, 1.0)
+        delta = pmean - mean
+        mean = mean + delta * frac
+        m2 = m2 + pm2 + delta * delta * n * frac
+        n = tot
+{combine}
+    tl.store(stats_ptr + row * 2, tmean)
+    tl.store(stats_ptr + row * 2 + 1, 1.0 / tl.sqrt_rn(tm2 / tn + {eps!r}))
+'''
+    w, b = core.args[1], core.args[2]
+    em = ExprEmitter("a", along=(1, "c"))  # a program's plane is one channel: its per-channel operands are scalars
+    em.lines += ["v = tl.load(out_ptr + idx, mask=mask, other=0.0).to(tl.float32)",
+                 "y = (v - tl.load(stats_ptr + row * 2)) * tl.load(stats_ptr + row * 2 + 1)"]
+    if w is not None:
+        em.lines.append("y = y * tl.load(gw_ptr + c).to(tl.float32)")
+    if b is not None:
+        em.lines.append("y = y + tl.load(gb_ptr + c).to(tl.float32)")
+    res = em.emit(chain.epilogue, "y", "idx", chain.out_shape, "mask")
+    em.lines.append(f"tl.store(out_ptr + idx, {res}.to({out_t}), mask=mask)")
+    body = "\n".join("    " + line for line in em.lines)
+    wsig = ("gw_ptr, " if w is not None else "") + ("gb_ptr, " if b is not None else "")
+    apply = f'''
+@triton.jit
+def _conv_gn_apply_kernel(out_ptr, stats_ptr, {wsig}{lsig}BLOCK: tl.constexpr):
+    plane = tl.program_id(0).to({it})
+    p = tl.program_id(1).to({it}) * BLOCK + tl.arange(0, BLOCK).to({it})
+    mask = p < {hw}
+    c = plane % {co}
+    row = (plane // {co}) * {groups} + c // {cpg}
+    idx = plane * {hw} + p
+{body}
+'''
+    return [stats, apply]

@@ -1,0 +1,444 @@
+"""The `conv` template (kstrata.agents.templates.conv): 2-D convolution as an implicit GEMM with its epilogue,
+and with a GroupNorm's partial statistics fused. Rendered sources run under Triton's interpreter against the
+task's Model in the float64-anchored strict comparison (masked tails of M, N and K, stride, padding,
+dilation, bias or none, non-contiguous input, both strategies, fp16/bf16, tf32); rejections say why;
+the proposer offers it beside the templates that leave the convolution to cuDNN; `kstrata eval --device
+cpu` accepts the gap tasks' sources at reduced sizes; the kernels compile for cuda:90; GPU twins at the end."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kstrata.agents.tasks import load_task
+from kstrata.agents.templates import analyse, match
+from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_jobs
+from kstrata.testsuite.tasks import TASKS_DIR
+
+from .conftest import computed_once, has_cuda
+from .test_templates import _launch_of
+
+GAPS = TASKS_DIR / "gaps"
+gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+
+CONV_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d({ci}, {co}, {k}, stride={stride}, padding={padding}, dilation={dilation},
+                                  bias={bias}, dtype=torch.{dtype})
+            self.scale = nn.Parameter(torch.rand({co}, 1, 1, dtype=torch.{dtype}) + 0.5)
+            self.pos = nn.Parameter(torch.randn({pos}, dtype=torch.{dtype}))
+
+        def forward(self, x):
+            return {body}
+
+
+    def get_inputs():
+        return [torch.randn({n}, {ci}, {h}, {w}, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: (name, task fields, policy): M = H_out * W_out, N = C_out, K = C_in * KH * KW none of them a multiple of the
+#: default blocks (K = 27, 45, 20; C_out = 5, 7, 20), strides, paddings 0/1/2, dilation 2, a bias or none, a
+#: per-channel scale (one load per tile column), a per-pixel parameter, a one-element one, a clamp; fp16/bf16
+#: on the tensor-core path; fp32 under tf32
+VARIANTS: list[tuple[str, dict[str, Any], str]] = [
+    ("3x3-s1-p1-bias", dict(ci=3, co=5, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=11,
+                            pos=(9, 11), body="torch.relu(self.conv(x)) * self.scale + self.pos"), "strict"),
+    ("3x3-s2-p0-nobias", dict(ci=3, co=7, k=3, stride=2, padding=0, dilation=1, bias=False, n=2, h=20, w=17,
+                              body="torch.sigmoid(self.conv(x) + 0.5)"), "strict"),
+    ("5x5-s1-p2", dict(ci=1, co=20, k=5, stride=1, padding=2, dilation=1, bias=True, n=1, h=7, w=13,
+                       body="F.hardswish(self.conv(x)).clamp(-0.2, 2.0) * self.pos"), "strict"),
+    ("3x3-d2-p2-s2", dict(ci=5, co=6, k=3, stride=2, padding=2, dilation=2, bias=True, n=2, h=19, w=18,
+                          body="self.conv(x) * self.scale - 1.0"), "strict"),
+    ("2x2-rect-s(1,2)", dict(ci=5, co=9, k="(2, 2)", stride="(1, 2)", padding="(1, 0)", dilation=1, bias=True, n=1,
+                             h=10, w=17, body="F.leaky_relu(self.conv(x), 0.1)"), "strict"),
+    ("fp16", dict(ci=4, co=10, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=9, dtype="float16",
+                  body="torch.tanh(self.conv(x))"), "strict"),
+    ("bf16", dict(ci=4, co=10, k=3, stride=1, padding=0, dilation=1, bias=False, n=2, h=11, w=11, dtype="bfloat16",
+                  body="torch.relu(self.conv(x)) + 1.0"), "strict"),
+    ("fp32-tf32", dict(ci=3, co=5, k=3, stride=1, padding=1, dilation=1, bias=True, n=2, h=9, w=11,
+                       body="torch.relu(self.conv(x))"), "tf32"),
+]
+#: the schedules every variant runs: the default (dot), small dot tiles with several M and N tiles and a K
+#: tail, the FMA strategy (its smallest tile: 32 accumulators a thread of 2 warps; an M tail everywhere)
+SCHEDULES: list[dict[str, Any]] = [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
+                                   {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]
+
+GN_TASK = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d({ci}, {co}, 3, padding={padding}, dtype=torch.{dtype})
+            self.gn = nn.GroupNorm({groups}, {co}, affine={affine}, dtype=torch.{dtype})
+
+        def forward(self, x):
+            return {body}
+
+
+    def get_inputs():
+        return [torch.randn({n}, {ci}, {h}, {w}, dtype=torch.{dtype})]
+
+
+    def get_init_inputs():
+        return []
+"""
+#: GroupNorm after the convolution: 3 channels a group (not a power of two), 40 channels in tiles of 16 and 32
+#: (5 channels a group: groups span channel tiles), no affine, an epilogue after the norm, fp16 (y stored in
+#: fp16, as eager's GroupNorm input is)
+GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
+    ("cpg3-affine-relu", dict(ci=2, co=6, groups=2, padding=1, affine=True, n=2, h=9, w=10, dtype="float32",
+                              body="torch.relu(self.gn(torch.sigmoid(self.conv(x))))"),
+     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
+    ("c40-g8-noaffine", dict(ci=3, co=40, groups=8, padding=0, affine=False, n=2, h=8, w=11, dtype="float32",
+                             body="self.gn(self.conv(x) * 2.0) + 0.25"),
+     [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2, "num_stages": 1}]),
+    ("fp16", dict(ci=3, co=8, groups=4, padding=1, affine=True, n=2, h=7, w=9, dtype="float16",
+                  body="self.gn(torch.relu(self.conv(x)))"), [{}]),
+]
+#: the gap tasks at reduced sizes (several pixel tiles per image with a tail), their schedules
+GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
+    ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 13, "width": 11},
+     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
+    ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
+     [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
+]
+
+
+def _conv_task(tmp: Path, name: str, fields: dict[str, Any]) -> Path:
+    f = {"dtype": "float32", "pos": 1, **fields}
+    path = tmp / f"conv_{re.sub(r'[^A-Za-z0-9]', '_', name)}.py"
+    path.write_text(textwrap.dedent(CONV_TASK.format(**f)).lstrip())
+    return path
+
+
+def _gn_task(tmp: Path, name: str, fields: dict[str, Any]) -> Path:
+    path = tmp / f"gn_{re.sub(r'[^A-Za-z0-9]', '_', name)}.py"
+    path.write_text(textwrap.dedent(GN_TASK.format(**fields)).lstrip())
+    return path
+
+
+def _shrunk(tmp: Path, name: str, sizes: dict[str, int]) -> Path:
+    src = (GAPS / name).read_text()
+    for k, v in sizes.items():
+        src, n = re.subn(rf"^{k} = \d+$", f"{k} = {v}", src, flags=re.M)
+        assert n == 1, (name, k)
+    path = tmp / name
+    path.write_text(src)
+    return path
+
+
+def _conv_match(path: Path, policy: str = "strict") -> Any:
+    a = analyse(load_task(path), policy)
+    found = [m for m in a.matches if m.template == "conv"]
+    assert found, {r.template: r.reason for r in a.rejected}.get("conv")
+    return found[0]
+
+
+def _job(path: Path, params: dict[str, Any], policy: str = "strict", **kw: Any) -> dict[str, Any]:
+    return {"task": str(path), "source": _conv_match(path, policy).render(params), **kw}
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Every execution case of this file in one interpreter child, once per session."""
+    def make(tmp: Path) -> None:
+        jobs: dict[str, list[dict[str, Any]]] = {}
+        for name, fields, policy in VARIANTS:
+            path = _conv_task(tmp, name, fields)
+            jobs[name] = [_job(path, p, policy) for p in SCHEDULES]
+            jobs["noncontiguous-" + name] = [_job(path, {}, policy, noncontiguous=True)]
+        for name, fields, schedules in GN_VARIANTS:
+            path = _gn_task(tmp, name, fields)
+            jobs["gn-" + name] = [_job(path, p) for p in schedules]
+        for name, sizes, schedules in GAP_CASES:
+            path = _shrunk(tmp, name, sizes)
+            jobs["gap-" + name] = [_job(path, p) for p in schedules]
+            jobs["gap-noncontiguous-" + name] = [_job(path, {}, noncontiguous=True)]
+        # planted bugs: a gather that drops the last kernel row (dot: rows >= 2 of a 3x3 tap masked out; fma:
+        # the taps loop one short), a padding mask shifted by one, GroupNorm statistics without the last
+        # pixel tile of each image, a variance off by 1%
+        dot = jobs["3x3-s1-p1-bias"][0]
+        fma = jobs["3x3-s1-p1-bias"][2]
+        gn = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][1]
+        planted = [
+            (dot, "ih = ih0[:, None] + ((r // 3) * 1)[None, :]", "ih = ih0[:, None] + (tl.minimum(r // 3, 1) * 1)[None, :]"),
+            (fma, "for t in tl.static_range(9):", "for t in tl.static_range(8):"),
+            (dot, "(ih >= 0) & (ih < 9)", "(ih >= 0) & (ih < 8)"),
+            (gn, "em = e < 16", "em = e < 12"),
+            (gn, "1.0 / tl.sqrt_rn(tm2 / tn + ", "1.0 / tl.sqrt_rn(1.01 * tm2 / tn + "),
+        ]
+        bad = []
+        for job, old, new in planted:
+            assert job["source"].count(old) >= 1, old
+            bad.append({"task": job["task"], "source": job["source"].replace(old, new)})
+        jobs["planted"] = bad
+        flat = [{**j, "record": True} for js in jobs.values() for j in js]
+        results = iter(run_jobs(flat, keep_sources=True))
+        (tmp / "results.json").write_text(json.dumps({k: [next(results) for _ in js] for k, js in jobs.items()}))
+
+    out = computed_once(tmp_path_factory, "conv-template-interpreted", make) / "results.json"
+    results: dict[str, list[dict[str, Any]]] = json.loads(out.read_text())
+    return results
+
+
+def _assert_all_pass(results: list[dict[str, Any]]) -> None:
+    assert results
+    for r in results:
+        assert r["ok"], {k: v for k, v in r.items() if k not in ("candidate_source", "launches")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Matching and the schedule space
+# ---------------------------------------------------------------------------------------------------
+def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> None:
+    a04 = analyse(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py"))
+    assert [m.template for m in a04.matches] == ["norm", "conv"]
+    m = a04.matches[1]
+    assert m.description.startswith("conv2d 64x8x256x256 -> 32 channels, 3x3 kernel, stride (1, 1), padding (0, 0)")
+    assert "implicit GEMM 64x64516x32x72 (BxMxNxK) in Triton + bias" in m.description
+    assert "prologue sigmoid(mul(add(x, bias), scale)) and group_norm (8 groups) partial statistics" in m.description
+    assert m.default_params() == {"strategy": "dot", "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
+                                  "num_stages": 2}  # K = 72: 16-deep steps pad it to 80 (32: 96, 64: 128)
+    src = m.render()
+    assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
+    assert "part = torch.empty((3, 64, 505, 32)" in src  # (count, mean, M2) per image, pixel tile, channel
+    assert "_conv_gn_stats_kernel[(512,)]" in src and "_conv_gn_apply_kernel[(2048, 64)](out, stats" in src
+    assert "ih * sxh + iw * sxw, mask=(rk < 72)[None, :], other=0.0)" in src  # padding 0: the K tail is the gather's mask
+    tf32 = m.render(policy="tf32")
+    assert 'input_precision="tf32"' in tf32 and "allow_tf32 = True" in tf32
+    a05 = analyse(load_task(GAPS / "05_conv_relu_hardswish_fp32.py"))
+    assert [m.template for m in a05.matches] == ["conv", "pointwise"]
+    assert "epilogue mul(relu(x), clamp(div(add(relu(x), 3), 6)" in a05.matches[0].description
+    fma = a05.matches[0].render({"strategy": "fma", "num_stages": 1})
+    assert "for t in tl.static_range(9):" in fma and "tl.dot(" not in fma
+
+
+def test_schedule_space_rules_out_what_cannot_run() -> None:
+    m = match(load_task(GAPS / "05_conv_relu_hardswish_fp32.py"))[0]
+    assert m.template == "conv"
+    assert set(m.schedule_space()) == {"strategy", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"}
+    d = m.default_params()
+    assert not m._valid({**d, "BLOCK_N": 64})  # 32 output channels: a 64-wide tile computes only padding
+    assert m._valid({**d, "BLOCK_K": 64}) and m._valid({**d, "BLOCK_M": 256, "num_warps": 2})  # 64 accumulators a thread
+    assert not m._valid({**d, "strategy": "fma", "num_stages": 2})  # no pipelining: one schedule, not three
+    assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_K": 64})  # fma has no BLOCK_K
+    assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64})  # 16 accumulators a thread: spills
+    assert m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64, "num_warps": 2})
+    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 3
+    configs = m.configs()
+    assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) > 50
+    assert all(m._valid(c) for c in configs)
+
+
+def test_rejections_say_why(tmp_path: Path) -> None:
+    def reason(fields: dict[str, Any], body: str = "torch.relu(self.conv(x))") -> str:
+        f = {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True, "n": 2, "h": 8, "w": 8,
+             "body": body, **fields}
+        path = _conv_task(tmp_path, "r", f)
+        return {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
+
+    path = _conv_task(tmp_path, "groups", {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1,
+                                           "bias": True, "n": 2, "h": 8, "w": 8, "body": "torch.relu(self.conv(x))"})
+    path.write_text(path.read_text().replace("bias=True,", "bias=True, groups=2,"))
+    why = {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
+    assert why.startswith("groups=2: a grouped convolution is 2 block-diagonal GEMMs of K = C_in/groups")
+    assert "one GEMM over all input channels (groups=1)" in why
+    assert reason({}, "F.max_pool2d(self.conv(x), 2)") == (
+        "the graph has a max_pool2d after the convolution; the template fuses pointwise ops and a GroupNorm")
+    assert reason({"k": 2, "padding": "'same'"}) == "padding='same' with kernel (2, 2), dilation (1, 1): asymmetric padding"
+    conv1d = _conv_task(tmp_path, "c1", {"pos": 1, "ci": 4, "co": 6, "k": 3, "stride": 1, "padding": 1, "dilation": 1, "bias": True,
+                                         "n": 2, "h": 8, "w": 8, "body": "torch.relu(self.conv(x))"})
+    conv1d.write_text(conv1d.read_text().replace("nn.Conv2d", "nn.Conv1d").replace("torch.randn(2, 4, 8, 8,",
+                                                                                   "torch.randn(2, 4, 8,"))
+    assert {r.template: r.reason for r in analyse(load_task(conv1d)).rejected}["conv"] == (
+        "conv: a Conv1d; the template computes 2-D convolutions")
+    level2 = {r.template: r.reason for r in analyse(load_task(TASKS_DIR / "level2" / "08_conv_transpose_bias_tanh_fp32.py")).rejected}
+    assert level2["conv"] == "a transposed convolution: the template computes forward convolutions"
+    assert {r.template: r.reason for r in analyse(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py")).rejected}[
+        "conv"] == "the graph has no convolution"
+
+
+def test_functional_conv2d_with_its_options(tmp_path: Path) -> None:
+    """F.conv2d(x, w, b, stride, padding, dilation): positional and keyword options, 'same' padding."""
+    path = tmp_path / "fconv.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(6, 3, 3, 3) / 5.0)
+                self.b = nn.Parameter(torch.randn(6))
+
+            def forward(self, x):
+                return torch.relu(F.conv2d(x, self.w, self.b, 1, padding="same", dilation=2))
+
+
+        def get_inputs():
+            return [torch.randn(2, 3, 9, 10)]
+
+
+        def get_init_inputs():
+            return []
+    """).lstrip())
+    m = _conv_match(path)
+    assert "padding (2, 2), dilation (2, 2)" in m.description and "+ bias" in m.description
+    r = run_jobs([{"task": str(path), "source": m.render({"BLOCK_M": 32, "BLOCK_N": 16})}])[0]
+    assert r["ok"], r
+
+
+def test_proposer_offers_conv_and_the_cudnn_templates() -> None:
+    pytest.importorskip("kstrata.agents.optimize.candidate", reason="the optimizer is not in this tree")
+    from kstrata.agents.templates.proposer import TemplateProposer
+    from kstrata.testsuite.tests.test_templates import _FakeState
+
+    for name, templates in (("04_conv_add_scale_sigmoid_groupnorm_fp32.py", ["norm", "conv"]),
+                            ("05_conv_relu_hardswish_fp32.py", ["conv", "pointwise"])):
+        cands = TemplateProposer(width=1).propose(_FakeState(GAPS / name))
+        assert [c.params["template"] for c in cands] == templates, name
+
+
+def test_bench_prefers_conv_when_asked() -> None:
+    from kstrata.tools.bench_templates import pick
+
+    matches = match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py"))
+    assert pick(matches, []).template == "norm" and pick(matches, ["conv"]).template == "conv"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Execution under the interpreter
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [v[0] for v in VARIANTS])
+def test_conv_variants_match_the_model(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted[name])
+    _assert_all_pass(interpreted["noncontiguous-" + name])
+    src = interpreted[name][0]["candidate_source"]
+    if name == "fp32-tf32":
+        assert 'input_precision="tf32"' in src
+    elif name in ("fp16", "bf16"):
+        assert "input_precision" not in src and ("UPCAST=x_in.device.type == 'cpu'" in src) == (name == "bf16")
+    else:
+        assert 'input_precision="ieee"' in src
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [v[0] for v in GN_VARIANTS])
+def test_conv_with_fused_groupnorm_statistics(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["gn-" + name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in GAP_CASES])
+def test_gap_tasks_at_reduced_sizes(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["gap-" + name])
+    _assert_all_pass(interpreted["gap-noncontiguous-" + name])
+
+
+@pytest.mark.slow
+def test_the_check_rejects_a_wrong_convolution(interpreted: dict[str, Any]) -> None:
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 5, interpreted["planted"]
+
+
+@pytest.mark.slow
+def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, Any]) -> None:
+    """Every kernel launched above, compiled for cuda:90 with its launch's signature (UPCAST False, as on
+    the GPU), and the gap tasks' full-size default and hinted schedules through ptxas."""
+    recorded = []
+    for k, rs in interpreted.items():
+        if k == "planted":
+            continue
+        for r in rs:
+            launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} if "UPCAST" in x["constexprs"] else x
+                        for x in r["launches"]]
+            assert launches and {x["kernel"] for x in launches} <= {"_conv_kernel", "_conv_gn_stats_kernel",
+                                                                  "_conv_gn_apply_kernel"}
+            recorded.append({**r, "launches": launches})
+    for name in ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", "05_conv_relu_hardswish_fp32.py"):
+        m = _conv_match(GAPS / name)
+        for params in (m.default_params(), *m.hint_params()):
+            src = m.render(params)
+            launch = _launch_of(src, "_conv_kernel", "*fp32", params, ("sxw",))
+            for leaf in [n for n in launch["signature"] if n.startswith(("p_", "in_"))]:  # the epilogue's tensors
+                launch["signature"][leaf] = "*fp32"
+            recorded.append({"candidate_source": src, "launches": [launch]})
+    failures = compile_recorded(recorded, "cuda:90")
+    assert failures == [[] for _ in recorded], [f for f in failures if f]
+
+
+@pytest.mark.slow
+def test_kstrata_eval_on_cpu_accepts_the_gap_tasks_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kstrata.agents.evaluate import evaluate
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for name, sizes, params in (("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 1, "height": 12, "width": 10},
+                                 {"BLOCK_M": 32, "BLOCK_N": 16}),
+                                ("05_conv_relu_hardswish_fp32.py", {"batch": 1, "height": 10, "width": 9},
+                                 {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1})):
+        task = _shrunk(tmp_path, name, sizes)
+        cand = tmp_path / f"model_new_{name}"
+        cand.write_text(_conv_match(task).render(params))
+        v = evaluate(task, cand, device="cpu", timing=False, trials=5, timeout_s=300)
+        assert v.accepted and v.correct_strict, (name, v.reason)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU twins
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", [v[0] for v in VARIANTS] + [v[0] for v in GN_VARIANTS])
+def test_conv_variants_match_the_model_on_gpu(tmp_path: Path, name: str) -> None:
+    conv = {v[0]: v for v in VARIANTS}
+    if name in conv:
+        _, fields, policy = conv[name]
+        path, schedules = _conv_task(tmp_path, name, fields), SCHEDULES
+    else:
+        _, fields, schedules = {v[0]: v for v in GN_VARIANTS}[name]
+        path, policy = _gn_task(tmp_path, name, fields), "strict"
+    m = _conv_match(path, policy)
+    configs = m.configs()
+    for i, params in enumerate([*schedules, *m.hint_params(), *configs[1::max(1, len(configs) // 8)]]):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        for noncontiguous in (False, True):
+            r = compare(path, cand, device="cuda", noncontiguous=noncontiguous)
+            assert r["ok"], (params, noncontiguous, r)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", [c[0] for c in GAP_CASES])
+def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
+    """The gap tasks at a quarter of their batch and full image size: the default, the hints and a sample of
+    the space, within the strict bound against float64."""
+    task = _shrunk(tmp_path, name, {"batch": 4})
+    m = _conv_match(task)
+    configs = m.configs()
+    for i, params in enumerate([m.default_params(), *m.hint_params(), *configs[1::max(1, len(configs) // 6)]]):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        r = compare(task, cand, device="cuda")
+        assert r["ok"], (params, r)
