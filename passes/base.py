@@ -28,7 +28,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Union
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from xdsl.pattern_rewriter import RewritePattern
 
     from kstrata.ir.triton_ir import TritonModule
-
-    from .window import LineWindow
 
 PASS_LEVELS = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -103,6 +101,13 @@ def _format_value(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Options: declared by type hints, checked at construction
 # ---------------------------------------------------------------------------------------------------
+class ScopeWindow(Protocol):
+    """Lines of a level's text that a pass with a window option can be confined to (`passes/window.py`'s
+    `LineWindow`); `spelling()` is the option value that names them (`lines:A-B@DIGEST`)."""
+
+    def spelling(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class OptionPattern:
     """The grammar of a `str` option: a regular expression the whole value must match, the valid
@@ -325,14 +330,14 @@ class KernelPass:
         return {s.name: d for s in option_specs(cls) if (d := s.domain()) is not None}
 
     @classmethod
-    def windowed_values(cls, values: dict[str, Sequence[Any]], window: LineWindow) -> dict[str, Sequence[Any]]:
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
         """`space_values` when the hot window of the kernel's text at the pass's level is known from a
         profile (`window`: its lines, anchored). Passes without a window option (`passes/window.py`)
         keep their values."""
         return values
 
     @classmethod
-    def schedule_space(cls, bundle: KernelBundle, window: LineWindow | None = None) -> ScheduleSpace:
+    def schedule_space(cls, bundle: KernelBundle, window: ScopeWindow | None = None) -> ScheduleSpace:
         """The instances of this pass worth trying on `bundle`: every combination of `space_values`
         (`windowed_values` with a profiled `window` of the pass's level) whose precondition holds on it.
         Empty, with the reason, when the pass cannot apply."""

@@ -27,17 +27,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kstrata.backends.ptx import Blank, Comment, Directive, Instruction, Label, PtxModule, parse_ptx
 from kstrata.ir.bundle import KernelBundle
 
-from .base import KernelPass, PassContext, PassError, PassResult, ScheduleSpace, option
+from .base import KernelPass, PassContext, PassError, PassResult, ScheduleSpace, ScopeWindow, option
 from .ptx_sched import ptx_effects
 from .window import scope_lines, scope_option
-
-if TYPE_CHECKING:
-    from .window import LineWindow
 
 
 @dataclass(frozen=True)
@@ -132,14 +129,14 @@ class PtxPredicate(KernelPass):
         return {"max_instructions": (4, 8, 16), "scope": ("all",)}
 
     @classmethod
-    def windowed_values(cls, values: dict[str, Sequence[Any]], window: LineWindow) -> dict[str, Sequence[Any]]:
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
         """The sampled window beside `all`: converting the branches of the hot part only keeps the cold
         ones' branches (a branch that skips its block costs less than running it guarded off), and
         `schedule_space` drops the window's instance when it converts the same branches as `all`."""
         return {**values, "scope": (*values["scope"], window.spelling())}
 
     @classmethod
-    def schedule_space(cls, bundle: KernelBundle, window: LineWindow | None = None) -> ScheduleSpace:
+    def schedule_space(cls, bundle: KernelBundle, window: ScopeWindow | None = None) -> ScheduleSpace:
         """The limits worth trying: a larger `max_instructions` only when it converts more branches (and
         a window's instance only when it converts other branches than `all`)."""
         space = super().schedule_space(bundle, window)

@@ -23,13 +23,10 @@ import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from .base import PassError
+from .base import PassError, ScopeWindow
 from .window import scope_lines, scope_words
-
-if TYPE_CHECKING:
-    from .window import LineWindow
 
 T = TypeVar("T")
 
@@ -289,7 +286,7 @@ class BlockReorder:
         return result
 
     @classmethod
-    def windowed_values(cls, values: dict[str, Sequence[Any]], window: LineWindow) -> dict[str, Sequence[Any]]:
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
         """A profiled window replaces the static one: both name where the time goes, the profile by
         measurement, so reordering the static guess too would spend trials on blocks the profile says are
         cold (or, when the two agree, build the same candidate twice)."""
