@@ -202,9 +202,13 @@ def _interleave(atoms: Sequence[Atom]) -> tuple[Atom, ...]:
 
 
 def pipeline_of(atoms: Sequence[Atom]) -> str:
-    """The pipeline spelling of a sequence of atoms: stages in level order, passes in the given order."""
+    """The pipeline spelling of a sequence of atoms: stages in level order, passes in the given order except
+    that atoms confined to explicit lines (a sampled window) come first in their stage: the lines are of the
+    text as sampled, before any edit at that level (a pass before them would move or rewrite those lines,
+    and the anchored window would refuse)."""
     stages: dict[str, list[str]] = {}
-    for a in atoms:
+    explicit = [a for a in atoms if a.window is not None and a.window.origin != "static"]
+    for a in [*explicit, *(a for a in atoms if a not in explicit)]:
         stages.setdefault(a.level, []).append(a.spelling)
     return ",".join(f"{lv}({','.join(stages[lv])})" for lv in _LEVEL_ORDER if lv in stages)
 

@@ -327,3 +327,16 @@ def test_on_a_gpu_a_reorder_confined_to_a_cut_block_is_equivalent_by_the_differe
     assert _inside(_changed_lines(original.text("ptx"), outcome.bundle.text("ptx")), 45, 90)
     report = verify(original, outcome.bundle, device="cuda", seeds=2, sanitizer="none")
     assert report.verdict is Verdict.EQUIVALENT, [(c.name, c.verdict, c.detail) for c in report.checks]
+
+
+def test_a_sampled_window_edit_comes_first_in_its_stage() -> None:
+    """Its lines are of the text as sampled: after cache-hints rewrote them the anchored window would refuse."""
+    from kstrata.agents.compiled.spaces import Atom, WindowUse, pipeline_of
+
+    hints = Atom("ptx", "ptx", "cache-hints", "cache-hints{loads=cs stores=none}")
+    use = WindowUse("ptx", "lines:5-9@0123abcd", 5, 9, "sampled", "ncu sampling: 90%")
+    reorder = Atom("ptx", "ptx", "ptx-reorder", "ptx-reorder{strategy=hoist-loads scope=lines:5-9@0123abcd}", window=use)
+    static = Atom("ptx", "ptx", "ptx-reorder", "ptx-reorder{strategy=hoist-loads scope=hot}",
+                  window=WindowUse("ptx", "hot", 5, 9, "static", "static"))
+    assert pipeline_of([hints, reorder]) == f"ptx({reorder.spelling},{hints.spelling})"
+    assert pipeline_of([hints, static]) == f"ptx({hints.spelling},{static.spelling})"  # the static one: as given
