@@ -4,11 +4,19 @@ static surrogate (`backends/mca.py`).
 Two sources:
 
 - **static, loop-weighted** (any machine): loops are found from back edges (a branch to a label earlier
-  in the text); every instruction counts `ASSUMED_TRIP ** depth` where `depth` is how many loops hold it,
-  because the trip counts of Triton's loops are runtime values the text does not hold. The hot window is
-  the outermost-first loop of the highest weight, or the whole kernel body when it has no loop. This is
-  what the issue asks for on AMD until a profile is available, and what kstrata uses on NVIDIA without a
-  GPU; every window says which source it came from.
+  in the text; in LLVM's output only those to the headers LLVM marks `Loop Header`), a loop spanning its
+  header label to its last back edge. Every instruction counts `ASSUMED_TRIP ** depth`, `depth` being how
+  many loops hold it — an estimate of how often it runs per entry of the outermost loop, since the trip
+  counts of Triton's loops are runtime values the text does not hold —, and a loop's weight is the sum
+  over the instructions of its span (out-of-line blocks placed inside the span included). The window is
+  the loop of the highest weight: "the loop with the most instructions weighted by trip count". Because a
+  loop's span holds its inner loops, whose instructions count in it too, an outer loop always outweighs
+  the loops inside it: the window is always a whole top-level loop nest, never an inner loop alone (a
+  nest of 4 instructions, 2 of them in an inner loop, weighs 2 * 8 + 2 * 64 = 144 and beats a flat loop
+  of 10, 80). Without a loop it is the whole kernel
+  body. This is what the issue asks for on AMD until a profile is available, and what kstrata uses on
+  NVIDIA without a GPU; every window says which source it came from. (The llvm-mca surrogate models the
+  window's instructions once each, as straight-line code: it does not weight an inner loop's more.)
 - **Nsight Compute sampling** (NVIDIA GPU): `ncu --section SourceCounters --print-source ptx --page
   source --csv` gives warp-stall samples per PTX line (Triton's PTX carries `.loc` line info);
   `window_from_samples` takes the loop (or, without loops, the contiguous run of lines) holding the most
@@ -145,7 +153,8 @@ def _instructions(lines: Sequence[str], level: str) -> tuple[str, ...]:
 
 
 def static_hot_window(text: str, level: str) -> HotWindow:
-    """The heaviest loop (outermost first on ties), or the whole kernel when it has no loop."""
+    """The heaviest loop (the module docstring: always a top-level nest; the outermost, then the first, on
+    ties), or the whole kernel when it has no loop."""
     if level not in ("ptx", "amdgcn"):
         raise ValueError(f"hot windows are PTX or AMDGCN, not {level}")
     lines = text.splitlines()

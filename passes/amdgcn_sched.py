@@ -61,6 +61,7 @@ from .schedule import (
     Reordering,
     Stuck,
     Unit,
+    clip_region,
     dependency_graph,
     hoist_rank,
     hot_window_lines,
@@ -69,6 +70,7 @@ from .schedule import (
     render_units,
     sink_rank,
 )
+from .window import scope_option
 
 _INSTRUCTION = re.compile(r"^\s+(?P<mn>[a-z][a-z0-9_]*)\b(?P<ops>[^;]*)")
 _LABEL = re.compile(r"^[.\w$]+:")
@@ -322,9 +324,9 @@ def _split(line: str) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=32)
 def reorder_amdgcn(text: str, strategy: str, first_line: int = 1, last_line: int = 1 << 30) -> Reordering:
-    """Reorder the regions of `text` within lines `first_line`..`last_line` (1-based) by `strategy`."""
+    """Reorder the regions of `text` by `strategy`, each clipped to lines `first_line`..`last_line` (1-based)."""
     lines = text.split("\n")
-    found = [r for r in regions(text) if first_line <= r.units[0].index + 1 and r.units[-1].index + 1 <= last_line]
+    found = [c for r in regions(text) if (c := clip_region(r, first_line - 1, last_line - 1)) is not None]
     moved = changed = held = 0
     for region in sorted(found, key=lambda r: -r.start):
         if any(u.loc is None for u in region.units) and any(u.loc is not None for u in region.units):
@@ -365,7 +367,7 @@ class AmdgcnReorder(BlockReorder, KernelPass):
     level = "amdgcn"
     backends = ("hip",)
     strategy: Literal["hoist-loads", "sink-stores", "sink-waits"] = "hoist-loads"
-    scope: Literal["hot", "all"] = "hot"
+    scope: str = scope_option("hot")
 
     @classmethod
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
@@ -377,7 +379,7 @@ class AmdgcnReorder(BlockReorder, KernelPass):
     def apply(self, ctx: PassContext) -> PassResult:
         from kstrata.backends.amd_hazards import new_waitcnt_hazards
 
-        result = self._reorder(ctx.text)
+        result = self._reordered(ctx.text)
         new = new_waitcnt_hazards(ctx.text, result.text)
         if new:
             raise PassError(f"amdgcn-reorder: the reordered code has {len(new)} new s_waitcnt hazard(s), first "

@@ -4,12 +4,14 @@ A pass is a frozen dataclass whose fields are its options, so the object is its 
 spelling (`ld-nc{assume_noalias=true}`). Options are checked when the pass is constructed, against
 their type hints: `bool`, `int`, `float`, `str`, `X | None`, and `Literal[...]` for options with a fixed
 set of values (an unknown value is an error listing the valid ones); a numeric option may declare a
-range with `option(default, range=(lo, hi))`. A pass declares the level it rewrites, the backends it
-applies to, and — when its result is not bit-exact — the tolerance it needs. `precondition` returns
-`None` when the pass is sound on this kernel, or the reason it is not; then the pass changes nothing.
-`apply` returns the new text of its level (and, for passes that change how lower levels are built,
+range with `option(default, range=(lo, hi))`, a text option a grammar with `option(default,
+pattern=OptionPattern(...))` (the `scope=lines:A-B` windows of `passes/window.py`). A pass declares the
+level it rewrites, the backends it applies to, and — when its result is not bit-exact — the tolerance it
+needs. `precondition` returns `None` when the pass is sound on this kernel, or the reason it is not;
+then the pass changes nothing. `apply` returns the new text of its level (and, for passes that change how lower levels are built,
 metadata updates such as `num_warps` or `ptx_options`). `schedule_space(bundle)` says which option
-values are worth trying on one kernel, for a search to enumerate.
+values are worth trying on one kernel, for a search to enumerate; given the kernel's hot window from a
+profile (`schedule_space(bundle, window=...)`), a pass with a window option offers it (`windowed_values`).
 
 TTIR/TTGIR passes that rewrite ops derive from `RewritePass`: they give xDSL `RewritePattern`s, which
 a `PatternRewriteWalker` applies to the level's module, parsed once per level group
@@ -24,9 +26,9 @@ import json
 import re
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Union
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.errors import KstrataError
@@ -99,9 +101,34 @@ def _format_value(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Options: declared by type hints, checked at construction
 # ---------------------------------------------------------------------------------------------------
-def option(default: Any, *, range: tuple[float, float] | None = None, doc: str = "") -> Any:
-    """A pass option with a default, and for numbers the closed range of valid values."""
-    return field(default=default, metadata={"range": range, "doc": doc})
+class ScopeWindow(Protocol):
+    """Lines of a level's text that a pass with a window option can be confined to (`passes/window.py`'s
+    `LineWindow`); `spelling()` is the option value that names them (`lines:A-B@DIGEST`)."""
+
+    def spelling(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class OptionPattern:
+    """The grammar of a `str` option: a regular expression the whole value must match, the valid
+    spellings in words (for messages), an optional check of what the expression cannot say (returns why
+    a matching value is still invalid), and a valid value other than the usual ones (for tests and docs)."""
+
+    regex: str
+    words: str
+    check: Callable[[str], str | None] | None = None
+    example: str = ""
+
+    def refusal(self, value: str) -> str | None:
+        if not re.fullmatch(self.regex, value):
+            return f"expected {self.words}"
+        return self.check(value) if self.check is not None else None
+
+
+def option(default: Any, *, range: tuple[float, float] | None = None, pattern: OptionPattern | None = None,
+           doc: str = "") -> Any:
+    """A pass option with a default, for numbers the closed range of valid values, for text its grammar."""
+    return field(default=default, metadata={"range": range, "pattern": pattern, "doc": doc})
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,7 @@ class OptionSpec:
     range: tuple[float, float] | None
     optional: bool
     doc: str = ""
+    pattern: OptionPattern | None = None
 
     @property
     def base(self) -> type | None:
@@ -128,6 +156,8 @@ class OptionSpec:
         """`int`, `int in 16..255`, `one of evict_first, evict_last`, with `or none` when optional."""
         if self.choices is not None:
             kind = "one of " + ", ".join(_format_value(c) for c in self.choices)
+        elif self.pattern is not None:
+            kind = f"str: {self.pattern.words}"
         else:
             kind = getattr(self.hint, "__name__", str(self.hint))
             if self.range is not None:
@@ -165,6 +195,10 @@ class OptionSpec:
                             "use bool, int, float, str, X | None or Literal[...]")
         if ok and self.range is not None and not self.range[0] <= value <= self.range[1]:
             ok = False
+        if ok and self.pattern is not None:
+            why = self.pattern.refusal(value)
+            if why is not None:
+                raise PassError(f"pass {pass_name}: option {self.name}={_format_value(value)} is not valid: {why}")
         if not ok:
             raise PassError(f"pass {pass_name}: option {self.name}={_format_value(value)} is not valid: "
                             f"expected {self.describe()}")
@@ -223,7 +257,7 @@ def option_specs(cls: type[KernelPass]) -> tuple[OptionSpec, ...]:
         choices = tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
         default = f.default if f.default is not dataclasses.MISSING else None
         specs.append(OptionSpec(f.name, hint, default, choices, f.metadata.get("range"), optional,
-                                f.metadata.get("doc", "")))
+                                f.metadata.get("doc", ""), f.metadata.get("pattern")))
     _SPECS[cls] = tuple(specs)
     return _SPECS[cls]
 
@@ -296,9 +330,17 @@ class KernelPass:
         return {s.name: d for s in option_specs(cls) if (d := s.domain()) is not None}
 
     @classmethod
-    def schedule_space(cls, bundle: KernelBundle) -> ScheduleSpace:
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
+        """`space_values` when the hot window of the kernel's text at the pass's level is known from a
+        profile (`window`: its lines, anchored). Passes without a window option (`passes/window.py`)
+        keep their values."""
+        return values
+
+    @classmethod
+    def schedule_space(cls, bundle: KernelBundle, window: ScopeWindow | None = None) -> ScheduleSpace:
         """The instances of this pass worth trying on `bundle`: every combination of `space_values`
-        whose precondition holds on it. Empty, with the reason, when the pass cannot apply."""
+        (`windowed_values` with a profiled `window` of the pass's level) whose precondition holds on it.
+        Empty, with the reason, when the pass cannot apply."""
         if bundle.target.backend not in cls.backends:
             return ScheduleSpace((), f"{cls.name} applies to {', '.join(cls.backends)} only, not {bundle.target}")
         if cls.level not in bundle.target.levels:
@@ -306,6 +348,8 @@ class KernelPass:
         if cls.level not in bundle.levels and not cls.relowers():
             return ScheduleSpace((), f"the kernel's {cls.level} is not known")
         values = cls.space_values(bundle)
+        if values is not None and window is not None:
+            values = cls.windowed_values(values, window)
         if values is None or any(len(v) == 0 for v in values.values()):
             return ScheduleSpace((), f"{cls.name} has no option values worth trying on this kernel")
         names = list(values)

@@ -27,13 +27,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from kstrata.backends.ptx import Blank, Comment, Directive, Instruction, Label, PtxModule, parse_ptx
 from kstrata.ir.bundle import KernelBundle
 
-from .base import KernelPass, PassContext, PassResult, ScheduleSpace, option
-from .ptx_sched import hot_lines, ptx_effects
+from .base import KernelPass, PassContext, PassError, PassResult, ScheduleSpace, ScopeWindow, option
+from .ptx_sched import ptx_effects
+from .window import scope_lines, scope_option
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def if_convert(text: str, max_instructions: int, first_line: int = 1, last_line:
             if ins.base_opcode != "bra" or not ins.predicate or not first_line <= ins.lineno <= last_line:
                 continue
             block, why = _block(module, index, max_instructions)
+            if why is None and any(module.lines[j].lineno > last_line for j in block):
+                why = f"its block runs past line {last_line}, the window's last"  # edit nothing outside the window
             if why is not None:
                 refused.append((ins.lineno, why))
                 continue
@@ -110,7 +113,8 @@ class PtxPredicate(KernelPass):
 
     Helps divergent short conditionals (an `if` over a few instructions, the branches of a piecewise
     approximation such as GELU's erf) by removing the branch and its reconvergence. `scope=hot` converts
-    branches inside the hot window only, `scope=all` every one. Sound by construction; checked on a GPU
+    branches inside the hot window only, `scope=all` every one, `scope=lines:A-B[@DIGEST]` those within
+    the PTX lines (a sampled window; refused when they are not the window's lines: `passes/window.py`). Sound by construction; checked on a GPU
     by the differential run like any PTX edit.
     """
 
@@ -118,39 +122,56 @@ class PtxPredicate(KernelPass):
     level = "ptx"
     backends = ("cuda",)
     max_instructions: int = option(8, range=(1, 64))
-    scope: Literal["hot", "all"] = "all"
+    scope: str = scope_option("all")
 
     @classmethod
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
         return {"max_instructions": (4, 8, 16), "scope": ("all",)}
 
     @classmethod
-    def schedule_space(cls, bundle: KernelBundle) -> ScheduleSpace:
-        """The limits worth trying: a larger `max_instructions` only when it converts more branches."""
-        space = super().schedule_space(bundle)
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
+        """The sampled window beside `all`: converting the branches of the hot part only keeps the cold
+        ones' branches (a branch that skips its block costs less than running it guarded off), and
+        `schedule_space` drops the window's instance when it converts the same branches as `all`."""
+        return {**values, "scope": (*values["scope"], window.spelling())}
+
+    @classmethod
+    def schedule_space(cls, bundle: KernelBundle, window: ScopeWindow | None = None) -> ScheduleSpace:
+        """The limits worth trying: a larger `max_instructions` only when it converts more branches (and
+        a window's instance only when it converts other branches than `all`)."""
+        space = super().schedule_space(bundle, window)
         kept: list[KernelPass] = []
         seen: set[tuple[tuple[int, int], ...]] = set()
         for instance in space:
             assert isinstance(instance, PtxPredicate)
-            converted = instance._convert(bundle.text("ptx")).converted
+            converted = instance._converted(bundle.text("ptx")).converted
             if converted not in seen:
                 seen.add(converted)
                 kept.append(instance)
         return ScheduleSpace(tuple(kept), space.reason)
 
-    def _convert(self, text: str) -> Conversion:
-        first, last = hot_lines(text) if self.scope == "hot" else (1, 1 << 30)
-        return if_convert(text, self.max_instructions, first, last)
+    def _convert(self, text: str) -> Conversion | str:
+        """The conversion within the scope, or why the scope names no lines of `text`."""
+        lines = scope_lines(self.scope, text, "ptx")
+        return lines if isinstance(lines, str) else if_convert(text, self.max_instructions, *lines)
+
+    def _converted(self, text: str) -> Conversion:
+        result = self._convert(text)
+        if isinstance(result, str):  # apply without its precondition: refuse, never edit other lines
+            raise PassError(f"ptx-predicate: {result}")
+        return result
 
     def precondition(self, ctx: PassContext) -> str | None:
         result = self._convert(ctx.text)
+        if isinstance(result, str):
+            return result
         if not result.converted:
             why = f" (first: PTX line {result.refused[0][0]}: {result.refused[0][1]})" if result.refused else ""
             return f"no short forward branch to if-convert{why}"
         return None
 
     def apply(self, ctx: PassContext) -> PassResult:
-        result = self._convert(ctx.text)
+        result = self._converted(ctx.text)
         return PassResult(result.text, notes=[f"{len(result.converted)} branches if-converted "
                                               f"({sum(n for _, n in result.converted)} instructions guarded); "
                                               f"{len(result.refused)} left"])

@@ -54,6 +54,7 @@ from .schedule import (
     Effects,
     Reordering,
     Unit,
+    clip_region,
     dependency_graph,
     hoist_rank,
     hot_window_lines,
@@ -62,6 +63,7 @@ from .schedule import (
     render_units,
     sink_rank,
 )
+from .window import scope_option
 
 _REGISTER = re.compile(r"%[A-Za-z_$][\w$]*")
 
@@ -225,10 +227,11 @@ def _order(region: Region, strategy: str) -> list[int]:
 
 @functools.lru_cache(maxsize=32)
 def reorder_ptx(text: str, strategy: str, first_line: int = 1, last_line: int = 1 << 30) -> Reordering:
-    """Reorder the regions of `text` lying within lines `first_line`..`last_line` (1-based) by `strategy`."""
+    """Reorder the regions of `text` by `strategy`, each clipped to lines `first_line`..`last_line` (1-based)."""
     module = parse_ptx(text)
-    found = [r for r in regions(module)
-             if first_line <= module.lines[r.units[0].index].lineno and module.lines[r.units[-1].index].lineno <= last_line]
+    # each block clipped to its run of instructions whose every line (the comments and .loc before each too)
+    # lies in the window: the rendering rewrites them all, and nothing else
+    found = [c for r in regions(module) if (c := clip_region(r, first_line - 1, last_line - 1)) is not None]
     moved = changed = 0
     new_lines = list(module.lines)
     for region in sorted(found, key=lambda r: -r.start):
@@ -257,7 +260,8 @@ class PtxReorder(BlockReorder, KernelPass):
     `strategy=hoist-loads` issues global loads as early as their operands allow (latency overlap for
     loop bodies that load, then compute); `sink-stores` delays global stores to the end of their block.
     `scope=hot` edits the hot window only (`backends/hotwindow.py`: the heaviest loop, or the whole
-    kernel when it has none); `scope=all` every block. Sound: a topological order of the dependency
+    kernel when it has none); `scope=all` every block; `scope=lines:A-B[@DIGEST]` the blocks lying within
+    those PTX lines (a sampled window; refused when the lines are not the window's: `passes/window.py`). Sound: a topological order of the dependency
     graph computes the same values; checked on a GPU by the differential run like any PTX edit.
     """
 
@@ -265,7 +269,7 @@ class PtxReorder(BlockReorder, KernelPass):
     level = "ptx"
     backends = ("cuda",)
     strategy: Strategy = "hoist-loads"
-    scope: Literal["hot", "all"] = "hot"
+    scope: str = scope_option("hot")
 
     @classmethod
     def space_values(cls, bundle: KernelBundle) -> dict[str, Sequence[Any]]:
@@ -275,5 +279,5 @@ class PtxReorder(BlockReorder, KernelPass):
         return reorder_ptx(text, self.strategy, first_line, last_line)
 
     def apply(self, ctx: PassContext) -> PassResult:
-        result = self._reorder(ctx.text)
+        result = self._reordered(ctx.text)
         return PassResult(result.text, notes=self._notes(result))

@@ -19,10 +19,14 @@ must point forward in the new order.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from .base import PassError, ScopeWindow
+from .window import scope_lines, scope_words
 
 T = TypeVar("T")
 
@@ -200,6 +204,44 @@ def render_units(units: Sequence[Unit[T]], order: Sequence[int], loc_before: T |
     return lines
 
 
+class Spanned(Protocol):
+    """A region as the reordering passes keep it: a dataclass of its first and last line (indices, inclusive),
+    its units, and the `.loc` in effect before it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    start: int
+    end: int
+    units: list[Unit[Any]]
+    loc_before: Any
+
+
+R = TypeVar("R", bound=Spanned)
+
+
+def clip_region(region: R, first: int, last: int) -> R | None:
+    """The part of `region` whose lines all lie in lines `first`..`last` (0-based, inclusive), or None when
+    fewer than two instructions do. A unit's lines are the comments and line info before it, itself and its
+    closing lines; a contiguous run of a region's units is itself a region (straight-line code, nothing
+    between), and the `.loc` in effect before it is the one of the unit before it."""
+    units = region.units
+    kept: list[int] = []
+    span_start = region.start
+    for k, u in enumerate(units):
+        span_end = u.index + len(u.after)
+        if first <= span_start and span_end <= last:
+            kept.append(k)
+        span_start = span_end + 1
+    if len(kept) < 2:
+        return None
+    k, m = kept[0], kept[-1]
+    if (k, m) == (0, len(units) - 1):
+        return region
+    start = region.start if k == 0 else units[k - 1].index + len(units[k - 1].after) + 1
+    loc_before = region.loc_before if k == 0 else units[k - 1].loc
+    return dataclasses.replace(region, start=start, end=units[m].index + len(units[m].after), units=units[k:m + 1],
+                               loc_before=loc_before)
+
+
 @dataclass(frozen=True)
 class Reordering:
     """The result of reordering a module: the new text, how many instructions moved in how many regions,
@@ -212,22 +254,18 @@ class Reordering:
     held: int = 0
 
 
-#: `scope=all`: every line of the text.
-ALL_LINES = (1, 1 << 30)
-
-
 def hot_window_lines(text: str, level: str) -> tuple[int, int]:
     """The 1-based line range of the static hot window of a `ptx` or `amdgcn` text (`backends/hotwindow.py`)."""
-    from kstrata.backends.hotwindow import static_hot_window
-
-    w = static_hot_window(text, level)
-    return w.first_line, w.last_line
+    lines = scope_lines("hot", text, level)
+    assert not isinstance(lines, str)  # the static window is always inside its own text
+    return lines
 
 
 class BlockReorder:
     """What the basic-block reordering passes share (`ptx-reorder`, `amdgcn-reorder`): the scope (the hot
-    window or every block), the skip reason when nothing moves, and the notes. A subclass is a frozen
-    `KernelPass` dataclass with `strategy` and `scope` options and gives `_schedule`."""
+    window, every block, or explicit lines: `passes/window.py`), the skip reason when nothing moves, and
+    the notes. A subclass is a frozen `KernelPass` dataclass with `strategy` and `scope` options and gives
+    `_schedule`, which reorders only the blocks whose every line lies within the lines it is given."""
 
     level: ClassVar[str]
     strategy: str
@@ -236,20 +274,36 @@ class BlockReorder:
     def _schedule(self, text: str, first_line: int, last_line: int) -> Reordering:
         raise NotImplementedError
 
-    def _reorder(self, text: str) -> Reordering:
-        first, last = hot_window_lines(text, self.level) if self.scope == "hot" else ALL_LINES
-        return self._schedule(text, first, last)
+    def _reorder(self, text: str) -> Reordering | str:
+        """The reordering of `text` within the scope, or why the scope names no lines of it."""
+        lines = scope_lines(self.scope, text, self.level)
+        return lines if isinstance(lines, str) else self._schedule(text, *lines)
+
+    def _reordered(self, text: str) -> Reordering:
+        result = self._reorder(text)
+        if isinstance(result, str):  # apply without its precondition: refuse, never edit other lines
+            raise PassError(f"{self.strategy}: {result}")
+        return result
+
+    @classmethod
+    def windowed_values(cls, values: dict[str, Sequence[Any]], window: ScopeWindow) -> dict[str, Sequence[Any]]:
+        """A profiled window replaces the static one: both name where the time goes, the profile by
+        measurement, so reordering the static guess too would spend trials on blocks the profile says are
+        cold (or, when the two agree, build the same candidate twice)."""
+        return {**values, "scope": tuple(window.spelling() if s == "hot" else s for s in values["scope"])}
 
     def precondition(self, ctx: Any) -> str | None:
         result = self._reorder(ctx.text)
+        if isinstance(result, str):
+            return result
         if result.moved:
             return None
-        where = "the hot window" if self.scope == "hot" else "the kernel"
         why = (f"; {result.held} held back to keep wait-state distances" if result.held
                else "; every instruction already as early/late as its dependencies allow")
-        return f"{self.strategy}: nothing to move in {where} ({result.regions_seen} reorderable block(s){why})"
+        return (f"{self.strategy}: nothing to move in {scope_words(self.scope)} ({result.regions_seen} reorderable "
+                f"block(s){why})")
 
     def _notes(self, result: Reordering) -> list[str]:
         return [f"{self.strategy}: {result.moved} instructions moved in {result.regions_changed} of "
-                f"{result.regions_seen} blocks" + (f"; {result.held} held back (wait states)" if result.held else "")]
-
+                f"{result.regions_seen} blocks of {scope_words(self.scope)}"
+                + (f"; {result.held} held back (wait states)" if result.held else "")]

@@ -16,6 +16,11 @@ Per kernel: its spaces (`spaces.py`), the search (`search.py`), and then
 
 Always: `OUT/optimize-compiled.json` and `.md` (the report), `OUT/trajectory.jsonl` (every trial). The input
 cache is only read (its bytes are unchanged afterwards).
+
+The hot window (`hot_window`) is taken before a kernel's search: on an NVIDIA GPU, Nsight Compute's samples
+of the largest kernels give it, and the passes with a window option search it (`spaces.py`: `scope=lines:A-B@
+DIGEST`); otherwise the static loop-weighted window (`scope=hot`), and the report says why. Each trial and
+each report row says which window an edit used and where it came from (sampled or static).
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kstrata.agents.engine import Engine, measurement_unavailable, tool_env
 from kstrata.ir.errors import KstrataError
 
 from .program import Program, ProgramKernel, assign_shares, load_program
 from .search import KernelSearch, SearchConfig, search_kernel
-from .spaces import kernel_spaces
+from .spaces import SampledWindow, kernel_spaces
+
+if TYPE_CHECKING:
+    from kstrata.backends.hotwindow import HotWindow
 
 REPORT_SCHEMA = "kstrata.optimize-compiled/1"
 SPACES = ("options", "ttir", "ttgir", "llir", "ptx", "amdgcn")
@@ -103,18 +111,20 @@ class CompiledReport:
             if k.get("skip"):
                 continue
             w = k.get("hot_window") or {}
-            window = (f"hot window: {w.get('level')} lines {w.get('first_line')}-{w.get('last_line')} "
+            window = (f"hot window ({w.get('origin')}): {w.get('level')} lines {w.get('first_line')}-{w.get('last_line')} "
                       f"({w.get('instructions')} instructions; {w.get('source')}"
                       + (f"; {w['why_static']}" if w.get("why_static") else "") + ")") if "level" in w else \
                 f"hot window: {w.get('error', 'none')}"
             lines += [f"### {k['name']} ({k['target']}, {k['key'][:12]})", "", f"{k['search']['mode_note']}", "",
                       window, "",
-                      "| # | phase | edit | status | score | speedup | why / unmeasured |", "|---|---|---|---|---|---|---|"]
+                      "| # | phase | edit | window | status | score | speedup | why / unmeasured |",
+                      "|---|---|---|---|---|---|---|---|"]
             for i, t in enumerate(k["search"]["trials"]):
                 sp = f"{t['speedup']:.3f}x" if t.get("speedup") else ""
                 sc = f"{t['score']:+.3f}" if t.get("score") is not None else ""
                 why = (t.get("unmeasured") or t.get("reason") or "").replace("|", "/").replace("\n", " ")[:160]
-                lines.append(f"| {i} | {t['phase']} | `{t['pipeline']}` | {t['status']} | {sc} | {sp} | {why} |")
+                used = "; ".join(f"{u['level']} {u['lines']} ({u['origin']})" for u in t.get("windows") or ()) or "kernel-wide"
+                lines.append(f"| {i} | {t['phase']} | `{t['pipeline']}` | {used} | {t['status']} | {sc} | {sp} | {why} |")
             lines.append("")
         return "\n".join(lines) + "\n"
 
@@ -187,16 +197,18 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                                 + "; ".join(program.unreadable_records[:3]))
         deadline = start + opts.minutes * 60
         searches: dict[str, KernelSearch] = {}
+        windows: dict[str, KernelWindow] = {}
         trajectory = out / "trajectory.jsonl"
         tmp_traj = out / ".trajectory.jsonl.tmp"
         with tmp_traj.open("w") as traj:
-            for k in program.ranked():
+            for k in program.ranked():  # largest first: ncu profiles the NCU_KERNELS largest ones
                 if time.perf_counter() > deadline:
                     k.skip = f"the time budget ({opts.minutes:g} min) ran out before this kernel"
                     continue
-                say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching")
+                windows[k.entry] = hot_window(k, device, profile=len(windows) < NCU_KERNELS)
+                say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()})")
                 try:
-                    searches[k.entry] = _search_one(engine, k, device, opts, say)
+                    searches[k.entry] = _search_one(engine, k, device, opts, say, windows[k.entry])
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue
@@ -206,15 +218,13 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         report.timed = any(t.measured for s in searches.values() for t in s.trials)
         report.outputs = _write_outputs(src, out, program, searches, engine, opts, load_any)
         report.engine = engine.stats.to_json()
-    profiled = 0  # kernels come in rank order: ncu profiles the largest ones
     for k in sorted(program.kernels, key=lambda x: -(x.share or 0.0)):
         row: dict[str, Any] = k.to_json()
         s = searches.get(k.entry)
         if s is not None:
             row["search"] = s.to_json()
             row["result"] = _result_line(s)
-            row["hot_window"] = hot_window(k, device, profile=profiled < NCU_KERNELS)
-            profiled += 1
+            row["hot_window"] = windows[k.entry].to_json()
         report.kernels.append(row)
     if device != "cuda":
         report.notes.append("nothing was timed: no NVIDIA GPU here (or --device cpu). Candidates that passed the "
@@ -223,8 +233,11 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         report.notes.append("AMD kernels are ranked by a static surrogate (llvm-mca throughput of the hot window, "
                             "static loop-weighted window) and are unmeasured: no AMD GPU is available.")
     if any(k.target.startswith("cuda") for k in program.kernels):
-        report.notes.append("hot windows on NVIDIA come from Nsight Compute sampling on a GPU; without one the "
-                            "static loop-weighted window is used (PTX edits of the catalogue apply kernel-wide).")
+        sampled = sum(1 for k in program.kernels if k.entry in searches and windows[k.entry].sampled)
+        report.notes.append("hot windows on NVIDIA come from Nsight Compute sampling on a GPU "
+                            f"({sampled} of the kernels searched here had one: their reorder and predication edits "
+                            "were confined to its lines); otherwise the static loop-weighted window is used. "
+                            "cache-hints, ld-nc and redundant-cvt apply kernel-wide either way.")
     report.seconds = time.perf_counter() - start
     for name, text in (("optimize-compiled.json", json.dumps(report.to_json(), indent=1, default=str) + "\n"),
                        ("optimize-compiled.md", report.to_markdown())):
@@ -234,7 +247,47 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
     return report
 
 
-def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True)
+class KernelWindow:
+    """A kernel's hot window (`backends/hotwindow.py`), whether a profile gave it, and why not when not."""
+
+    window: HotWindow | None
+    sampled: bool = False
+    #: Why the window is the static one (None when sampled).
+    why_static: str | None = None
+    #: Why there is no window at all (no assembly text).
+    error: str | None = None
+    #: The assembly text the window's lines are of.
+    text: str = field(default="", repr=False, compare=False)
+
+    def for_spaces(self) -> SampledWindow | None:
+        """The sampled window the search confines its windowed edits to (None: the static one stays)."""
+        from kstrata.passes.window import LineWindow
+
+        w = self.window
+        if not self.sampled or w is None:
+            return None
+        return SampledWindow(w.level, LineWindow.of_text(self.text, w.first_line, w.last_line), w.source)
+
+    def words(self) -> str:
+        w = self.window
+        if w is None:
+            return f"no hot window: {self.error}"
+        return f"{'sampled' if self.sampled else 'static'} hot window {w.level} {w.first_line}-{w.last_line}"
+
+    def to_json(self) -> dict[str, Any]:
+        if self.window is None:
+            return {"error": self.error}
+        out: dict[str, Any] = {**self.window.to_json(), "origin": "sampled" if self.sampled else "static"}
+        sw = self.for_spaces()
+        if sw is not None:
+            out["scope"] = sw.lines.spelling()  # what the windowed atoms were given
+        if self.why_static is not None:
+            out["why_static"] = self.why_static
+        return out
+
+
+def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWindow:
     """The kernel's hot window and where it came from: Nsight Compute's warp-stall samples mapped to PTX lines
     on an NVIDIA GPU (when ncu runs, for the `NCU_KERNELS` largest kernels: a profile takes tens of
     seconds), else the static loop-weighted window, with the reason."""
@@ -246,12 +299,14 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str,
     level = "amdgcn" if k.target.startswith("hip") else "ptx"
     text_file = Path(k.entry) / f"{k.name}.{level}"
     if not text_file.is_file():
-        return {"error": f"the entry has no {level}"}
+        return KernelWindow(None, error=f"the entry has no {level}")
     text = text_file.read_text()
     why = "no NVIDIA GPU here" if level == "ptx" else "no AMD profile (no AMD GPU)"
-    if level == "ptx" and device == "cuda" and k.record and not profile:
+    if level == "ptx" and device == "cuda" and not k.record:
+        why = "no launch record to profile"
+    elif level == "ptx" and device == "cuda" and not profile:
         why = f"ncu profiles the {NCU_KERNELS} largest kernels only"
-    elif level == "ptx" and device == "cuda" and k.record:
+    elif level == "ptx" and device == "cuda":
         from kstrata.agents.optimize.profile import find_ncu
 
         ncu = find_ncu()
@@ -260,22 +315,23 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str,
         else:
             try:
                 samples = profile_ptx_samples(ncu, [sys.executable, "-m", "kstrata.agents.compiled.replay", k.entry,
-                                                    k.record], k.name, timeout=120)
-                if samples:
-                    return window_from_samples(text, samples).to_json()
+                                                    str(k.record)], k.name, timeout=120)
+                window = window_from_samples(text, samples) if samples else None
+                if window is not None and window.source.startswith("ncu"):
+                    return KernelWindow(window, sampled=True, text=text)
                 why = "ncu gave no source-level samples"
             except ToolError as exc:
                 why = f"ncu could not profile it: {exc.message}"
-    return {**static_hot_window(text, level).to_json(), "why_static": why}
+    return KernelWindow(static_hot_window(text, level), why_static=why, text=text)
 
 
 def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
-                say: Callable[[str], None]) -> KernelSearch:
+                say: Callable[[str], None], window: KernelWindow) -> KernelSearch:
     from kstrata.agents.engine import _load_one
 
     bundle = _load_one(k.entry, k.override_key)
     records = [k.record] if k.record else []
-    spaces = kernel_spaces(bundle, records, exact=opts.exact, only=opts.spaces)
+    spaces = kernel_spaces(bundle, records, exact=opts.exact, only=opts.spaces, window=window.for_spaces())
     base = engine.add_kernel(k.entry, k.override_key)
     unavailable = measurement_unavailable(k.target)
     surrogate = None

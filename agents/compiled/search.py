@@ -86,6 +86,9 @@ class Trial:
     score: float | None = None
     accepted_move: bool = False
     seconds: float = 0.0
+    #: The windows its edits are confined to and where each came from (`spaces.WindowUse.to_json`, with
+    #: the pass): sampled on a GPU or static.
+    windows: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,7 +191,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         from kstrata.passes.pipeline import parse_pipeline
 
         tol = parse_pipeline(spec).tolerance()
-        trial = Trial(spec, sorted({a.space for a in atoms}), first_level(atoms), tol.spelling() if tol else None, phase)
+        trial = Trial(spec, sorted({a.space for a in atoms}), first_level(atoms), tol.spelling() if tol else None, phase,
+                      windows=[{"pass": a.pass_name, **a.window.to_json()} for a in atoms if a.window is not None])
         tried[spec] = trial
         result.trials.append(trial)
         t0 = time.perf_counter()

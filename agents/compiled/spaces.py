@@ -5,9 +5,16 @@
   PTX assembler's (`max-registers` = maxnreg, `ptxas-options`);
 - `ttir`, `ttgir`: IR rewrites; `llir`: LLVM IR (`noalias-args`, `flush-denormals`, …);
 - `ptx`: PTX hot-window edits (`cache-hints`, `ld-nc`, `ptx-reorder` — instruction order inside the hot
-  window's blocks —, `redundant-cvt`, `ptx-predicate` — if-conversion of short branches); `amdgcn`: AMDGCN hot-window edits (`nontemporal-hints`,
-  `mfma-priority`, `amdgcn-reorder`, ranked like the others by the llvm-mca surrogate and checked for
-  `s_waitcnt` hazards).
+  window's blocks —, `redundant-cvt`, `ptx-predicate` — if-conversion of short branches); `amdgcn`: AMDGCN
+  hot-window edits (`nontemporal-hints`, `mfma-priority`, `amdgcn-reorder`, ranked like the others by the
+  llvm-mca surrogate and checked for `s_waitcnt` hazards).
+
+**Windows.** The passes with a window option (`passes/window.py`: the reorders and `ptx-predicate`) are
+confined to the kernel's hot window. Given a **sampled** window (Nsight Compute on a GPU: `run.py`), their
+schedule spaces offer it as `scope=lines:A-B@DIGEST` (the reorders in place of the static `hot`, the
+predication beside `all`: `windowed_values`), anchored to the text that was sampled; without one the
+reorders keep `scope=hot`, the static loop-weighted window. Every atom says which window it edits and where
+that came from (`WindowUse`), and so does every trial of the search.
 
 An **atom** is one pass instance; a candidate is a sequence of atoms (at most one per pass) spelled as
 one pipeline (`ttgir(num-warps{n=8}),ptx(cache-hints{…})`), built by the engine with the lower levels
@@ -22,7 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kstrata.passes.window import LineWindow
 
 #: The order pipeline stages must come in.
 _LEVEL_ORDER = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
@@ -30,6 +40,37 @@ _LEVEL_ORDER = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 NEEDS_NOALIAS = ("noalias-args", "ld-nc")
 #: Option passes, whatever level they run at.
 _OPTION_PASSES = ("num-warps", "num-stages", "max-registers", "ptxas-options")
+
+
+@dataclass(frozen=True)
+class SampledWindow:
+    """A hot window measured on a GPU: lines of the kernel's `level` text, anchored to the text sampled,
+    and how it was chosen (`HotWindow.source`: "ncu sampling: 96% of the warp-stall samples")."""
+
+    level: str
+    lines: LineWindow
+    source: str
+
+
+@dataclass(frozen=True)
+class WindowUse:
+    """The lines of its level's text an atom edits, and where they came from: `sampled` (a profile) or
+    `static` (`scope=hot`: the static window of the kernel's text as loaded; a rebuild above the level may
+    move it, and the pass takes the static window of the text it is given)."""
+
+    level: str
+    scope: str
+    first_line: int
+    last_line: int
+    origin: str  # "sampled" or "static"
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level, "scope": self.scope, "lines": f"{self.first_line}-{self.last_line}",
+                "origin": self.origin, "source": self.source}
+
+    def words(self) -> str:
+        return f"{self.level} {self.first_line}-{self.last_line} ({self.origin})"
 
 
 @dataclass(frozen=True)
@@ -41,6 +82,8 @@ class Atom:
     pass_name: str
     spelling: str
     tolerance: str | None = None
+    #: The window the edit is confined to (None: kernel-wide).
+    window: WindowUse | None = None
 
 
 @dataclass(frozen=True)
@@ -51,8 +94,9 @@ class Space:
     skipped: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        windows = {a.window.words(): a.window.to_json() for a in self.atoms if a.window is not None}
         return {"space": self.name, "atoms": [a.spelling for a in self.atoms],
-                "skipped": {name: why for name, why in self.skipped}}
+                "skipped": {name: why for name, why in self.skipped}, "windows": list(windows.values())}
 
 
 def space_of(pass_name: str, level: str) -> str:
@@ -88,9 +132,29 @@ def alias_evidence(records: Sequence[str]) -> str | None:
     return None
 
 
+def _window_use(instance: Any, level: str, bundle: Any, sampled: SampledWindow | None) -> WindowUse | None:
+    """The window `instance` (a pass) edits, when it has a window option set to one."""
+    from kstrata.backends.hotwindow import static_hot_window
+    from kstrata.passes.window import LineWindow
+
+    scope = getattr(instance, "scope", None)
+    if not isinstance(scope, str) or scope == "all":
+        return None
+    if scope == "hot":
+        w = static_hot_window(bundle.text(level), level)
+        return WindowUse(level, scope, w.first_line, w.last_line, "static", w.source)
+    lines = LineWindow.parse(scope)
+    if lines is None:
+        return None
+    from_profile = sampled is not None and sampled.level == level and sampled.lines == lines
+    return WindowUse(level, scope, lines.first, lines.last, "sampled" if from_profile else "given",
+                     sampled.source if from_profile and sampled is not None else "lines named in the pipeline")
+
+
 def kernel_spaces(bundle: Any, records: Sequence[str], *, exact: bool = False,
-                  only: Sequence[str] | None = None) -> list[Space]:
-    """Every space's atoms on `bundle` (a `KernelBundle`), in the order the search drafts them."""
+                  only: Sequence[str] | None = None, window: SampledWindow | None = None) -> list[Space]:
+    """Every space's atoms on `bundle` (a `KernelBundle`), in the order the search drafts them; `window`: the
+    kernel's hot window sampled on a GPU, which the passes with a window option are offered (module docstring)."""
     from kstrata.passes.registry import available_passes, get_pass
 
     noalias_why = alias_evidence(records)
@@ -102,7 +166,7 @@ def kernel_spaces(bundle: Any, records: Sequence[str], *, exact: bool = False,
         if only and space not in only:
             continue
         by_space.setdefault(space, [])
-        sched = cls.schedule_space(bundle)
+        sched = cls.schedule_space(bundle, window.lines if window is not None and window.level == cls.level else None)
         if not sched:
             skipped.setdefault(space, []).append((name, sched.reason or "nothing to try"))
             continue
@@ -115,7 +179,8 @@ def kernel_spaces(bundle: Any, records: Sequence[str], *, exact: bool = False,
                 skipped.setdefault(space, []).append((instance.spelling(), f"declares {tol.spelling()} "
                                                       "(not bit-exact) and --exact was given"))
                 continue
-            by_space[space].append(Atom(space, cls.level, name, instance.spelling(), tol.spelling() if tol else None))
+            by_space[space].append(Atom(space, cls.level, name, instance.spelling(), tol.spelling() if tol else None,
+                                        _window_use(instance, cls.level, bundle, window)))
     # the hot-window assembly edits of the target right after the options, then the IR levels top down
     asm = "amdgcn" if bundle.target.backend == "hip" else "ptx"
     order = ("options", asm, "ttgir", "ttir", "llir")
@@ -137,9 +202,13 @@ def _interleave(atoms: Sequence[Atom]) -> tuple[Atom, ...]:
 
 
 def pipeline_of(atoms: Sequence[Atom]) -> str:
-    """The pipeline spelling of a sequence of atoms: stages in level order, passes in the given order."""
+    """The pipeline spelling of a sequence of atoms: stages in level order, passes in the given order except
+    that atoms confined to explicit lines (a sampled window) come first in their stage: the lines are of the
+    text as sampled, before any edit at that level (a pass before them would move or rewrite those lines,
+    and the anchored window would refuse)."""
     stages: dict[str, list[str]] = {}
-    for a in atoms:
+    explicit = [a for a in atoms if a.window is not None and a.window.origin != "static"]
+    for a in [*explicit, *(a for a in atoms if a not in explicit)]:
         stages.setdefault(a.level, []).append(a.spelling)
     return ",".join(f"{lv}({','.join(stages[lv])})" for lv in _LEVEL_ORDER if lv in stages)
 

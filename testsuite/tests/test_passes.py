@@ -54,6 +54,8 @@ def test_spelling_round_trips(name: str) -> None:
         others = [v for v in (spec.domain() or ()) if v != spec.default]
         if not others and spec.range is not None:
             others = [type(spec.default)(spec.range[1])]
+        if not others and spec.pattern is not None:
+            others = [spec.pattern.example]  # a text option with a grammar: a valid value off the default
         if not others and spec.base is str:
             others = ["--a value, with {braces} and \"quotes\""]
         if others:
