@@ -13,6 +13,10 @@
 #   groupnorm     issue 13: level1/22 with the end-of-search confirmation (5 min)
 #   skills        issue 15: level2/01 with the skill gate (6 min)
 #   templates     issue 19: the templates on the gap tasks (5 min), then the template tests' GPU twins
+#   ir            issues 13 and 15: the deep MLP (a CUDA-graph win) and LayerNorm (the ir space on Inductor's
+#                 kernels) against all three baselines, with skills (5.5 min)
+#   conv          issue 19: the convolution template on the two conv gap tasks, strict only (2 min), then its
+#                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
@@ -60,6 +64,14 @@ for step in "$@"; do
     templates)
       run templates 330 $PY -m kstrata.tools.bench_templates --tune-s 28 --runs 30 --total-s "$(lim 270)"
       run template-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_templates.py ;;
+    ir)
+      optimize ir 345 5 level3/02_deep_narrow_mlp_fp32,level1/19_layernorm_fp16 ir \
+        "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \
+        --budget 8 --baselines eager,compile,compile-max-autotune ;;
+    conv)
+      run conv 120 $PY -m kstrata.tools.bench_templates --tasks 04,05 --prefer conv --tune-s 20 --runs 30 \
+        --total-s "$(lim 90)" --no-tf32
+      run conv-tests 90 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_conv_template.py ;;
     compiled-models)
       run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag models \
         --models mlp_fp16,transformer_block_bf16,conv_block_fp32 --minutes "$(lim 9)" --budget 12 ;;
@@ -67,7 +79,7 @@ for step in "$@"; do
       run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag tasks \
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
-    *) echo "unknown step $step (setup mlp groupnorm skills templates compiled-models compiled-tasks)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp groupnorm skills templates ir conv compiled-models compiled-tasks)"; status=2 ;;
   esac
 done
 # What the steps wrote: today's results files and the skill library, with the logs, in one archive.
