@@ -196,7 +196,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                     continue
                 say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching")
                 try:
-                    searches[k.entry] = _search_one(engine, k, device, opts, say)
+                    searches[k.entry] = search_one(engine, k, device, opts, say)
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue
@@ -269,7 +269,7 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str,
     return {**static_hot_window(text, level).to_json(), "why_static": why}
 
 
-def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
+def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
                 say: Callable[[str], None]) -> KernelSearch:
     from kstrata.agents.engine import _load_one
 
