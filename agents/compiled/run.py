@@ -270,7 +270,8 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> dict[str,
 
 
 def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
-                say: Callable[[str], None]) -> KernelSearch:
+               say: Callable[[str], None], deadline: float | None = None) -> KernelSearch:
+    """One kernel's spaces and search (`deadline`: a `time.perf_counter()` after which no candidate starts)."""
     from kstrata.agents.engine import _load_one
 
     bundle = _load_one(k.entry, k.override_key)
@@ -292,7 +293,7 @@ def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpti
         mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
             f"unmeasured: {why}"
     cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
-                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs)
+                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline)
     return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
                          surrogate=surrogate, progress=say, env=tool_env(k.record))
 

@@ -23,22 +23,28 @@ How it deploys (checked against Triton 3.6's `compiler/compiler.py`):
   source, so a rewritten `num-warps` TTGIR would launch with the original thread count.
 - **Its own Triton cache**: neither the hook nor an override is part of Triton's cache key
   (`get_cache_invalidating_env_vars()` is empty), so a hit in the user's cache would return the original
-  binary. The deployer points Triton (`knobs.cache.dir` and `TRITON_CACHE_DIR`, for any subprocess) at
-  `<tmp>/kstrata-ir-<digest of the deployment>/triton-cache`, which only processes running this same
-  deployment fill.
-- **Inductor**: compiles in this process (`compile_threads=1`: the hook is process-local), without its FX
-  graph cache and without bundling Triton artifacts into it (a hit would write stale, un-rewritten
-  binaries back into the Triton cache dir), and with Triton's own launcher (the static CUDA launcher
-  bypasses `CompiledKernel.launch_metadata`, which the proof below watches).
+  binary. The deployer points Triton (`knobs.cache.dir`) at `<tmp>/kstrata-ir-<digest of the
+  deployment>/triton-cache`, which only processes running this same deployment fill.
+- **Scoped to the model**: the hook, the cache directory, the compile-time check and the Inductor settings
+  hold only while this ModelNew's `__init__` or `forward` runs (Inductor and the Triton JIT compile
+  inside them), and are restored after, so another model in the same process (the measurement loads the
+  baseline beside this candidate) compiles and runs untouched. Inductor's in-process kernel caches
+  (`PyCodeCache`, `CompiledTritonKernels`, keyed by the generated source) are cleared before and after a
+  model's first call, so neither model reuses the other's compiled kernels (kstrata's torch.compile
+  backend does the same).
+- **Inductor**: inside the scope, it compiles in this process (`compile_threads=1`: the hook is
+  process-local), without its FX graph cache and without bundling Triton artifacts into it (a hit would
+  write stale, un-rewritten binaries back into the Triton cache dir), and with Triton's own launcher (the
+  static CUDA launcher bypasses `CompiledKernel.launch_metadata`, which the proof below watches).
 
 The proof (it raises `IrDeployError`, never times the original silently):
 
-- at compile time, Triton's compilation listener sees every compile and every cache hit: a kernel whose
-  TTIR digest is a deployed one must have exactly the rewritten binary (SHA-256 of the cubin), or the
-  compile raises;
+- at compile time, Triton's compilation listener sees every compile and every cache hit in the scope: a
+  kernel whose TTIR digest is a deployed one must have exactly the rewritten binary (SHA-256 of the cubin),
+  or the compile raises;
 - at launch time, `CompiledKernel.launch_metadata` (which Triton's JIT and Inductor's launchers call right
-  before every launch) notes, per deployed kernel name, whether the binary launched last was the
-  rewritten one; the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
+  before every launch) notes in the scope, per deployed kernel name, whether the binary launched last was
+  the rewritten one; the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
   the last launch of every deployed name in that call ran the rewritten binary (an autotuner that picked
   another configuration of the same kernel fails here) and that every deployed kernel has been launched in
   this process.
@@ -97,6 +103,7 @@ class _Deployment:
         self.launched: set[str] = set()  # deployed names launched with the rewritten binary
         self.last: dict[str, bool] = {}  # name -> whether its last launch ran the rewritten binary
         self.lock = threading.Lock()
+        self.active = False  # inside a scope (`_Scope`): the hook, the listener and the launch watch act
         self.cache_dir = os.path.join(tempfile.gettempdir(), f"kstrata-ir-{spec['digest'][:20]}", "triton-cache")
 
     # -- the compile side ----------------------------------------------------------------------
@@ -208,8 +215,9 @@ def _parse_mlir(text: str, level: str, like: Any) -> Any:
 _DEPLOYMENT: list[_Deployment] = []
 
 
-def _kstrata_ir_install(spec: dict[str, Any], inductor: bool = True) -> _Deployment:
-    """Install the deployment of `spec` in this process (once; a second, other deployment is an error)."""
+def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
+    """The deployment of `spec` in this process: its listener and launch watch (both idle outside a scope)
+    installed once; a second, other deployment in the same process is an error."""
     if _DEPLOYMENT:
         if _DEPLOYMENT[0].spec["digest"] != spec["digest"]:
             raise IrDeployError("kstrata ir deployer: another deployment is installed in this process")
@@ -218,58 +226,130 @@ def _kstrata_ir_install(spec: dict[str, Any], inductor: bool = True) -> _Deploym
     from triton.compiler.compiler import CompiledKernel
 
     dep = _Deployment(spec)
-    if knobs.runtime.add_stages_inspection_hook is not None:
-        raise IrDeployError("kstrata ir deployer: another Triton stages hook is installed; the rewritten kernels "
-                            "cannot be deployed beside it")
     os.makedirs(dep.cache_dir, exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = dep.cache_dir
-    knobs.cache.dir = dep.cache_dir
-    knobs.runtime.add_stages_inspection_hook = dep.hook
     previous = knobs.compilation.listener
 
     def listener(**kw: Any) -> None:
         if previous is not None:
             previous(**kw)
-        dep.listener(**kw)
+        if dep.active:
+            dep.listener(**kw)
 
     knobs.compilation.listener = listener
     original = CompiledKernel.launch_metadata
 
     def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        dep.watch(self)
+        if dep.active:
+            dep.watch(self)
         return original(self, grid, stream, *args)
 
     CompiledKernel.launch_metadata = launch_metadata
-    if inductor:
-        os.environ.update(TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_FX_GRAPH_CACHE="0",
-                          TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE="0",
-                          TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER="0")
-        from torch._inductor import config as inductor_config
-
-        inductor_config.compile_threads = 1
-        inductor_config.fx_graph_cache = False
-        inductor_config.bundle_triton_into_fx_graph_cache = False
-        if hasattr(inductor_config, "use_static_cuda_launcher"):
-            inductor_config.use_static_cuda_launcher = False
     _DEPLOYMENT.append(dep)
     return dep
 
 
+#: Inductor settings inside the scope (see the module docstring).
+_INDUCTOR = {"compile_threads": 1, "fx_graph_cache": False, "bundle_triton_into_fx_graph_cache": False,
+             "use_static_cuda_launcher": False}
+
+
+class _Scope:
+    """While a ModelNew method runs: the stages hook, the deployment's cache directory and (`inductor`)
+    Inductor's settings, restored after; re-entrant (a forward inside a forward keeps the outer scope).
+    After an instance's checked calls the scope is `inductor=False`: with Inductor's settings a scope cost
+    23 us, without them 4 us (this shared 2-core CPU machine, 2026-12-02), which the timed calls carry, and
+    those settings only matter while a compile happens (a recompile after the checked calls is not
+    re-checked)."""
+
+    _MISSING = object()
+
+    def __init__(self, dep: _Deployment, *, clear: bool = False, inductor: bool = True) -> None:
+        self.dep, self.clear, self.inductor = dep, clear, inductor
+        self.saved: Any = None
+
+    def __enter__(self) -> None:
+        from triton import knobs
+
+        if self.dep.active:
+            return
+        hook = knobs.runtime.add_stages_inspection_hook
+        if hook is not None and hook != self.dep.hook:
+            raise IrDeployError("kstrata ir deployer: another Triton stages hook is installed; the rewritten kernels "
+                                "cannot be deployed beside it")
+        inductor: dict[str, Any] = {}
+        if self.inductor:
+            from torch._inductor import config as inductor_config
+
+            inductor = {k: getattr(inductor_config, k) for k in _INDUCTOR if hasattr(inductor_config, k)}
+            for k in inductor:
+                setattr(inductor_config, k, _INDUCTOR[k])
+        # the knob's own value (set or not) and the environment variable its setter also writes
+        self.saved = (hook, knobs.cache.__dict__.get("dir", self._MISSING), os.environ.get("TRITON_CACHE_DIR"),
+                      inductor)
+        knobs.cache.dir = self.dep.cache_dir
+        knobs.runtime.add_stages_inspection_hook = self.dep.hook
+        if self.clear:
+            _clear_inductor_caches()
+        self.dep.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is None:
+            return
+        from triton import knobs
+
+        hook, raw_dir, env_dir, inductor = self.saved
+        self.saved = None
+        self.dep.active = False
+        if self.clear:
+            _clear_inductor_caches()
+        knobs.runtime.add_stages_inspection_hook = hook
+        if raw_dir is self._MISSING:
+            knobs.cache.__dict__.pop("dir", None)
+        else:
+            knobs.cache.__dict__["dir"] = raw_dir
+        if env_dir is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = env_dir
+        if inductor:
+            from torch._inductor import config as inductor_config
+
+            for k, v in inductor.items():
+                setattr(inductor_config, k, v)
+
+
+def _clear_inductor_caches() -> None:
+    try:
+        from torch._inductor.async_compile import CompiledTritonKernels
+        from torch._inductor.codecache import PyCodeCache
+    except ImportError:  # an Inductor without these caches has nothing to clear
+        return
+    CompiledTritonKernels.cache_clear()
+    PyCodeCache.cache_clear()
+
+
 def _kstrata_ir_checked(cls: Any, dep: _Deployment) -> Any:
-    """`cls` (the incumbent's ModelNew) whose first `VERIFY_CALLS` calls per instance check the deployment."""
+    """`cls` (the incumbent's ModelNew) whose `__init__` and `forward` run in the deployment's scope, and whose
+    first `VERIFY_CALLS` calls per instance check the deployment."""
 
     class Checked(cls):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            with _Scope(dep):
+                super().__init__(*args, **kwargs)
+
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             calls = self.__dict__.get("_kstrata_ir_calls", 0)
             if calls >= VERIFY_CALLS:
-                return super().forward(*args, **kwargs)
-            dep.begin_call()
-            out = super().forward(*args, **kwargs)
-            import torch
+                with _Scope(dep, inductor=False):
+                    return super().forward(*args, **kwargs)
+            with _Scope(dep, clear=calls == 0):
+                dep.begin_call()
+                out = super().forward(*args, **kwargs)
+                import torch
 
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            dep.check_call()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                dep.check_call()
             self.__dict__["_kstrata_ir_calls"] = calls + 1
             return out
 

@@ -173,10 +173,10 @@ def record_node(node: Node, services: LoopServices, work: Path) -> tuple[Path, P
     launch records, the profile's data). Raises RuntimeError with the job's error when it failed."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cand = work / "model_new.py"
+    cand = (work / "model_new.py").resolve()
     cand.write_text(node.candidate.source)
-    cache, records = work / "triton-cache", work / "records"
-    env = {"TRITON_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache"),
+    cache, records = (work / "triton-cache").resolve(), (work / "records").resolve()
+    env = {"TRITON_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str((work / "inductor-cache").resolve()),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE": "0"}
     prefix = [sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(records), "--"]
     limit = max(30.0, min(services.timeout_s, TIME_FRACTION * services.time_left_s()))
@@ -228,27 +228,37 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
         out.note = f"{node.candidate.description}: no recorded Triton kernel has {1:.0%} of the device time or more"
         return out
     workers = services.evaluator.workers
-    pool = WorkerPool(workers=workers) if isinstance(workers, LocalWorkers) else WorkerPool()
+    shared = isinstance(workers, LocalWorkers)
+    if not shared:  # a Ray cluster: the engine's jobs run on this machine's GPUs, outside the cluster's queues
+        out.kernels.append({"note": f"the engine's GPU jobs run on this machine, not through the {workers.name} "
+                                    "workers: their timings are not serialized with the loop's jobs"})
+    pool = WorkerPool(workers=workers) if shared else WorkerPool()
     budget = kernel_budget(services, len(ranked))
     opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s)
-    with Engine(services.workdir / "engine", pool) as engine:
-        for k in ranked:
-            if services.time_left_s() < MIN_SECONDS:
-                out.kernels.append({"kernel": k.name, "skipped": "the task's time ran short"})
-                continue
-            services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}")
-            s = search_one(engine, k, "cuda", opts, services.progress)
-            row: dict[str, Any] = {"kernel": k.name, "share": k.share, "mode": s.mode, "trials": len(s.trials),
-                                   "passed_gate": sum(1 for t in s.trials if t.status in ("equivalent", "unproven"))}
-            best = s.best
-            if best is not None and best.entry and best.speedup:
-                name, digest = original_digest(k.entry)
-                out.winners.append(IrWinner(name, digest, k.entry, best.entry, best.pipeline, best.tolerance,
-                                            best.verdict, best.reason[:300], float(best.speedup), best.speedup_range,
-                                            best.time_before_us, best.time_after_us, k.share))
-                row.update(winner=best.pipeline, speedup=best.speedup, verdict=best.verdict)
-            out.kernels.append(row)
-    pool.close()
+    # the kernels share TIME_FRACTION of the time left; a trial in flight at the deadline finishes
+    deadline = time.perf_counter() + TIME_FRACTION * services.time_left_s()
+    try:
+        with Engine(services.workdir / "engine", pool) as engine:
+            for k in ranked:
+                if time.perf_counter() > deadline or services.time_left_s() < MIN_SECONDS:
+                    out.kernels.append({"kernel": k.name, "skipped": "the task's time for the ir space ran out"})
+                    continue
+                services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}")
+                s = search_one(engine, k, "cuda", opts, services.progress, deadline=deadline)
+                row: dict[str, Any] = {"kernel": k.name, "share": k.share, "mode": s.mode, "trials": len(s.trials),
+                                       "passed_gate": sum(1 for t in s.trials if t.status in ("equivalent", "unproven")),
+                                       "tried": [f"{t.pipeline}: {t.status}" + (f" {t.speedup:.3f}x" if t.speedup else "")
+                                                 for t in s.trials]}
+                best = s.best
+                if best is not None and best.entry and best.speedup:
+                    name, digest = original_digest(k.entry)
+                    out.winners.append(IrWinner(name, digest, k.entry, best.entry, best.pipeline, best.tolerance,
+                                                best.verdict, best.reason[:300], float(best.speedup),
+                                                best.speedup_range, best.time_before_us, best.time_after_us, k.share))
+                    row.update(winner=best.pipeline, speedup=best.speedup, verdict=best.verdict)
+                out.kernels.append(row)
+    finally:
+        pool.close()
     out.seconds = time.monotonic() - start
     if not out.winners:
         out.note = (f"{node.candidate.description}: {len(out.kernels)} kernels searched "
@@ -284,11 +294,17 @@ class IrPassProposer:
         node = self._target(state)
         if node.key in self._prepared or self._why_not(state, node):
             return None
+        if services.budget <= 0:
+            return None  # the loop stops before it would judge a candidate
         if TIME_FRACTION * services.time_left_s() < MIN_SECONDS:
             self._prepared[node.key] = Prepared(note=f"not searched: under {MIN_SECONDS:.0f} s of the task's time "
                                                       "would be left for the recording and the kernel-level search")
             return None
-        prepared = search_node(node, services)
+        try:
+            prepared = search_node(node, services)
+        except Exception as exc:  # searched once: a failure is said, and not repeated on every proposal
+            prepared = Prepared(note=f"{node.candidate.description}: the recording or the kernel-level search failed: "
+                                     f"{type(exc).__name__}: {exc}")
         self._prepared[node.key] = prepared
         return {"node": node.key, "seconds": round(prepared.seconds, 1), "kernels": prepared.kernels,
                 "winners": [w.summary() for w in prepared.winners], "note": prepared.note}

@@ -35,7 +35,9 @@ def ir_rowsum(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + row, tl.sum(x, axis=0))
 '''
 
-#: Compiles the kernel for sm_90 on the CPU; with MODEL set, after importing that model_new.py (its deployer).
+#: Compiles the kernel for sm_90 on the CPU; with MODEL set, inside that model_new.py's forward (its deployer
+#: acts there), then "launches" it (LAUNCH: the compiled kernel, `original`: the un-rewritten binary as a stale
+#: cache would give it, `none`: nothing).
 COMPILE = '''
 import hashlib, importlib.util, json, os, sys
 sys.path.insert(0, os.environ["KDIR"])
@@ -48,31 +50,40 @@ import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.compiler.compiler import CompiledKernel
 from kern import ir_rowsum
 src = ASTSource(ir_rowsum, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024})
-try:
+res = {}
+
+
+def build():
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-except Exception as exc:
-    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)}))
-    sys.exit(0)
-out = {"ptx": hashlib.sha256(k.asm["ptx"].encode()).hexdigest(), "cubin": hashlib.sha256(k.asm["cubin"]).hexdigest(),
-       "num_warps": k.metadata.num_warps, "cache_dir": knobs.cache.dir}
-if model is not None and os.environ.get("LAUNCH"):
-    from triton.compiler.compiler import CompiledKernel
-    calls = []
-    if os.environ["LAUNCH"] == "original":  # the un-rewritten binary of the same kernel, as a stale cache would give
-        grp = json.load(open(os.environ["ORIGINAL_GROUP"]))["child_paths"]
-        k = CompiledKernel(src, grp, "stale")
-    knobs.runtime.launch_enter_hook = None  # Triton's own launch_metadata then touches no driver (none on the CPU)
-    if os.environ["LAUNCH"] != "none":
-        model.ON_FORWARD = lambda: k.launch_metadata((1, 1, 1), 0)
-    m = model.ModelNew()
+    res.update(ptx=hashlib.sha256(k.asm["ptx"].encode()).hexdigest(), cubin=hashlib.sha256(k.asm["cubin"]).hexdigest(),
+               num_warps=k.metadata.num_warps, cache_dir=knobs.cache.dir)
+    return k
+
+
+if model is None:
+    build()
+else:
+    def on_forward():
+        k = build()
+        knobs.runtime.launch_enter_hook = None  # Triton's launch_metadata then touches no driver (none on the CPU)
+        launch = os.environ.get("LAUNCH", "rewritten")
+        if launch == "original":
+            k = CompiledKernel(src, json.load(open(os.environ["ORIGINAL_GROUP"]))["child_paths"], "stale")
+        if launch != "none":
+            k.launch_metadata((1, 1, 1), 0)
+
+    model.ON_FORWARD = on_forward
     try:
-        m(1.0)
-        out["forward"] = "ok"
+        model.ModelNew()(1.0)
+        res["forward"] = "ok"
     except Exception as exc:
-        out["forward"] = type(exc).__name__ + ": " + str(exc)
-print(json.dumps(out))
+        res["forward"] = type(exc).__name__ + ": " + str(exc)
+    res["after_dir"] = knobs.cache.dir  # restored once the forward is over
+    res["after_hook"] = knobs.runtime.add_stages_inspection_hook is None
+print(json.dumps(res))
 '''
 
 MODEL = '''
@@ -138,11 +149,26 @@ def test_the_deployer_makes_a_fresh_process_compile_the_rewritten_kernel_after_a
     model = _model(r, r["tmp"] / "model_new.py")
     for attempt in ("compiles", "hits its own cache"):
         got = _child(r["tmp"], r["cache"], model=model, tmpdir=r["tmp"] / "t-deploy")
-        assert "error" not in got, (attempt, got)
+        assert got["forward"] == "ok", (attempt, got)
         assert got["ptx"] == r["ptx"] and got["cubin"] == r["cubin"] and got["num_warps"] == 8, attempt
         assert Path(got["cache_dir"]).is_relative_to(r["tmp"] / "t-deploy")  # its own cache, never the user's
+        assert got["after_dir"] == str(r["cache"]) and got["after_hook"]  # only while the model ran
     # without the deployer the user's cache is untouched and still answers with the original
     assert _child(r["tmp"], r["cache"])["cubin"] == r["first"]["cubin"]
+
+
+def test_the_deployer_leaves_other_compiles_in_the_process_alone(rewritten: dict[str, Any], tmp_path: Path) -> None:
+    r = rewritten
+    model = _model(r, tmp_path / "model_new.py")
+    script = (r["tmp"] / "compile.py").read_text().replace("if model is None:", "if True:", 1)
+    other = tmp_path / "other.py"  # the deployer is installed (model_new imported), but the compile is outside it
+    other.write_text(script.replace("    model.ON_FORWARD = on_forward", "    model.ON_FORWARD = None"))
+    e = {**os.environ, "KDIR": str(r["tmp"]), "TRITON_CACHE_DIR": str(r["cache"]), "MODEL": str(model),
+         "TMPDIR": str(tmp_path), "LAUNCH": "none"}
+    proc = subprocess.run([sys.executable, str(other)], capture_output=True, text=True, timeout=300, env=e, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["cubin"] == r["first"]["cubin"] and got["num_warps"] == 4 and got["cache_dir"] == str(r["cache"])
 
 
 def test_the_deployer_raises_when_triton_returns_the_original(rewritten: dict[str, Any], tmp_path: Path) -> None:
@@ -154,7 +180,7 @@ def test_the_deployer_raises_when_triton_returns_the_original(rewritten: dict[st
     stale = tmpdir / f"kstrata-ir-{spec['digest'][:20]}" / "triton-cache"
     shutil.copytree(r["cache"], stale)  # the deployer's own cache holds the un-rewritten binary
     got = _child(r["tmp"], r["cache"], model=model, tmpdir=tmpdir)
-    assert got.get("error", "").startswith("IrDeployError") and "a cache hit returned" in got["error"], got
+    assert got["forward"].startswith("IrDeployError") and "a cache hit returned" in got["forward"], got
 
 
 def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], tmp_path: Path) -> None:
@@ -166,7 +192,7 @@ def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], 
     stale = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="original",
                    ORIGINAL_GROUP=str(group))
     assert stale["forward"].startswith("IrDeployError") and "other than the rewritten" in stale["forward"], stale
-    never = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="none", ORIGINAL_GROUP=str(group))
+    never = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="none")
     assert never["forward"].startswith("IrDeployError") and "never launched" in never["forward"], never
 
 
@@ -214,6 +240,36 @@ def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candida
     empty = _state("cuda")
     p._prepared["inc0"] = Prepared(note="2 kernels searched; no rewrite beat its original beyond the noise")
     assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
+
+
+def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_candidate(
+        rewritten: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import irspace
+    from kstrata.agents.optimize.state import LoopServices
+
+    from .test_optimize import FakeEvaluator, _rule_us, _search
+
+    seen: list[Any] = []
+
+    def fake_search(node: Any, services: LoopServices) -> Prepared:
+        seen.append((node.candidate.description, services))
+        return Prepared(winners=[rewritten["winner"]], kernels=[{"kernel": "ir_rowsum", "trials": 3}], seconds=1.0)
+
+    monkeypatch.setattr(irspace, "search_node", fake_search)
+    ev = FakeEvaluator(tmp_path, lambda src: 70.0 if "_KSTRATA_IR_SPEC" in src else _rule_us(src))
+    s = _search(tmp_path, ev, spaces=("ir",), budget=2)
+    r = s.run()
+    (desc, services), = seen  # prepared once, for the incumbent (the compile baseline), with the loop's evaluator
+    assert desc == "baseline compile" and services.evaluator is ev and services.time_left_s() > 0
+    traj = list(s.traj.replay())
+    prep = [e for e in traj if e["type"] == "prepare"]
+    assert len(prep) == 1 and prep[0]["space"] == "ir" and prep[0]["summary"]["winners"][0]["pipeline"] == \
+        "ttgir(num-warps{n=8})"
+    (cand,) = [e for e in traj if e["type"] == "candidate" and e["space"] == "ir"]
+    k = cand["edit"]["params"]["kernels"][0]
+    assert (k["name"], k["pipeline"], k["verdict"], k["speedup"]) == ("ir_rowsum", "ttgir(num-warps{n=8})",
+                                                                     "equivalent", 1.25)
+    assert r.chosen_space == "ir" and r.speedup == pytest.approx(90 / 70)
 
 
 @pytest.mark.gpu
