@@ -324,7 +324,7 @@ def _clear_inductor_caches() -> None:
         from torch._inductor.codecache import PyCodeCache
     except ImportError:  # an Inductor without these caches has nothing to clear
         return
-    CompiledTritonKernels.cache_clear()
+    CompiledTritonKernels.cache_clear()  # type: ignore[no-untyped-call]
     PyCodeCache.cache_clear()
 
 
