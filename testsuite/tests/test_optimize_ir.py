@@ -281,7 +281,7 @@ def test_the_ir_space_improves_inductor_layernorm_on_the_gpu(tmp_path: Path) -> 
     src = (Path(__file__).resolve().parents[1] / "tasks" / "level1" / "19_layernorm_fp16.py").read_text()
     task.write_text(src.replace("batch = 32", "batch = 8").replace("seq = 2048", "seq = 1024"))
     events: list[str] = []
-    results = optimize(task, tmp_path / "out", Options(budget=4, minutes=12, device="cuda", spaces=("ir",),
+    results = optimize(task, tmp_path / "out", Options(budget=3, minutes=7, device="cuda", spaces=("ir",), baselines=("eager", "compile"),
                                                        progress=events.append, ncu=False))
     (res,) = results
     traj = [json.loads(ln) for ln in (tmp_path / "out" / "trajectory.jsonl").read_text().splitlines()]
