@@ -539,12 +539,16 @@ class WorkerPool:
     GPU, and a GPU that keeps faulting is quarantined). `gpus`: indices, or `GpuDevice`s (`--gpus`; tests give
     fake ones); None: every visible GPU (GPU 0 when none is)."""
 
-    def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | Sequence[GpuDevice] | None = None) -> None:
+    def __init__(self, cpu_workers: int = 1, gpus: Sequence[int] | Sequence[GpuDevice] | None = None, *,
+                 workers: LocalWorkers | None = None) -> None:
         self.cpu_workers = max(1, cpu_workers)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_workers, thread_name_prefix="kstrata-cpu")
         self._gpu_spec: list[int | GpuDevice] | None = list(gpus) if gpus is not None else None
-        self._workers: LocalWorkers | None = None
-        self._gpu_threads: ThreadPoolExecutor | None = None
+        # `workers`: another driver's GPU workers (the optimizer's), so this pool's GPU jobs share its per-GPU
+        # scheduling (`GpuUse`) instead of timing beside that driver's jobs on the same device.
+        self._workers: LocalWorkers | None = workers
+        self._gpu_threads: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=2 * len(workers.gpus), thread_name_prefix="kstrata-gpu") if workers else None)
         self._lock = threading.Lock()
 
     def _gpu_workers(self) -> LocalWorkers:

@@ -208,7 +208,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                 windows[k.entry] = hot_window(k, device, profile=len(windows) < NCU_KERNELS)
                 say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()})")
                 try:
-                    searches[k.entry] = _search_one(engine, k, device, opts, say, windows[k.entry])
+                    searches[k.entry] = search_one(engine, k, device, opts, say, window=windows[k.entry])
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue
@@ -325,13 +325,17 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWin
     return KernelWindow(static_hot_window(text, level), why_static=why, text=text)
 
 
-def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
-                say: Callable[[str], None], window: KernelWindow) -> KernelSearch:
+def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
+               say: Callable[[str], None], deadline: float | None = None,
+               window: KernelWindow | None = None) -> KernelSearch:
+    """One kernel's spaces and search (`deadline`: a `time.perf_counter()` after which no candidate starts;
+    `window`: its hot window, sampled or static; without one the passes' own static window is used)."""
     from kstrata.agents.engine import _load_one
 
     bundle = _load_one(k.entry, k.override_key)
     records = [k.record] if k.record else []
-    spaces = kernel_spaces(bundle, records, exact=opts.exact, only=opts.spaces, window=window.for_spaces())
+    sampled = window.for_spaces() if window is not None else None
+    spaces = kernel_spaces(bundle, records, exact=opts.exact, only=opts.spaces, window=sampled)
     base = engine.add_kernel(k.entry, k.override_key)
     unavailable = measurement_unavailable(k.target)
     surrogate = None
@@ -348,7 +352,7 @@ def _search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpt
         mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
             f"unmeasured: {why}"
     cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
-                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs)
+                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline)
     return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
                          surrogate=surrogate, progress=say, env=tool_env(k.record))
 

@@ -56,6 +56,12 @@ class SearchConfig:
     jobs: int = 1
     #: Why nothing can be timed here (None when timing runs): said on every unmeasured candidate.
     unmeasured_reason: str | None = None
+    #: `time.perf_counter()` after which no further candidate is started (a caller's deadline: the optimizer's
+    #: `ir` space searches within the task's time); None: the budget alone bounds the search.
+    deadline: float | None = None
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
 
 @dataclass
@@ -270,6 +276,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
 
         engine.build_many([candidate(a) for a in singles[:n_single]], env_for=lambda _c: env)
     for a in singles[:n_single]:
+        if cfg.out_of_time():
+            break
         evaluate((a,), "singleton")
 
     def usable(t: Trial) -> bool:
@@ -287,7 +295,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         current_score = 0.0
     temperature = cfg.temperature
     attempts = 0
-    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget:
+    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget and not cfg.out_of_time():
         attempts += 1
         nxt = _neighbour(current, by_pass, rng, cfg.max_edits)
         if nxt is None or pipeline_of(nxt) in tried:

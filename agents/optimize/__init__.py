@@ -46,9 +46,13 @@ factory may return a list). Analyzers plug in the same way under `kstrata.analyz
 Spaces and their proposers in this package: `library` (cudnn.benchmark, channels-last, SDPA backend,
 addmm + activation epilogue, CUDA graphs for launch-bound tasks, TF32/bf16 only under those policies),
 `compiler` (Inductor options), `graph` (exact torch.fx rewrites, checked numerically under the policy).
-`triton` comes from `kstrata.agents.templates`; `ir` is the hook for passes' `schedule_space` on the
-incumbent's Triton kernels (`proposers.IrPassProposer`, active when `kstrata.passes` exposes
-`schedule_space`); `asm` is reserved.
+`triton` comes from `kstrata.agents.templates`; `ir` (`irspace.IrPassProposer`) records the node's Triton
+kernels on the GPU, searches the largest ones with the compiled-kernel search (passes' `schedule_space`), and
+proposes the node's source plus a standalone deployer of the winners (`deployer.py`); `asm` is reserved.
+
+A proposer may also define `prepare(state, services)` (`state.LoopServices`): the loop calls it before
+`propose`, outside the task lock, and it is the one place a proposer may build, check or time, through the
+loop's evaluator and its workers (the `ir` space's recording and kernel-level search run there).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from importlib import import_module, metadata
 from typing import Any, Protocol, runtime_checkable
 
 from kstrata.agents.optimize.candidate import SPACES, TaskCandidate
+from kstrata.agents.optimize.irspace import IrPassProposer
 from kstrata.agents.optimize.state import SearchState
 
 ENTRY_POINT_GROUP = "kstrata.proposers"
@@ -22,7 +23,13 @@ ENTRY_POINT_GROUP = "kstrata.proposers"
 
 @runtime_checkable
 class Proposer(Protocol):
-    """Declares its space; returns complete candidates for a state. Must not evaluate or time anything."""
+    """Declares its space; returns complete candidates for a state. Must not evaluate or time anything.
+
+    A proposer that needs evidence only a run can give (the `ir` space: its node's kernels recorded and
+    searched at the kernel level) may also define `prepare(state, services) -> dict | None`: the loop calls it
+    before `propose`, on the strategy worker's thread and outside the task lock, with `services`
+    (`state.LoopServices`: the loop's evaluator, whose workers every GPU job must go through, and the
+    deadline); a dict it returns is written to the trajectory (a `prepare` event)."""
 
     name: str
     space: str
@@ -134,30 +141,3 @@ def discover_proposers(extra: Iterable[Proposer] = (), *, plugins: bool = True) 
             continue
         seen[p.name] = p
     return list(seen.values()), problems
-
-
-class IrPassProposer:
-    """The `ir` space: IR passes on the incumbent's Triton kernels, enumerated from each pass's
-    `schedule_space(bundle)` (issue 12, branch i12b). Candidates at this level are not task-level
-    sources but pass pipelines over the incumbent's Triton cache, which the engine builds and checks; until
-    the engine and `schedule_space` land, this proposer proposes nothing and says why."""
-
-    name = "ir-passes"
-    space = "ir"
-
-    def propose(self, state: SearchState) -> list[TaskCandidate]:
-        from kstrata.passes.registry import available_passes, get_pass
-
-        spaced = []
-        for name in available_passes():
-            try:
-                if hasattr(get_pass(name), "schedule_space"):
-                    spaced.append(name)
-            except Exception:  # a broken plugin pass is the pass runner's problem, not the optimizer's
-                continue
-        if not spaced:
-            state.note(self.name, "no pass exposes schedule_space yet (issue 12); the ir space is not searched")
-        else:
-            state.note(self.name, f"{len(spaced)} passes expose schedule_space, but IR candidates need the engine's "
-                                  "build/check of the incumbent's Triton kernels (issue 12), not yet in the loop")
-        return []

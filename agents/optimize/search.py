@@ -49,6 +49,7 @@ from kstrata.agents.optimize.proposers import Proposer, discover_proposers
 from kstrata.agents.optimize.state import (
     CheckResult,
     Conclusion,
+    LoopServices,
     Measurement,
     Node,
     SearchMemory,
@@ -781,9 +782,31 @@ class TaskSearch:
                 return s
         return None
 
+    def services(self) -> LoopServices:
+        """What a proposer's `prepare` may use (`state.LoopServices`)."""
+        return LoopServices(self.ev, self.info.path, self.out / ".work",
+                            lambda: self.time_left_s() - self.final_reserve_s(),
+                            max(0, self.opts.budget - self.candidates_judged()), self.opts.timeout_s, self.say)
+
+    def _prepare(self, p: Proposer, state: SearchState) -> None:
+        """A proposer's optional `prepare` (see `proposers.Proposer`): its run, timed, in the trajectory."""
+        prepare = getattr(p, "prepare", None)
+        if not callable(prepare):
+            return
+        t0 = self.elapsed()
+        try:
+            summary = prepare(state, self.services())
+        except Exception as exc:  # a proposer's bug costs its proposals, not the run
+            self.notes[p.name] = f"prepare() raised {type(exc).__name__}: {exc}"
+            return
+        if summary:
+            self.emit({"type": "prepare", "proposer": p.name, "space": p.space, "seconds": round(self.elapsed() - t0, 3),
+                       "summary": summary})
+
     def _propose(self, node: Node, space: str) -> TaskCandidate | None:
         state = self._state(node, space)
         for p in [p for p in self.proposers if p.space == space]:
+            self._prepare(p, state)
             try:
                 with TASK_LOCK:
                     proposals = p.propose(state)

@@ -164,3 +164,20 @@ class SearchState:
 
     def finding(self, kind: str) -> Finding | None:
         return next((f for f in self.findings if f.kind == kind), None)
+
+
+@dataclass(frozen=True)
+class LoopServices:
+    """What the loop lends a proposer's optional `prepare(state, services)` (the one place a proposer may run
+    work that builds, checks or times: the `ir` space's recording and kernel-level search). `evaluator` is the
+    loop's (`evaluation.Evaluator`: its `workers` are the pool every GPU job of the task goes through, so a
+    kernel's timing waits for the loop's checks and they for it); `time_left_s()` is what the task may still
+    spend before its final re-evaluation's reserve; `budget` the candidates the task may still judge."""
+
+    evaluator: Any
+    task: Path
+    workdir: Path
+    time_left_s: Any  # Callable[[], float]
+    budget: int
+    timeout_s: float
+    progress: Any  # Callable[[str], None]

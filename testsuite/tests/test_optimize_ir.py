@@ -1,0 +1,294 @@
+"""The optimizer's `ir` space: the standalone deployer makes Triton compile the rewritten kernel in a fresh
+process (also after a warm cache hit of the original), raises when the rewritten kernel is not what Triton
+returns or launches, the proposer says why it proposes nothing on the CPU, and its plumbing from a recorded
+program's kernels to a standalone TaskCandidate. On a GPU: level1/19 (LayerNorm, Inductor) end to end."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kstrata.agents.optimize.irspace import IrPassProposer, IrWinner, Prepared, original_digest, render_ir_source
+
+from .conftest import has_cuda
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ir_rowsum(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    row = tl.program_id(0)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + row, tl.sum(x, axis=0))
+'''
+
+#: Compiles the kernel for sm_90 on the CPU; with MODEL set, inside that model_new.py's forward (its deployer
+#: acts there), then "launches" it (LAUNCH: the compiled kernel, `original`: the un-rewritten binary as a stale
+#: cache would give it, `none`: nothing).
+COMPILE = '''
+import hashlib, importlib.util, json, os, sys
+sys.path.insert(0, os.environ["KDIR"])
+model = None
+if os.environ.get("MODEL"):
+    spec = importlib.util.spec_from_file_location("model_new", os.environ["MODEL"])
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.compiler import CompiledKernel
+from kern import ir_rowsum
+src = ASTSource(ir_rowsum, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024})
+res = {}
+
+
+def build():
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    res.update(ptx=hashlib.sha256(k.asm["ptx"].encode()).hexdigest(), cubin=hashlib.sha256(k.asm["cubin"]).hexdigest(),
+               num_warps=k.metadata.num_warps, cache_dir=knobs.cache.dir)
+    return k
+
+
+if model is None:
+    build()
+else:
+    def on_forward():
+        k = build()
+        knobs.runtime.launch_enter_hook = None  # Triton's launch_metadata then touches no driver (none on the CPU)
+        launch = os.environ.get("LAUNCH", "rewritten")
+        if launch == "original":
+            k = CompiledKernel(src, json.load(open(os.environ["ORIGINAL_GROUP"]))["child_paths"], "stale")
+        if launch != "none":
+            k.launch_metadata((1, 1, 1), 0)
+
+    model.ON_FORWARD = on_forward
+    try:
+        model.ModelNew()(1.0)
+        res["forward"] = "ok"
+    except Exception as exc:
+        res["forward"] = type(exc).__name__ + ": " + str(exc)
+    res["after_dir"] = knobs.cache.dir  # restored once the forward is over
+    res["after_hook"] = knobs.runtime.add_stages_inspection_hook is None
+print(json.dumps(res))
+'''
+
+MODEL = '''
+import torch
+
+ON_FORWARD = None
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        if ON_FORWARD is not None:
+            ON_FORWARD()
+        return x
+'''
+
+
+def _child(tmp: Path, cache: Path, *, model: Path | None = None, tmpdir: Path | None = None,
+           **env: str) -> dict[str, Any]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_KERNEL", "TRITON_OVERRIDE", "TRITON_ALWAYS"))}
+    e.update(KDIR=str(tmp), TRITON_CACHE_DIR=str(cache), MODEL=str(model or ""), TMPDIR=str(tmpdir or tmp / "t"), **env)
+    e.pop("TRITON_INTERPRET", None)
+    Path(e["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(tmp / "compile.py")], capture_output=True, text=True, timeout=300,
+                          env=e, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The kernel compiled on the CPU into a warm cache, and the engine's `num-warps{n=8}` build of it."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    tmp = tmp_path_factory.mktemp("ir")
+    (tmp / "kern.py").write_text(KERNEL)
+    (tmp / "compile.py").write_text(COMPILE)
+    cache = tmp / "warm-cache"
+    first = _child(tmp, cache)
+    entry = next(p.parent for p in cache.rglob("ir_rowsum.cubin"))
+    with Engine(tmp / "engine") as engine:
+        base = engine.add_kernel(entry)
+        built = engine.build(Candidate(base, "ttgir", PipelineEdit("ttgir(num-warps{n=8})"), "reduction-order"))
+    assert built.status == "changed" and built.entry, built.error
+    name, digest = original_digest(entry)
+    winner = IrWinner(name, digest, str(entry), built.entry, "ttgir(num-warps{n=8})", "reduction-order", "equivalent",
+                      "gpu differential run (fake for this test)", 1.25, [1.2, 1.3], 10.0, 8.0, 0.9)
+    built_files = {p.suffix[1:]: p for p in Path(built.entry).iterdir()}
+    return {"tmp": tmp, "cache": cache, "entry": entry, "first": first, "winner": winner,
+            "ptx": hashlib.sha256(built_files["ptx"].read_bytes()).hexdigest(),
+            "cubin": hashlib.sha256(built_files["cubin"].read_bytes()).hexdigest()}
+
+
+def _model(r: dict[str, Any], path: Path) -> Path:
+    path.write_text(render_ir_source(MODEL, [r["winner"]]))
+    return path
+
+
+def test_the_deployer_makes_a_fresh_process_compile_the_rewritten_kernel_after_a_warm_hit(rewritten: dict[str, Any]) -> None:
+    r = rewritten
+    assert r["first"]["num_warps"] == 4 and r["first"]["ptx"] != r["ptx"]
+    again = _child(r["tmp"], r["cache"])  # the warm cache answers with the original
+    assert again["cubin"] == r["first"]["cubin"]
+    model = _model(r, r["tmp"] / "model_new.py")
+    for attempt in ("compiles", "hits its own cache"):
+        got = _child(r["tmp"], r["cache"], model=model, tmpdir=r["tmp"] / "t-deploy")
+        assert got["forward"] == "ok", (attempt, got)
+        assert got["ptx"] == r["ptx"] and got["cubin"] == r["cubin"] and got["num_warps"] == 8, attempt
+        assert Path(got["cache_dir"]).is_relative_to(r["tmp"] / "t-deploy")  # its own cache, never the user's
+        assert got["after_dir"] == str(r["cache"]) and got["after_hook"]  # only while the model ran
+    # without the deployer the user's cache is untouched and still answers with the original
+    assert _child(r["tmp"], r["cache"])["cubin"] == r["first"]["cubin"]
+
+
+def test_the_deployer_leaves_other_compiles_in_the_process_alone(rewritten: dict[str, Any], tmp_path: Path) -> None:
+    r = rewritten
+    model = _model(r, tmp_path / "model_new.py")
+    script = (r["tmp"] / "compile.py").read_text().replace("if model is None:", "if True:", 1)
+    other = tmp_path / "other.py"  # the deployer is installed (model_new imported), but the compile is outside it
+    other.write_text(script.replace("    model.ON_FORWARD = on_forward", "    model.ON_FORWARD = None"))
+    e = {**os.environ, "KDIR": str(r["tmp"]), "TRITON_CACHE_DIR": str(r["cache"]), "MODEL": str(model),
+         "TMPDIR": str(tmp_path), "LAUNCH": "none"}
+    proc = subprocess.run([sys.executable, str(other)], capture_output=True, text=True, timeout=300, env=e, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["cubin"] == r["first"]["cubin"] and got["num_warps"] == 4 and got["cache_dir"] == str(r["cache"])
+
+
+def test_the_deployer_raises_when_triton_returns_the_original(rewritten: dict[str, Any], tmp_path: Path) -> None:
+    r = rewritten
+    model = _model(r, tmp_path / "model_new.py")
+    spec = json.loads(ast.literal_eval(next(ln.split(" = ", 1)[1] for ln in model.read_text().splitlines()
+                                            if ln.startswith("_KSTRATA_IR_SPEC = "))))
+    tmpdir = tmp_path / "t"
+    stale = tmpdir / f"kstrata-ir-{spec['digest'][:20]}" / "triton-cache"
+    shutil.copytree(r["cache"], stale)  # the deployer's own cache holds the un-rewritten binary
+    got = _child(r["tmp"], r["cache"], model=model, tmpdir=tmpdir)
+    assert got["forward"].startswith("IrDeployError") and "a cache hit returned" in got["forward"], got
+
+
+def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], tmp_path: Path) -> None:
+    r = rewritten
+    model = _model(r, tmp_path / "model_new.py")
+    group = next(r["entry"].glob("__grp__*.json"))
+    ok = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="rewritten")
+    assert ok["forward"] == "ok", ok
+    stale = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="original",
+                   ORIGINAL_GROUP=str(group))
+    assert stale["forward"].startswith("IrDeployError") and "other than the rewritten" in stale["forward"], stale
+    never = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="none")
+    assert never["forward"].startswith("IrDeployError") and "never launched" in never["forward"], never
+
+
+def _state(device: str, source: str = MODEL, space: str = "baseline") -> Any:
+    node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(source=source, description="baseline compile"))
+    notes: dict[str, str] = {}
+    return SimpleNamespace(device=device, parent=None, incumbent=node, tried=frozenset(), notes=notes,
+                           note=lambda name, why: notes.__setitem__(name, why))
+
+
+def test_the_ir_space_on_the_cpu_says_why_it_proposes_nothing() -> None:
+    p = IrPassProposer()
+    state = _state("cpu")
+    assert p.prepare(state, SimpleNamespace()) is None  # nothing recorded, nothing searched
+    assert p.propose(state) == []
+    assert "NVIDIA GPU" in state.notes["ir-passes"] and "interpreter" in state.notes["ir-passes"]
+    ir_node = _state("cuda", space="ir")
+    assert p.propose(ir_node) == [] and "ir candidate already" in ir_node.notes["ir-passes"]
+
+
+def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candidate(rewritten: dict[str, Any]) -> None:
+    from kstrata.agents.compiled.program import load_program
+    from kstrata.agents.optimize.irspace import rank_kernels
+
+    r = rewritten
+    program = load_program(r["cache"], None)  # a program of kernels compiled on the CPU, no records: all kept
+    ranked = rank_kernels(program, {"kernels": [{"name": "ir_rowsum", "share": 0.8}, {"name": "other", "share": 0.2}]})
+    assert [k.name for k in ranked] == ["ir_rowsum"] and ranked[0].share == pytest.approx(0.8)
+    p = IrPassProposer()
+    state = _state("cuda")
+    p._prepared["inc0"] = Prepared(winners=[r["winner"]])
+    (cand,) = p.propose(state)
+    assert cand.space == "ir" and cand.parent == "inc0" and "num-warps{n=8}" in cand.description
+    assert cand.params["kernels"][0]["pipeline"] == "ttgir(num-warps{n=8})"
+    assert cand.params["kernels"][0]["speedup"] == 1.25 and cand.params["kernels"][0]["verdict"] == "equivalent"
+    tree = ast.parse(cand.source)
+    deployer = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                    and getattr(n.targets[0], "id", "") == "_KSTRATA_IR_DEPLOYER")
+    for t in (tree, ast.parse(deployer)):  # torch, triton and the standard library only: never kstrata
+        mods = {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names} | \
+            {n.module or "" for n in ast.walk(t) if isinstance(n, ast.ImportFrom)}
+        assert not [m for m in mods if m.split(".")[0] not in ("torch", "triton", "__future__") and
+                    m.split(".")[0] not in sys.stdlib_module_names], mods
+    compile(cand.source, "model_new.py", "exec")
+    empty = _state("cuda")
+    p._prepared["inc0"] = Prepared(note="2 kernels searched; no rewrite beat its original beyond the noise")
+    assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
+
+
+def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_candidate(
+        rewritten: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import irspace
+    from kstrata.agents.optimize.state import LoopServices
+
+    from .test_optimize import FakeEvaluator, _rule_us, _search
+
+    seen: list[Any] = []
+
+    def fake_search(node: Any, services: LoopServices) -> Prepared:
+        seen.append((node.candidate.description, services))
+        return Prepared(winners=[rewritten["winner"]], kernels=[{"kernel": "ir_rowsum", "trials": 3}], seconds=1.0)
+
+    monkeypatch.setattr(irspace, "search_node", fake_search)
+    ev = FakeEvaluator(tmp_path, lambda src: 70.0 if "_KSTRATA_IR_SPEC" in src else _rule_us(src))
+    s = _search(tmp_path, ev, spaces=("ir",), budget=2)
+    r = s.run()
+    (desc, services), = seen  # prepared once, for the incumbent (the compile baseline), with the loop's evaluator
+    assert desc == "baseline compile" and services.evaluator is ev and services.time_left_s() > 0
+    traj = list(s.traj.replay())
+    prep = [e for e in traj if e["type"] == "prepare"]
+    assert len(prep) == 1 and prep[0]["space"] == "ir" and prep[0]["summary"]["winners"][0]["pipeline"] == \
+        "ttgir(num-warps{n=8})"
+    (cand,) = [e for e in traj if e["type"] == "candidate" and e["space"] == "ir"]
+    k = cand["edit"]["params"]["kernels"][0]
+    assert (k["name"], k["pipeline"], k["verdict"], k["speedup"]) == ("ir_rowsum", "ttgir(num-warps{n=8})",
+                                                                     "equivalent", 1.25)
+    assert r.chosen_space == "ir" and r.speedup == pytest.approx(90 / 70)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_the_ir_space_improves_inductor_layernorm_on_the_gpu(tmp_path: Path) -> None:
+    from kstrata.agents.optimize.search import Options, optimize
+
+    task = tmp_path / "layernorm_small.py"
+    src = (Path(__file__).resolve().parents[1] / "tasks" / "level1" / "19_layernorm_fp16.py").read_text()
+    task.write_text(src.replace("batch = 32", "batch = 8").replace("seq = 2048", "seq = 1024"))
+    events: list[str] = []
+    results = optimize(task, tmp_path / "out", Options(budget=3, minutes=7, device="cuda", spaces=("ir",), baselines=("eager", "compile"),
+                                                       progress=events.append, ncu=False))
+    (res,) = results
+    traj = [json.loads(ln) for ln in (tmp_path / "out" / "trajectory.jsonl").read_text().splitlines()]
+    prepared = [e for e in traj if e["type"] == "prepare"]
+    assert prepared and prepared[0]["summary"]["kernels"], "\n".join(events[-30:])
+    ir = [e for e in traj if e["type"] == "candidate" and e["space"] == "ir"]
+    assert ir, f"no ir candidate: {prepared[0]['summary']}\n" + "\n".join(events[-30:])
+    assert any(e["verdict"] and e["verdict"]["ok"] for e in ir), [e["verdict"] for e in ir]
+    assert "IrDeployError" not in json.dumps(ir)
+    assert res.status == "done"
