@@ -287,10 +287,13 @@ class TaskSearch:
 
     def skill_reserve_s(self, inc: Node) -> float:
         """With `--learn-skills`, a win's skill gate after the final: one fresh re-evaluation per other seed.
-        Reserved from the start (the next candidate may be the win), so the search stops in time for it: on the
-        H200 (2026-12-02) three wins were "not tried: its reproductions did not fit" when only the final was
-        reserved. Nothing is reserved without a timer (no speedup to reproduce)."""
-        if self.opts.skills_dir is None or not self.ev.timed:
+        Reserved as soon as there is a win (the incumbent is no baseline), so the search stops in time for it:
+        on the H200 (2026-12-02) three wins were "not tried: its reproductions did not fit" when only the final
+        was reserved. Not before a win: reserved from the start, it left a 2.1-minute task 85 s that no
+        candidate fitted into, beside a 144 s reserve for a gate that only a win would have run (H200,
+        2026-12-02, tag ir); a skill is worth less than the search that finds the win. A win found too late for
+        its reproductions is said so ("not tried"). Nothing is reserved without a timer."""
+        if self.opts.skills_dir is None or not self.ev.timed or inc.space == "baseline":
             return 0.0
         return SKILL_REPRODUCTIONS * self.final_cost_s(inc)
 

@@ -375,6 +375,25 @@ def test_with_learn_skills_the_search_stops_in_time_for_the_skill_gate(tmp_path:
     assert ev.final_at[-1] - 1000.0 <= 120.0
 
 
+def test_with_learn_skills_nothing_is_reserved_for_the_skill_gate_before_a_win(tmp_path: Path) -> None:
+    """No candidate beats the baseline: the search tries as many candidates with --learn-skills as without it
+    (the gate runs only for a win). With the reserve taken from the start, a short H200 task tried none."""
+    def no_win(src: str) -> float:
+        return 120.0 if "coordinate_descent_tuning" in src else _rule_us(src)
+
+    judged = []
+    for skills in (None, tmp_path / "skills"):
+        clock = _Clock()
+        ev = _SlowEvaluator(tmp_path / str(bool(skills)), clock, check_s=10.0, final_s=12.0)
+        ev.us = no_win
+        s = _search(tmp_path / str(bool(skills)), ev, budget=50, minutes=1.5, clock=clock,
+                    spaces=("compiler", "library"), skills_dir=skills)
+        r = s.run()
+        assert r.final_ok and s.incumbent.space == "baseline" and s.elapsed() <= 90.0
+        judged.append(r.candidates)
+    assert judged[0] >= 1 and judged[1] == judged[0], judged
+
+
 class _DriftingEvaluator(FakeEvaluator):
     """The chosen candidate (coordinate-descent, 60 us during the search) measures `late_us` once the search
     is over: what a host that changed speed does to a ratio taken earlier."""
