@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
           "`confirmed at the end`: the choice re-measured against the best baseline in a fresh process after the "
           "search (faster / within noise / slower, which falls back to the baseline). "
           "`vs eager (final)` is the fresh re-evaluation's timing (fresh processes, fresh seeds).", "",
-          *head, *body, "", f"Command: `{' '.join(cmd)}`", ""]
+          *head, *body, "", *[f"- {r['name']}: {r['note']}" for r in rows if r.get("note")],
+          f"Command: `{' '.join(cmd)}`", ""]
     text = "\n".join(md)
     print(text)
     targets = [a.results] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])

@@ -145,6 +145,8 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
     lines += [f"Final re-evaluation in fresh processes (seed {final.get('seed')}): "
               f"{'ACCEPTED' if final.get('accepted') else 'REJECTED'} — {final.get('reason', '')}" +
               (f"; {final['speedup_vs_eager']:.3f}x over eager in that run" if final.get("speedup_vs_eager") else ""), ""]
+    if result.note:
+        lines += [f"Note: {result.note}.", ""]
     if final.get("fallback_from"):
         lines += [f"The search's incumbent `{final['fallback_from']}` failed the final re-evaluation; the output fell back "
                   "to the best baseline.", ""]

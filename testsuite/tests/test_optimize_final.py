@@ -438,3 +438,21 @@ def test_the_choice_is_confirmed_against_the_best_baseline_at_the_end(tmp_path: 
     s2.replay()
     assert s2.confirmation is not None and s2.confirmation["verdict"] == verdict
     assert (s2.incumbent.key == s2.base_key) == (verdict == "slower")
+
+
+@pytest.mark.parametrize(("final_ratio", "trusted"), [(0.642, False), (0.97, True)])
+def test_an_eager_output_says_its_final_ratio_times_the_same_code(tmp_path: Path, final_ratio: float,
+                                                                  trusted: bool) -> None:
+    """The output is eager itself (every candidate slower): the final's ratio over eager is the host's spread
+    between two processes, and the result says so; far from 1 it says the timings are not to be trusted."""
+    class Eval(FakeEvaluator):
+        def final(self, task: Path, cand: Path, *, seed: int, ceilings: Any = None) -> FakeVerdict:
+            return FakeVerdict(True, speedup=final_ratio)
+
+    ev = Eval(tmp_path, lambda src: 150.0 if "torch.compile" in src else 100.0)  # eager is the best
+    s = _search(tmp_path, ev, budget=2)
+    r = s.run()
+    assert s.incumbent.candidate.proposer == "baseline:eager", s.incumbent.candidate.description
+    assert r.note.startswith(f"model_new.py is eager itself: its {final_ratio:.3f}x over eager")
+    assert ("not to be trusted to better than that" in r.note) is not trusted
+    assert r.note in (tmp_path / "out" / "report.md").read_text()
