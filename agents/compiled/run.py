@@ -208,7 +208,8 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                 windows[k.entry] = hot_window(k, device, profile=len(windows) < NCU_KERNELS)
                 say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()})")
                 try:
-                    searches[k.entry] = search_one(engine, k, device, opts, say, window=windows[k.entry])
+                    searches[k.entry] = search_one(engine, k, device, opts, say, deadline=deadline,
+                                                   window=windows[k.entry])
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue

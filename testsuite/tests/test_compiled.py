@@ -459,3 +459,28 @@ def test_the_program_reads_launch_counts_and_skips_kernels_it_never_launched(sui
     by = {k.name: k for k in program.kernels}
     assert by["row_sum_kernel"].launches == 7 and by["row_sum_kernel"].record and by["row_sum_kernel"].skip is None
     assert by["vector_add_kernel"].skip and "not launched by the recorded program" in by["vector_add_kernel"].skip
+
+
+def test_a_kernels_search_stops_starting_candidates_at_the_runs_time_budget(suite_cache: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200's first bench_compiled call ran one kernel's whole budget past `--minutes` (each GPU check takes
+    tens of seconds) and was killed before writing anything: the run's deadline reaches the kernel's search."""
+    import time
+
+    import kstrata.agents.compiled.run as run
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+
+    cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")
+    seen: list[float | None] = []
+    real = run.search_one
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("deadline"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(run, "search_one", spy)
+    before = time.perf_counter()
+    optimize_cache(cache, records, tmp_path / "out", CompiledOptions(budget=1, minutes=0.5, device="cpu",
+                                                                     spaces=("options",),
+                                                                     engine_cache=str(tmp_path / "engine")))
+    assert seen and seen[0] is not None and before < seen[0] <= time.perf_counter() + 30.0
