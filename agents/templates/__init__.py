@@ -55,7 +55,7 @@ from kstrata.agents.templates import (
 )
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
-from kstrata.agents.templates.graph import Chain, GraphError, chain, sdpa_options, trace
+from kstrata.agents.templates.graph import Chain, GraphError, Node, chain, sdpa_options, trace
 
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
@@ -95,6 +95,8 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
         return Analysis(task.name, (), tuple(Rejection(n, str(e)) for n in names))
     # a boolean input is admitted as the attention's attn_mask only (the attention template reads it)
     mask = sdpa_options(c.head)["attn_mask"] if c.head is not None and c.head.op == "attention" else None
+    if isinstance(mask, Node) and mask.op == "transpose":
+        mask = mask.args[0]
     dtypes = {n.dtype for n in c.graph.inputs if not (n is mask and n.dtype == "bool")} | {c.out_dtype}
     if not dtypes <= set(FLOAT_DTYPES):
         why = f"dtypes {sorted(dtypes)}: templates take float32/float16/bfloat16 tensors"

@@ -1,10 +1,10 @@
 """The attention template on grouped-query attention and attention masks (kstrata.agents.templates.attention):
 `enable_gqa=True` and the explicit `repeat_interleave` / `expand`+`reshape` widenings of K/V (read un-repeated,
 in place), boolean and additive `attn_mask`s of every broadcast shape read through their strides, masked tails,
-causal + mask (refused, as PyTorch refuses it off the CPU), fully-masked rows (PyTorch's CPU SDPA gives 0 there,
-checked below), custom scales, non-contiguous
-operands; run under Triton's interpreter against the task's Model (float64-anchored, `cpucheck.compare`), planted
-bugs that must fail, the recorded launches compiled for cuda:90, rejections with reasons; GPU twins at the end."""
+fully-masked rows (PyTorch's CPU SDPA gives 0 there, checked below), custom scales, non-contiguous operands, run
+under Triton's interpreter against the task's Model (float64-anchored, `cpucheck.compare`); planted bugs that must
+fail; the recorded launches compiled for cuda:90; rejections with reasons (causal + mask among them: PyTorch refuses
+the pair on the meta device the graph is traced on); GPU twins at the end."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from kstrata.agents.templates import analyse
 from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_jobs
 from kstrata.testsuite.tasks import TASKS_DIR
 
-from .conftest import computed_once, has_cuda
+from .conftest import assert_schedules_match, computed_once, has_cuda
+from .test_templates import _launch_of
 
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
 TEMPLATE_TASKS = TASKS_DIR.parent / "template_tasks"
@@ -50,9 +51,10 @@ def get_init_inputs():
 """
 
 
-def qkv(q: tuple[int, ...], k: tuple[int, ...], dtype: str, dv: int | None = None) -> list[str]:
-    v = (*k[:-1], dv if dv is not None else k[-1])
-    return [f"torch.randn({s}, dtype=torch.{dtype})" for s in (q, k, v)]
+def qkv(q: tuple[int, ...], k: tuple[Any, ...], dtype: str) -> list[str]:
+    """Random q, k, v (v shaped as k, or `k` is a pair: the key's and the value's shapes)."""
+    kv = k if isinstance(k[0], tuple) else (k, k)
+    return [f"torch.randn({s}, dtype=torch.{dtype})" for s in (q, *kv)]
 
 
 def bool_mask(shape: tuple[int, ...], masked_row: int | None = None) -> str:
@@ -79,9 +81,10 @@ def task_source(body: str, tensors: list[str], mask: str = "", init: str = "") -
 
 
 B16 = {"BLOCK_M": 16, "BLOCK_N": 16}
-#: (id, forward's expression, q shape, k shape, dtype, mask code or "", schedules, also non-contiguous)
+#: (id, forward's expression, q shape, k shape (or k and v shapes), dtype, mask code or "", schedules, also
+#: non-contiguous)
 #: 19 queries x 45 keys leave tails in both axes at 16 x 16 blocks; the default schedules take one block.
-CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str, str, list[dict[str, Any]], bool]] = [
+CASES: list[tuple[str, str, tuple[int, ...], tuple[Any, ...], str, str, list[dict[str, Any]], bool]] = [
     ("gqa2-enable_gqa", "F.scaled_dot_product_attention(q, k, v, enable_gqa=True)",
      (2, 4, 19, 24), (2, 2, 45, 24), "float16", "", [B16, {}], True),
     ("gqa4-enable_gqa-causal-bf16", "F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)",
@@ -124,6 +127,9 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str, str, list[dic
      "bfloat16", bool_mask((2, 1, 29, 29)), [B16, {"BLOCK_M": 32, "BLOCK_N": 16}], True),
     ("rank3-gqa-bool", "F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)", (4, 19, 16),
      (2, 45, 16), "float16", bool_mask((4, 19, 45)), [B16], True),
+    # keys widened 4x in the model, values 2x by enable_gqa: each read with its own group size
+    ("gqa-keys-4-values-2", "F.scaled_dot_product_attention(q, k.repeat_interleave(4, dim=1), v, m, enable_gqa=True)",
+     (2, 8, 19, 16), ((2, 2, 45, 16), (2, 4, 45, 24)), "float16", bool_mask((19, 45)), [B16], True),
     ("custom-scale-no-mask", "F.scaled_dot_product_attention(q, k, v, scale=1.7)", (2, 2, 19, 16), (2, 2, 45, 16),
      "float16", "", [B16], False),
 ]
@@ -228,6 +234,8 @@ def test_grouped_keys_and_values_are_read_un_repeated(interpreted: dict[str, Any
         assert "repeat_interleave" not in forward and "expand" not in forward, name
         assert re.search(rf"\bk = k_in\.reshape\(\d+, {heads}, ", forward), name  # the un-repeated tensor
         assert f"k_base = k_ptr + b * skb + (hh // {groups}) * skh" in src, name
+    src = interpreted["gqa-keys-4-values-2"][0]["candidate_source"]
+    assert "k_base = k_ptr + b * skb + (hh // 4) * skh" in src and "v_base = v_ptr + b * svb + (hh // 2) * svh" in src
     # the PyTorch path (head left to PyTorch) widens them itself
     src = interpreted["pointwise-after-gqa"][0]["candidate_source"]
     assert "k_in.repeat_interleave(4, dim=-3)" in src and "v_in.repeat_interleave(4, dim=-3)" in src
@@ -260,6 +268,21 @@ def test_recorded_launches_compile_for_the_gpu(interpreted: dict[str, Any]) -> N
         launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} for x in r["launches"]]
         assert launches and all(x["kernel"] == "_attention_kernel" for x in launches)
         recorded.append({**r, "launches": launches})
+    failures = compile_recorded(recorded, "cuda:90")
+    assert failures == [[] for _ in recorded], [f for f in failures if f]
+
+
+@pytest.mark.slow
+def test_realistic_gqa_schedules_compile_for_the_gpu() -> None:
+    """The GPU-sized GQA task's default and hinted schedules (128-deep heads, 8 warps, 2-4 stages) compile for
+    cuda:90 through ptxas within a block's shared memory."""
+    [m] = [x for x in analyse(load_task(GQA_TASK)).matches if x.template == "attention"]
+    recorded = []
+    for params in (m.default_params(), *m.hint_params()):
+        src = m.render(params)
+        assert "k_base = k_ptr + b * skb + (hh // 4) * skh" in src
+        recorded.append({"candidate_source": src,
+                         "launches": [_launch_of(src, "_attention_kernel", "*bf16", params, ("sqd", "skd", "svd"))]})
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
@@ -326,13 +349,7 @@ def test_attention_matches_the_model_on_gpu(tmp_path: Path, case: tuple[Any, ...
     PyTorch's CUDA SDPA: its fully-masked rows are checked against what it gives there)."""
     path = write_case(tmp_path, case)
     [m] = [x for x in analyse(load_task(path)).matches if x.template == "attention"]
-    configs = m.configs()
-    for i, params in enumerate([*case[6], *m.hint_params(), *configs[1::max(1, len(configs) // 6)]]):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        for noncontiguous in (False, True):
-            r = compare(path, cand, device="cuda", noncontiguous=noncontiguous)
-            assert r["ok"], (params, noncontiguous, r)
+    assert_schedules_match(path, m, tmp_path, case[6], sample=6)
 
 
 @pytest.mark.gpu

@@ -20,7 +20,7 @@ from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_job
 from kstrata.agents.templates.graph import GraphError, describe
 from kstrata.testsuite.tasks import TASKS_DIR
 
-from .conftest import computed_once, has_cuda
+from .conftest import assert_schedules_match, computed_once, has_cuda
 
 GAPS = TASKS_DIR / "gaps"
 #: Tiny tasks written for these tests (not benchmarked): chains and sizes the suite's tasks do not have.
@@ -1114,14 +1114,7 @@ SMALL_CASES = [*((n, "gemm", p, s) for n, p, s in GEMM_CASES), *((n, t, "strict"
 def test_tiny_tasks_match_the_model_on_gpu(tmp_path: Path, name: str, template: str, policy: str,
                                            schedules: list[dict[str, Any]]) -> None:
     """The tiny tasks' schedules, hints and a sample of the space on the GPU, contiguous and strided inputs."""
-    m = one(SMALL / name, template, policy)
-    configs = m.configs()
-    for i, params in enumerate([*schedules, *m.hint_params(), *configs[1::max(1, len(configs) // 8)]]):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        for noncontiguous in (False, True):
-            r = compare(SMALL / name, cand, device="cuda", noncontiguous=noncontiguous)
-            assert r["ok"], (params, noncontiguous, r)
+    assert_schedules_match(SMALL / name, one(SMALL / name, template, policy), tmp_path, schedules)
 
 
 @pytest.mark.gpu
