@@ -24,7 +24,7 @@ themselves, its epilogue fused into their store:
 | reduce     | sum / mean / amax / logsumexp over one run of consecutive dims                  | `reduce`      |
 | gemm       | linear / matmul / bmm (batch dims, shared operands) + pointwise epilogue; fp16/bf16, fp32 under tf32 | `gemm` |
 | gemm_reduce | linear / 2-D matmul + pointwise + sum/mean/amax/logsumexp over the output features + pointwise; the product never written | `gemm_reduce` |
-| attention  | flash forward of scaled_dot_product_attention (causal or not, any scale) + epilogue; same dtypes | `attention` |
+| attention  | flash forward of scaled_dot_product_attention (causal or not, any scale, GQA read in place, bool/additive attn_mask) + epilogue; same dtypes | `attention` |
 | conv       | conv2d (NCHW, any stride/padding/dilation, groups=1) as an implicit GEMM + epilogue, or + GroupNorm (partials fused); fp32 IEEE under strict | `conv` |
 
 Each accepts pointwise ops before and after its core, fused into its loads and stores. Autotuning on a
@@ -55,7 +55,7 @@ from kstrata.agents.templates import (
 )
 from kstrata.agents.templates.base import Params, Rejection, TemplateMatch, nearest_valid
 from kstrata.agents.templates.codegen import FLOAT_DTYPES, POLICIES, render_source
-from kstrata.agents.templates.graph import Chain, GraphError, chain, trace
+from kstrata.agents.templates.graph import Chain, GraphError, Node, chain, sdpa_options, trace
 
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
@@ -93,7 +93,11 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
         c = chain(trace(task))
     except GraphError as e:
         return Analysis(task.name, (), tuple(Rejection(n, str(e)) for n in names))
-    dtypes = {n.dtype for n in c.graph.inputs} | {c.out_dtype}
+    # a boolean input is admitted as the attention's attn_mask only (the attention template reads it)
+    mask = sdpa_options(c.head)["attn_mask"] if c.head is not None and c.head.op == "attention" else None
+    if isinstance(mask, Node) and mask.op == "transpose":
+        mask = mask.args[0]
+    dtypes = {n.dtype for n in c.graph.inputs if not (n is mask and n.dtype == "bool")} | {c.out_dtype}
     if not dtypes <= set(FLOAT_DTYPES):
         why = f"dtypes {sorted(dtypes)}: templates take float32/float16/bfloat16 tensors"
         return Analysis(task.name, (), tuple(Rejection(n, why) for n in names))

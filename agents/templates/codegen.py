@@ -272,7 +272,7 @@ def head_code(chain: Chain, var: str = "h") -> list[str]:
     if "module" in h.attrs:
         margs = ", ".join(_value(a) for a in h.args)
         return [f"{var} = self.{h.attrs['module']}({margs}).contiguous()"]
-    fargs = [_value(a) for a in h.args] + [f"{k}={v!r}" for k, v in h.attrs["kwargs"].items()]
+    fargs = [_value(a) for a in h.args] + [f"{k}={_value(v)}" for k, v in h.attrs["kwargs"].items()]
     return [f"{var} = {h.attrs['fn']}({', '.join(fargs)}).contiguous()"]
 
 
@@ -284,6 +284,8 @@ def _value(a: Any) -> str:
             return f"self.{a.target}"
         if a.op == "transpose":
             return f"{_value(a.args[0])}.transpose(-1, -2)"
+        if a.op == "repeat_heads":
+            return f"{_value(a.args[0])}.repeat_interleave({a.attrs['groups']}, dim=-3)"
         raise GraphError(f"{a.name}: a computed operand of the library op")
     return repr(a)
 

@@ -4,7 +4,9 @@
 `torch.fx.symbolic_trace`, propagates shapes and dtypes through the graph, and canonicalizes every node:
 modules, functions and methods that compute the same thing get one spelling (`nn.ReLU()`, `F.relu`,
 `torch.relu` and `x.relu()` are all `relu`), with their options as attributes and their tensor operands as
-`Leaf`s or other nodes. `chain(graph)` then reads the graph as templates do:
+`Leaf`s or other nodes; a key or value widened to the query's heads before an attention (`repeat_interleave`
+along dim -3, or `expand` + `reshape`) is one `repeat_heads` node over its source. `chain(graph)` then reads the
+graph as templates do:
 
     output = epilogue(core(prologue(root, leaves...)), leaves...)     root = head(input) or an input
 
@@ -308,7 +310,7 @@ def _function_attrs(op: str, node: Any) -> tuple[dict[str, Any], list[Any]]:
 #: Names the generated `forward` binds or uses (head output, output and partial buffers, operand views, the
 #: modules): an input of one of these names is renamed (`out` -> `out_in`), or the forward would overwrite
 #: it before a kernel reads it.
-FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "w", "x_in", "stats", "self",
+FORWARD_LOCALS = frozenset({"h", "out", "part", "cnt", "teams", "row0", "rows", "a", "b", "q", "k", "v", "am", "w", "x_in", "stats", "self",
                             "torch", "triton", "tl", "math", "nn", "F"})
 
 
@@ -341,6 +343,59 @@ def is_operand(node: Node) -> bool:
     return node.op in ("input", "param") or (node.op == "transpose" and node.args[0].op in ("input", "param"))
 
 
+def _is_view(n: fx.Node, method: str, fn: Any = None) -> bool:
+    return (n.op == "call_method" and n.target == method) or (fn is not None and n.op == "call_function" and n.target is fn)
+
+
+def _shape(n: Any) -> tuple[int, ...] | None:
+    tm = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+    return tuple(int(s) for s in tm.shape) if tm is not None and hasattr(tm, "shape") else None
+
+
+def _repeated_heads(n: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
+    """(source, groups, the intermediate nodes) when `n` repeats each head of its source `groups` times along
+    dim -3, as grouped-query attention's keys and values are widened: `x.repeat_interleave(g, dim=-3)`, or
+    `x[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)` (also with `unsqueeze`, `flatten`).
+    A reshape's result depends only on its input and output shapes, so the shapes (propagated) decide."""
+    if _is_view(n, "repeat_interleave", torch.repeat_interleave):
+        src = n.args[0] if n.args else None
+        reps = n.args[1] if len(n.args) > 1 else n.kwargs.get("repeats")
+        dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim")
+        s = _shape(src)
+        if not isinstance(src, fx.Node) or s is None or type(reps) is not int or type(dim) is not int or len(s) < 3:
+            return None
+        return (src, reps, []) if dim % len(s) == len(s) - 3 and reps >= 1 else None
+    if not (_is_view(n, "reshape", torch.reshape) or _is_view(n, "flatten", torch.flatten)):
+        return None
+    e = n.args[0] if n.args else None
+    if not isinstance(e, fx.Node) or not _is_view(e, "expand") or len(e.users) != 1:
+        return None
+    u = e.args[0]
+    if not isinstance(u, fx.Node) or len(u.users) != 1:
+        return None
+    src = u.args[0] if u.args else None
+    s, su, se, sn = _shape(src), _shape(u), _shape(e), _shape(n)
+    if not isinstance(src, fx.Node) or s is None or su is None or se is None or sn is None or len(s) < 3:
+        return None
+    r = len(s)
+    if _is_view(u, "unsqueeze", torch.unsqueeze):
+        dim = u.args[1] if len(u.args) > 1 else u.kwargs.get("dim")
+        if type(dim) is not int or dim % (r + 1) != r - 2:
+            return None
+    elif u.op == "call_function" and u.target is operator.getitem:
+        index = u.args[1]
+        if not isinstance(index, tuple) or sum(i is None for i in index) != 1 or \
+                not all(i is None or i is Ellipsis or i == slice(None) for i in index):
+            return None
+    else:
+        return None
+    g = se[r - 2]
+    if su != (*s[:r - 2], 1, *s[r - 2:]) or se != (*s[:r - 2], g, *s[r - 2:]) or \
+            sn != (*s[:r - 3], s[r - 3] * g, *s[r - 2:]):
+        return None
+    return src, g, [u, e]
+
+
 def trace(task: Task) -> Graph:
     """Trace the task's `Model` on the meta device and canonicalize its nodes (GraphError: why not)."""
     model, inputs = task.instantiate("meta")
@@ -353,12 +408,18 @@ def trace(task: Task) -> Graph:
     try:
         ShapeProp(gm).propagate(*inputs)
     except Exception as e:
-        raise GraphError(f"shape propagation on meta tensors failed: {type(e).__name__}: {e}") from None
+        cause = e  # ShapeProp wraps the op's own error in a multi-line one that names the fx node
+        while cause.__cause__ is not None:
+            cause = cause.__cause__  # type: ignore[assignment]
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise GraphError(f"shape propagation on meta tensors failed: {type(cause).__name__}: {first}") from None
     modules = dict(gm.named_modules())
     nodes: dict[fx.Node, Node] = {}
     order: list[Node] = []
     graph_inputs: list[Node] = []
     out: Node | None = None
+    repeats = {n: r for n in gm.graph.nodes if (r := _repeated_heads(n)) is not None}
+    widening = {x for _, _, inner in repeats.values() for x in inner}  # folded into their repeat node
 
     def meta(n: fx.Node) -> tuple[tuple[int, ...], str]:
         tm = n.meta.get("tensor_meta")
@@ -375,7 +436,12 @@ def trace(task: Task) -> Graph:
 
     for n in gm.graph.nodes:
         shape, dtype = meta(n)
-        if n.op == "placeholder":
+        if n in widening:
+            continue
+        if n in repeats:
+            src, groups, _ = repeats[n]
+            node = Node(n.name, "repeat_heads", [nodes[src]], {"groups": groups}, shape=shape, dtype=dtype)
+        elif n.op == "placeholder":
             if not shape and not dtype:
                 raise GraphError(f"input {n.name} is not a tensor")
             node = Node(_input_name(n.name, {g.name for g in graph_inputs}), "input", [], shape=shape, dtype=dtype,
@@ -408,7 +474,7 @@ def trace(task: Task) -> Graph:
                 raise GraphError(f"{n.name}: {what} has no template")
             if op_name in HEADS:
                 fn = _HEAD_FUNCTIONS.get(n.target, "torch.matmul")
-                kwargs = {k: _constant(v, n.name) for k, v in n.kwargs.items()}
+                kwargs = {k: nodes[v] if isinstance(v, fx.Node) else _constant(v, n.name) for k, v in n.kwargs.items()}
                 args = [nodes[a] if isinstance(a, fx.Node) else _constant(a, n.name) for a in n.args]
                 node = Node(n.name, op_name, args, {"fn": fn, "kwargs": kwargs}, shape, dtype)
                 if op_name == "attention" and sdpa_options(node)["dropout_p"]:
@@ -502,8 +568,10 @@ def chain(graph: Graph) -> Chain:
     head = heads[0] if heads else None
     core = cores[0] if cores else None
     if head is not None:
-        for a in head.args:
-            if isinstance(a, Node) and not is_operand(a):
+        for i, a in enumerate([*head.args, *head.attrs.get("kwargs", {}).values()]):
+            # attention's key and value may be widened to the query's heads (grouped-query attention)
+            widened = head.op == "attention" and i in (1, 2) and isinstance(a, Node) and a.op == "repeat_heads"
+            if isinstance(a, Node) and not is_operand(a.args[0] if widened else a):
                 raise GraphError(f"{head.name}: the library op's operands are computed ({a.name}); a template fuses after it")
         root = head
     else:

@@ -6,6 +6,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,18 @@ def has_cuda() -> bool:
         return bool(torch.cuda.is_available()) and torch.version.hip is None
     except Exception:
         return False
+
+
+def assert_schedules_match(task: Path, m: Any, tmp_path: Path, first: list[dict[str, Any]], *, device: str = "cuda",
+                           sample: int = 8, noncontiguous: tuple[bool, ...] = (False, True)) -> None:
+    """`first`, the match's hinted schedules and about `sample` schedules of its space, each rendered and compared
+    with the task's Model on `device` (`cpucheck.compare`: float64-anchored), on contiguous and strided inputs."""
+    from kstrata.agents.templates.cpucheck import compare
+
+    configs = m.configs()
+    for i, params in enumerate([*first, *m.hint_params(), *configs[1::max(1, len(configs) // sample)]]):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        for strided in noncontiguous:
+            r = compare(task, cand, device=device, noncontiguous=strided)
+            assert r["ok"], (params, strided, r)

@@ -17,10 +17,10 @@ import pytest
 
 from kstrata.agents.tasks import load_task
 from kstrata.agents.templates import analyse, match
-from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_jobs
+from kstrata.agents.templates.cpucheck import compile_recorded, run_jobs
 from kstrata.testsuite.tasks import TASKS_DIR
 
-from .conftest import computed_once, has_cuda
+from .conftest import assert_schedules_match, computed_once, has_cuda
 from .test_templates import _launch_of
 
 GAPS = TASKS_DIR / "gaps"
@@ -419,13 +419,7 @@ def test_conv_variants_match_the_model_on_gpu(tmp_path: Path, name: str) -> None
         _, fields, schedules = {v[0]: v for v in GN_VARIANTS}[name]
         path, policy = _gn_task(tmp_path, name, fields), "strict"
     m = _conv_match(path, policy)
-    configs = m.configs()
-    for i, params in enumerate([*schedules, *m.hint_params(), *configs[1::max(1, len(configs) // 8)]]):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        for noncontiguous in (False, True):
-            r = compare(path, cand, device="cuda", noncontiguous=noncontiguous)
-            assert r["ok"], (params, noncontiguous, r)
+    assert_schedules_match(path, m, tmp_path, schedules)
 
 
 @pytest.mark.gpu
@@ -436,9 +430,4 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
     the space, within the strict bound against float64."""
     task = _shrunk(tmp_path, name, {"batch": 4})
     m = _conv_match(task)
-    configs = m.configs()
-    for i, params in enumerate([m.default_params(), *m.hint_params(), *configs[1::max(1, len(configs) // 6)]]):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        r = compare(task, cand, device="cuda")
-        assert r["ok"], (params, r)
+    assert_schedules_match(task, m, tmp_path, [m.default_params()], sample=6, noncontiguous=(False,))
