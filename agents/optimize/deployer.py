@@ -35,16 +35,18 @@ How it deploys (checked against Triton 3.6's `compiler/compiler.py`):
 - **Inductor**: inside the scope, it compiles in this process (`compile_threads=1`: the hook is
   process-local), without its FX graph cache and without bundling Triton artifacts into it (a hit would
   write stale, un-rewritten binaries back into the Triton cache dir), and with Triton's own launcher (the
-  static CUDA launcher bypasses `CompiledKernel.launch_metadata`, which the proof below watches).
+  static CUDA launcher bypasses `CompiledKernel.run`, which the proof below watches).
 
 The proof (it raises `IrDeployError`, never times the original silently):
 
 - at compile time, Triton's compilation listener sees every compile and every cache hit in the scope: a
   kernel whose TTIR digest is a deployed one must have exactly the rewritten binary (SHA-256 of the cubin),
   or the compile raises;
-- at launch time, `CompiledKernel.launch_metadata` (which Triton's JIT and Inductor's launchers call right
-  before every launch) notes in the scope, per deployed kernel name, whether the binary launched last was
-  the rewritten one; the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
+- at launch time, the launcher a deployed kernel's `CompiledKernel.run` returns (Triton's JIT reads it at
+  every launch, Inductor's launcher once when it is made; Inductor calls `launch_metadata` only under a
+  launch_enter_hook, so that is no place to watch) notes in the scope, per deployed kernel name, whether the
+  binary launched last was the rewritten one (a launcher costs one more Python call per launch of a deployed
+  name, which the candidate's timing carries); the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
   the last launch of every deployed name in that call ran the rewritten binary (an autotuner that picked
   another configuration of the same kernel fails here) and that every deployed kernel has been launched in
   this process.
@@ -104,6 +106,8 @@ class _Deployment:
         self.last: dict[str, bool] = {}  # name -> whether its last launch ran the rewritten binary
         self.lock = threading.Lock()
         self.active = False  # inside a scope (`_Scope`): the hook, the listener and the launch watch act
+        self.listener_fn: Any = None  # what `_kstrata_ir_install` installed, checked on entering a scope
+        self.run_property: Any = None
         self.cache_dir = os.path.join(tempfile.gettempdir(), f"kstrata-ir-{spec['digest'][:20]}", "triton-cache")
 
     # -- the compile side ----------------------------------------------------------------------
@@ -236,14 +240,26 @@ def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
             dep.listener(**kw)
 
     knobs.compilation.listener = listener
-    original = CompiledKernel.launch_metadata
+    dep.listener_fn = listener
+    # Every Python launch path goes through `CompiledKernel.run` (the JIT reads it per launch, Inductor's launcher
+    # takes it once in `make_launcher`); `launch_metadata` is not one: Inductor calls it only when a
+    # launch_enter_hook was set when its launcher was made, so a watch there never saw an Inductor kernel.
+    original = CompiledKernel.run
 
-    def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        if dep.active:
-            dep.watch(self)
-        return original(self, grid, stream, *args)
+    def run(self: Any) -> Any:
+        launcher = original.fget(self)
+        if getattr(self, "name", None) not in dep.names:
+            return launcher
 
-    CompiledKernel.launch_metadata = launch_metadata
+        def watched(*args: Any) -> Any:
+            if dep.active:
+                dep.watch(self)
+            return launcher(*args)
+
+        return watched
+
+    CompiledKernel.run = property(run)
+    dep.run_property = CompiledKernel.run
     _DEPLOYMENT.append(dep)
     return dep
 

@@ -73,7 +73,14 @@ else:
         if launch == "original":
             k = CompiledKernel(src, json.load(open(os.environ["ORIGINAL_GROUP"]))["child_paths"], "stale")
         if launch != "none":
-            k.launch_metadata((1, 1, 1), 0)
+            k._run = lambda *args: None  # the driver's launcher (none on the CPU)
+            if os.environ.get("LAUNCHER") == "inductor":
+                # Inductor's launcher without a launch_enter_hook: `bin.run` taken once, launch_metadata never called
+                runner = k.run
+                runner(1, 1, 1, 0, None, None, None, None, None)
+            else:  # Triton's JIT: launch_metadata, then run
+                k.launch_metadata((1, 1, 1), 0)
+                k.run(1, 1, 1, 0, None, None, None, None, None)
 
     model.ON_FORWARD = on_forward
     try:
@@ -183,14 +190,15 @@ def test_the_deployer_raises_when_triton_returns_the_original(rewritten: dict[st
     assert got["forward"].startswith("IrDeployError") and "a cache hit returned" in got["forward"], got
 
 
-def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["jit", "inductor"])
+def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], tmp_path: Path, launcher: str) -> None:
     r = rewritten
     model = _model(r, tmp_path / "model_new.py")
     group = next(r["entry"].glob("__grp__*.json"))
-    ok = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="rewritten")
+    ok = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="rewritten", LAUNCHER=launcher)
     assert ok["forward"] == "ok", ok
     stale = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="original",
-                   ORIGINAL_GROUP=str(group))
+                   ORIGINAL_GROUP=str(group), LAUNCHER=launcher)
     assert stale["forward"].startswith("IrDeployError") and "other than the rewritten" in stale["forward"], stale
     never = _child(r["tmp"], r["cache"], model=model, tmpdir=tmp_path / "t", LAUNCH="none")
     assert never["forward"].startswith("IrDeployError") and "never launched" in never["forward"], never
