@@ -292,21 +292,31 @@ class _Scope:
         if hook is not None and hook != self.dep.hook:
             raise IrDeployError("kstrata ir deployer: another Triton stages hook is installed; the rewritten kernels "
                                 "cannot be deployed beside it")
+        from triton.compiler.compiler import CompiledKernel
+
+        if knobs.compilation.listener is not self.dep.listener_fn or \
+                CompiledKernel.__dict__.get("run") is not self.dep.run_property:
+            raise IrDeployError("kstrata ir deployer: Triton's compilation listener or CompiledKernel.run was replaced "
+                                "after the deployer installed its checks; the deployment cannot be proven")
         inductor: dict[str, Any] = {}
         if self.inductor:
             from torch._inductor import config as inductor_config
 
             inductor = {k: getattr(inductor_config, k) for k in _INDUCTOR if hasattr(inductor_config, k)}
-            for k in inductor:
-                setattr(inductor_config, k, _INDUCTOR[k])
         # the knob's own value (set or not) and the environment variable its setter also writes
         self.saved = (hook, knobs.cache.__dict__.get("dir", self._MISSING), os.environ.get("TRITON_CACHE_DIR"),
                       inductor)
-        knobs.cache.dir = self.dep.cache_dir
-        knobs.runtime.add_stages_inspection_hook = self.dep.hook
-        if self.clear:
-            _clear_inductor_caches()
-        self.dep.active = True
+        try:  # `__exit__` does not run when `__enter__` raises: undo here what was set
+            for k in inductor:
+                setattr(inductor_config, k, _INDUCTOR[k])
+            knobs.cache.dir = self.dep.cache_dir
+            knobs.runtime.add_stages_inspection_hook = self.dep.hook
+            if self.clear:
+                _clear_inductor_caches()
+            self.dep.active = True
+        except BaseException:
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         if self.saved is None:
@@ -316,8 +326,13 @@ class _Scope:
         hook, raw_dir, env_dir, inductor = self.saved
         self.saved = None
         self.dep.active = False
-        if self.clear:
-            _clear_inductor_caches()
+        try:
+            if self.clear:
+                _clear_inductor_caches()
+        finally:
+            self._restore(knobs, hook, raw_dir, env_dir, inductor)
+
+    def _restore(self, knobs: Any, hook: Any, raw_dir: Any, env_dir: str | None, inductor: dict[str, Any]) -> None:
         knobs.runtime.add_stages_inspection_hook = hook
         if raw_dir is self._MISSING:
             knobs.cache.__dict__.pop("dir", None)

@@ -204,6 +204,46 @@ def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], 
     assert never["forward"].startswith("IrDeployError") and "never launched" in never["forward"], never
 
 
+def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import config as inductor_config
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    from kstrata.agents.optimize import deployer
+
+    monkeypatch.setattr(CompiledKernel, "run", CompiledKernel.__dict__["run"])  # the install patches these two
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    monkeypatch.setattr(deployer, "_DEPLOYMENT", [])
+    monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
+    dep = deployer._kstrata_ir_install({"digest": "0" * 64, "kernels": []})
+
+    def process() -> tuple[Any, ...]:
+        return (knobs.cache.dir, os.environ.get("TRITON_CACHE_DIR"), knobs.runtime.add_stages_inspection_hook,
+                inductor_config.fx_graph_cache, inductor_config.compile_threads, dep.active)
+
+    before = process()
+    for failing in (1, 2):  # the cache clearing on entering, then on leaving
+        calls: list[int] = []
+
+        def clear(failing: int = failing, calls: list[int] = calls) -> None:
+            calls.append(1)
+            if len(calls) == failing:
+                raise RuntimeError("clearing failed")
+
+        monkeypatch.setattr(deployer, "_clear_inductor_caches", clear)
+        with pytest.raises(RuntimeError, match="clearing failed"):
+            with deployer._Scope(dep, clear=True):
+                assert knobs.cache.dir == dep.cache_dir and inductor_config.compile_threads == 1
+        assert process() == before, failing
+    monkeypatch.setattr(knobs.compilation, "listener", None)  # someone replaced the deployer's listener
+    with pytest.raises(deployer.IrDeployError, match="listener"):
+        with deployer._Scope(dep):
+            pass
+    assert process() == before
+
+
 def _state(device: str, source: str = MODEL, space: str = "baseline") -> Any:
     node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(source=source, description="baseline compile"))
     notes: dict[str, str] = {}
