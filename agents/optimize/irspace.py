@@ -36,6 +36,7 @@ import hashlib
 import json
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -275,6 +276,9 @@ class IrPassProposer:
 
     def __init__(self) -> None:
         self._prepared: dict[str, Prepared] = {}
+        # strategy workers are threads and several may reach this space at once: one records and searches a node
+        # while the others wait for it (two would search it twice and remove each other's work directory)
+        self._lock = threading.Lock()
 
     @staticmethod
     def _target(state: SearchState) -> Node:
@@ -291,6 +295,10 @@ class IrPassProposer:
     def prepare(self, state: SearchState, services: LoopServices) -> dict[str, Any] | None:
         """Record and search the node's kernels once (GPU work through the loop's workers); a summary for the
         trajectory, or None when nothing ran."""
+        with self._lock:
+            return self._prepare(state, services)
+
+    def _prepare(self, state: SearchState, services: LoopServices) -> dict[str, Any] | None:
         node = self._target(state)
         if node.key in self._prepared or self._why_not(state, node):
             return None

@@ -290,6 +290,33 @@ def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candida
     assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
 
 
+def test_two_strategy_workers_reaching_the_ir_space_at_once_search_its_node_once(
+        rewritten: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from kstrata.agents.optimize import irspace
+
+    searched: list[str] = []
+
+    def slow_search(node: Any, services: Any) -> Prepared:
+        searched.append(node.key)
+        time.sleep(0.5)  # the recording and the kernel-level search take minutes on a GPU
+        return Prepared(winners=[rewritten["winner"]])
+
+    monkeypatch.setattr(irspace, "search_node", slow_search)
+    p = IrPassProposer()
+    services = SimpleNamespace(budget=4, time_left_s=lambda: 3600.0)
+    summaries: list[Any] = []
+    threads = [threading.Thread(target=lambda: summaries.append(p.prepare(_state("cuda"), services))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert searched == ["inc0"] and sum(s is not None for s in summaries) == 1
+    assert len(p.propose(_state("cuda"))) == 1  # the worker that waited proposes the same winner
+
+
 def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_candidate(
         rewritten: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kstrata.agents.optimize import irspace
