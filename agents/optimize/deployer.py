@@ -66,9 +66,12 @@ import tempfile
 import threading
 from typing import Any
 
-#: Compile options that change the lowering of one TTIR (part of a kernel's content digest).
+#: Compile options that change the lowering of one TTIR or how its binary launches (part of a kernel's content
+#: digest: two compiles of one TTIR that differ in one of these are two kernels, e.g. `enable_reflect_ftz` flushes
+#: libdevice's denormals, `launch_pdl` launches with programmatic dependent launch).
 LOWERING_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
-                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch")
+                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch", "launch_pdl", "enable_reflect_ftz",
+                    "ptx_version", "debug", "sanitize_overflow", "instrumentation_mode")
 #: The levels a deployment may replace, in Triton's stage order (the binary last).
 DEPLOY_LEVELS = ("ttir", "ttgir", "llir", "ptx", "cubin")
 #: Calls of each ModelNew instance whose launches are checked.

@@ -244,6 +244,46 @@ def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_rai
     assert process() == before
 
 
+def _compile_rowsum(path: Path, **options: Any) -> Any:
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = importlib.util.spec_from_file_location(f"kern_{abs(hash(str(path)))}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = ASTSource(mod.ir_rowsum, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def test_the_kernel_digest_matches_across_processes_and_tells_compile_options_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    from kstrata.agents.optimize.deployer import _options_dict, kernel_digest
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    for d, pad in (("a", ""), ("b", "\n# an Inductor cache elsewhere: other paths and lines\n\n")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "kern.py").write_text(pad + KERNEL)
+    a, b = _compile_rowsum(tmp_path / "a" / "kern.py"), _compile_rowsum(tmp_path / "b" / "kern.py")
+    assert a.asm["ttir"] != b.asm["ttir"]  # the locations differ
+    digest = kernel_digest(a.asm["ttir"], a.metadata._asdict())
+    assert kernel_digest(b.asm["ttir"], b.metadata._asdict()) == digest
+    # the stages hook sees the options object, the recording the cache's JSON metadata: one digest
+    options = make_backend(GPUTarget("cuda", 90, 32)).parse_options({})
+    assert kernel_digest(a.asm["ttir"], _options_dict(options)) == digest
+    assert kernel_digest(a.asm["ttir"], json.loads(json.dumps(a.metadata._asdict(), default=vars))) == digest
+    for option, value in (("num_warps", 8), ("maxnreg", 128), ("launch_pdl", True), ("enable_reflect_ftz", False)):
+        other = _compile_rowsum(tmp_path / "a" / "kern.py", **{option: value})
+        assert kernel_digest(other.asm["ttir"], other.metadata._asdict()) != digest, option
+    assert _compile_rowsum(tmp_path / "a" / "kern.py", launch_pdl=True).asm["ttir"] == a.asm["ttir"]  # TTIR alone collides
+
+
 def _state(device: str, source: str = MODEL, space: str = "baseline") -> Any:
     node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(source=source, description="baseline compile"))
     notes: dict[str, str] = {}
