@@ -102,10 +102,12 @@ class _Deployment:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.kernels = {k["digest"]: k for k in spec["kernels"]}
-        self.names = {k["name"]: k for k in spec["kernels"]}
+        self.names: dict[str, list[dict[str, Any]]] = {}  # a name may have several deployed binaries (specialisations)
+        for k in spec["kernels"]:
+            self.names.setdefault(k["name"], []).append(k)
         self.failures: list[str] = []
         self.applied: dict[str, int] = {}  # digest -> compiles that took the rewritten levels
-        self.launched: set[str] = set()  # deployed names launched with the rewritten binary
+        self.launched: set[str] = set()  # the rewritten binaries (cubin SHA-256) launched
         self.last: dict[str, bool] = {}  # name -> whether its last launch ran the rewritten binary
         self.lock = threading.Lock()
         self.active = False  # inside a scope (`_Scope`): the hook, the listener and the launch watch act
@@ -168,15 +170,16 @@ class _Deployment:
         deployed = self.names.get(name) if isinstance(name, str) else None
         if deployed is None or not isinstance(name, str):
             return
-        ok = getattr(kernel, "_kstrata_ir_ok", None)
-        if ok is None:
+        sha = getattr(kernel, "_kstrata_ir_sha", None)
+        if sha is None:
             cubin = kernel.asm.get("cubin") if hasattr(kernel, "asm") else None
-            ok = isinstance(cubin, bytes) and hashlib.sha256(cubin).hexdigest() == deployed["cubin_sha256"]
-            kernel._kstrata_ir_ok = ok
+            sha = hashlib.sha256(cubin).hexdigest() if isinstance(cubin, bytes) else "none"
+            kernel._kstrata_ir_sha = sha
+        ok = any(k["cubin_sha256"] == sha for k in deployed)
         with self.lock:
             self.last[name] = ok
             if ok:
-                self.launched.add(name)
+                self.launched.add(sha)
 
     def begin_call(self) -> None:
         with self.lock:
@@ -187,16 +190,17 @@ class _Deployment:
         deployed kernel has run in this process."""
         with self.lock:
             wrong = sorted(n for n, ok in self.last.items() if not ok)
-            missing = sorted(set(self.names) - self.launched)
+            missing = [k for k in self.spec["kernels"] if k["cubin_sha256"] not in self.launched]
             failures = list(self.failures)
         if failures:
             raise IrDeployError("kstrata ir deployer: " + failures[0])
         if wrong:
+            pipelines = ", ".join(k["pipeline"] for k in self.names[wrong[0]])
             raise IrDeployError(f"kstrata ir deployer: kernel {wrong[0]} was launched with a binary other than the "
-                                f"rewritten one ({self.names[wrong[0]]['pipeline']}): another compile of it (an "
+                                f"rewritten one ({pipelines}): another compile of it (an "
                                 "autotuning configuration, a stale cache) ran instead")
         if missing:
-            raise IrDeployError(f"kstrata ir deployer: kernel {missing[0]} ({self.names[missing[0]]['pipeline']}) "
+            raise IrDeployError(f"kstrata ir deployer: kernel {missing[0]['name']} ({missing[0]['pipeline']}) "
                                 "was never launched with its rewritten binary in this process")
 
 

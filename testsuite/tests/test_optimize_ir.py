@@ -284,6 +284,27 @@ def test_the_kernel_digest_matches_across_processes_and_tells_compile_options_ap
     assert _compile_rowsum(tmp_path / "a" / "kern.py", launch_pdl=True).asm["ttir"] == a.asm["ttir"]  # TTIR alone collides
 
 
+def test_the_deployer_accepts_two_deployed_binaries_of_one_kernel_name() -> None:
+    from kstrata.agents.optimize.deployer import IrDeployError, _Deployment
+
+    # one @triton.jit kernel specialised twice (two block sizes), each rewritten: the "all winners together" candidate
+    kernels = [{"name": "ir_rowsum", "digest": d, "pipeline": p, "cubin_sha256": hashlib.sha256(c).hexdigest()}
+               for d, p, c in (("d1", "ttgir(num-warps{n=8})", b"one"), ("d2", "ttgir(num-warps{n=2})", b"two"))]
+    dep = _Deployment({"digest": "0" * 64, "kernels": kernels})
+    launch = [SimpleNamespace(name="ir_rowsum", asm={"cubin": c}) for c in (b"one", b"two", b"original")]
+    dep.begin_call()
+    dep.watch(launch[0])
+    with pytest.raises(IrDeployError, match="never launched"):
+        dep.check_call()  # the second binary has not run yet
+    dep.begin_call()
+    dep.watch(launch[1])
+    dep.check_call()
+    dep.begin_call()
+    dep.watch(launch[2])
+    with pytest.raises(IrDeployError, match="other than the rewritten"):
+        dep.check_call()
+
+
 def _state(device: str, source: str = MODEL, space: str = "baseline") -> Any:
     node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(source=source, description="baseline compile"))
     notes: dict[str, str] = {}
