@@ -406,6 +406,11 @@ def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_cand
     assert (k["name"], k["pipeline"], k["verdict"], k["speedup"]) == ("ir_rowsum", "ttgir(num-warps{n=8})",
                                                                      "equivalent", 1.25)
     assert r.chosen_space == "ir" and r.speedup == pytest.approx(90 / 70)
+    from kstrata.agents.optimize.report import render_task_report
+
+    report = render_task_report(s, r, [])
+    row = next(ln for ln in report.splitlines() if ln.startswith("| ") and "`ir_rowsum`" in ln)
+    assert "`ttgir(num-warps{n=8})`" in row and "| equivalent |" in row and "1.250" in row, row
 
 
 @pytest.mark.gpu
