@@ -316,7 +316,9 @@ class _Scope:
         try:  # `__exit__` does not run when `__enter__` raises: undo here what was set
             for k in inductor:
                 setattr(inductor_config, k, _INDUCTOR[k])
-            knobs.cache.dir = self.dep.cache_dir
+            # the knob, not the environment variable its setter also writes: a process started in the scope (an
+            # autotuning or compile worker) has no hook, and would fill this deployment's cache with the originals
+            knobs.cache.__dict__["dir"] = self.dep.cache_dir
             knobs.runtime.add_stages_inspection_hook = self.dep.hook
             if self.clear:
                 _clear_inductor_caches()

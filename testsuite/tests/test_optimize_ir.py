@@ -236,6 +236,8 @@ def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_rai
         with pytest.raises(RuntimeError, match="clearing failed"):
             with deployer._Scope(dep, clear=True):
                 assert knobs.cache.dir == dep.cache_dir and inductor_config.compile_threads == 1
+                # a process started here (no hook in it) compiles into the user's cache, never the deployment's
+                assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "user-cache")
         assert process() == before, failing
     monkeypatch.setattr(knobs.compilation, "listener", None)  # someone replaced the deployer's listener
     with pytest.raises(deployer.IrDeployError, match="listener"):
