@@ -43,8 +43,8 @@ The proof (it raises `IrDeployError`, never times the original silently):
   kernel whose TTIR digest is a deployed one must have exactly the rewritten binary (SHA-256 of the cubin),
   or the compile raises;
 - at launch time, the launcher a deployed kernel's `CompiledKernel.run` returns (Triton's JIT reads it at
-  every launch, Inductor's launcher once when it is made; Inductor calls `launch_metadata` only under a
-  launch_enter_hook, so that is no place to watch) notes in the scope, per deployed kernel name, whether the
+  every launch, Inductor's launcher once when it is made; Inductor's launcher calls `launch_metadata` only
+  when `knobs.runtime.launch_enter_hook` is set, which a program may turn off) notes in the scope, per deployed kernel name, whether the
   binary launched last was the rewritten one (a launcher costs one more Python call per launch of a deployed
   name, which the candidate's timing carries); the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
   the last launch of every deployed name in that call ran the rewritten binary (an autotuner that picked
@@ -249,8 +249,8 @@ def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
     knobs.compilation.listener = listener
     dep.listener_fn = listener
     # Every Python launch path goes through `CompiledKernel.run` (the JIT reads it per launch, Inductor's launcher
-    # takes it once in `make_launcher`); `launch_metadata` is not one: Inductor calls it only when a
-    # launch_enter_hook was set when its launcher was made, so a watch there never saw an Inductor kernel.
+    # takes it once in `make_launcher`); `launch_metadata` is not: Inductor's launcher calls it only when
+    # `knobs.runtime.launch_enter_hook` (a HookChain by default) was set when the launcher was made.
     original = CompiledKernel.run
 
     def run(self: Any) -> Any:
