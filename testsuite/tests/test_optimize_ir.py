@@ -6,6 +6,7 @@ program's kernels to a standalone TaskCandidate. On a GPU: level1/19 (LayerNorm,
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import os
@@ -324,6 +325,22 @@ def test_the_ir_space_on_the_cpu_says_why_it_proposes_nothing() -> None:
     assert p.propose(ir_node) == [] and "ir candidate already" in ir_node.notes["ir-passes"]
 
 
+def _assert_standalone(source: str, kernels: int) -> None:
+    """`source` imports torch, triton and the standard library only (never kstrata), also in the deployer it
+    carries, compiles, and deploys `kernels` kernels."""
+    tree = ast.parse(source)
+    consts = {getattr(n.targets[0], "id", ""): n.value for n in tree.body if isinstance(n, ast.Assign)}
+    deployer = consts["_KSTRATA_IR_DEPLOYER"]
+    assert isinstance(deployer, ast.Constant) and isinstance(deployer.value, str)
+    for t in (tree, ast.parse(deployer.value)):
+        mods = {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names} | \
+            {n.module or "" for n in ast.walk(t) if isinstance(n, ast.ImportFrom)}
+        assert not [m for m in mods if m.split(".")[0] not in ("torch", "triton", "__future__") and
+                    m.split(".")[0] not in sys.stdlib_module_names], mods
+    compile(source, "model_new.py", "exec")
+    assert len(json.loads(ast.literal_eval(consts["_KSTRATA_IR_SPEC"]))["kernels"]) == kernels
+
+
 def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candidate(rewritten: dict[str, Any]) -> None:
     from kstrata.agents.compiled.program import load_program
     from kstrata.agents.optimize.irspace import rank_kernels
@@ -339,15 +356,14 @@ def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candida
     assert cand.space == "ir" and cand.parent == "inc0" and "num-warps{n=8}" in cand.description
     assert cand.params["kernels"][0]["pipeline"] == "ttgir(num-warps{n=8})"
     assert cand.params["kernels"][0]["speedup"] == 1.25 and cand.params["kernels"][0]["verdict"] == "equivalent"
-    tree = ast.parse(cand.source)
-    deployer = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                    and getattr(n.targets[0], "id", "") == "_KSTRATA_IR_DEPLOYER")
-    for t in (tree, ast.parse(deployer)):  # torch, triton and the standard library only: never kstrata
-        mods = {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names} | \
-            {n.module or "" for n in ast.walk(t) if isinstance(n, ast.ImportFrom)}
-        assert not [m for m in mods if m.split(".")[0] not in ("torch", "triton", "__future__") and
-                    m.split(".")[0] not in sys.stdlib_module_names], mods
-    compile(cand.source, "model_new.py", "exec")
+    _assert_standalone(cand.source, 1)
+    # two winners: each alone, and all of them together
+    second = dataclasses.replace(r["winner"], name="ir_rowsum_b", digest="e" * 64, pipeline="ttgir(num-warps{n=2})")
+    p._prepared["inc0"] = Prepared(winners=[r["winner"], second])
+    cands = p.propose(_state("cuda"))
+    assert sorted(len(c.params["kernels"]) for c in cands) == [1, 1, 2]
+    for c in cands:
+        _assert_standalone(c.source, len(c.params["kernels"]))
     empty = _state("cuda")
     p._prepared["inc0"] = Prepared(note="2 kernels searched; no rewrite beat its original beyond the noise")
     assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
