@@ -257,13 +257,22 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
                                                 best.verdict, best.reason[:300], float(best.speedup),
                                                 best.speedup_range, best.time_before_us, best.time_after_us, k.share))
                     row.update(winner=best.pipeline, speedup=best.speedup, verdict=best.verdict)
+                if s.mode != "measured":  # no launch record, or no measurement here: nothing could win
+                    row["unmeasured"] = s.mode_note
                 out.kernels.append(row)
     finally:
         pool.close()
     out.seconds = time.monotonic() - start
     if not out.winners:
-        out.note = (f"{node.candidate.description}: {len(out.kernels)} kernels searched "
-                    f"({', '.join(str(r['kernel']) for r in out.kernels)}); no rewrite beat its original beyond the noise")
+        searched = [r for r in out.kernels if "trials" in r]
+        unmeasured = [r for r in searched if r.get("unmeasured")]
+        skipped = [r for r in out.kernels if "skipped" in r]
+        out.note = (f"{node.candidate.description}: {len(searched)} kernels searched "
+                    f"({', '.join(str(r['kernel']) for r in searched)})"
+                    + (f", {len(skipped)} skipped ({skipped[0]['skipped']})" if skipped else "")
+                    + (f"; {len(unmeasured)} of them not timed on the GPU ({unmeasured[0]['unmeasured']}), so they "
+                       "could not win" if unmeasured else "")
+                    + ("; no timed rewrite beat its original beyond the noise" if len(unmeasured) < len(searched) else ""))
     return out
 
 

@@ -396,6 +396,35 @@ def test_two_strategy_workers_reaching_the_ir_space_at_once_search_its_node_once
     assert len(p.propose(_state("cuda"))) == 1  # the worker that waited proposes the same winner
 
 
+def test_a_kernel_search_that_could_not_time_on_the_gpu_is_said_not_called_a_loss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from kstrata.agents import engine as engine_mod
+    from kstrata.agents.compiled import program as program_mod
+    from kstrata.agents.compiled import run as run_mod
+    from kstrata.agents.optimize import irspace
+
+    kernels = [SimpleNamespace(name=n, share=sh, entry=f"/e/{n}") for n, sh in (("k_big", 0.6), ("k_small", 0.3))]
+    monkeypatch.setattr(irspace, "record_node", lambda node, services, work: (tmp_path, tmp_path, {}))
+    monkeypatch.setattr(program_mod, "load_program", lambda cache, records: None)
+    monkeypatch.setattr(irspace, "rank_kernels", lambda program, profile: kernels)
+    note = "gated on the CPU only; nothing ranks the candidates here (no launch record to time on)"
+    monkeypatch.setattr(run_mod, "search_one", lambda *a, **kw: SimpleNamespace(
+        mode="unranked", mode_note=note, trials=[SimpleNamespace(status="equivalent", pipeline="p", speedup=None)],
+        best=None))
+    monkeypatch.setattr(engine_mod, "Engine", lambda *a, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(engine_mod, "WorkerPool", lambda **kw: SimpleNamespace(close=lambda: None))
+    services = SimpleNamespace(workdir=tmp_path, evaluator=SimpleNamespace(workers=SimpleNamespace(name="ray")),
+                               timeout_s=60.0, time_left_s=lambda: 3600.0, progress=lambda msg: None)
+    node = SimpleNamespace(key="inc0", candidate=SimpleNamespace(description="baseline compile"))
+    out = irspace.search_node(node, services)  # a Ray cluster's workers: the first row is a note, not a kernel
+    assert not out.winners and "2 kernels searched (k_big, k_small)" in out.note, out.note
+    assert "2 of them not timed on the GPU" in out.note and "no launch record" in out.note, out.note
+    assert "beyond the noise" not in out.note
+    assert [r.get("unmeasured") for r in out.kernels if "kernel" in r] == [note, note]
+
+
 def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_candidate(
         rewritten: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kstrata.agents.optimize import irspace
