@@ -223,51 +223,59 @@ def _parse_mlir(text: str, level: str, like: Any) -> Any:
     return module
 
 
-_DEPLOYMENT: list[_Deployment] = []
+#: The deployments installed in this process, by their spec's digest: the measurement times two `ir` candidates in
+#: one process once one of them is the incumbent (each acts only inside its own model's scope).
+_DEPLOYMENTS: dict[str, _Deployment] = {}
+#: The listener and the `CompiledKernel.run` property, installed once per process for all deployments.
+_INSTALLED: dict[str, Any] = {}
 
 
 def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
-    """The deployment of `spec` in this process: its listener and launch watch (both idle outside a scope)
-    installed once; a second, other deployment in the same process is an error."""
-    if _DEPLOYMENT:
-        if _DEPLOYMENT[0].spec["digest"] != spec["digest"]:
-            raise IrDeployError("kstrata ir deployer: another deployment is installed in this process")
-        return _DEPLOYMENT[0]
+    """The deployment of `spec` in this process (one per spec); the listener and launch watch it acts through
+    (idle outside a scope) are installed with the first."""
+    dep = _DEPLOYMENTS.get(spec["digest"])
+    if dep is not None:
+        return dep
     from triton import knobs
     from triton.compiler.compiler import CompiledKernel
 
     dep = _Deployment(spec)
     os.makedirs(dep.cache_dir, exist_ok=True)
-    previous = knobs.compilation.listener
+    if not _INSTALLED:
+        previous = knobs.compilation.listener
 
-    def listener(**kw: Any) -> None:
-        if previous is not None:
-            previous(**kw)
-        if dep.active:
-            dep.listener(**kw)
+        def listener(**kw: Any) -> None:
+            if previous is not None:
+                previous(**kw)
+            for d in list(_DEPLOYMENTS.values()):
+                if d.active:
+                    d.listener(**kw)
 
-    knobs.compilation.listener = listener
-    dep.listener_fn = listener
-    # Every Python launch path goes through `CompiledKernel.run` (the JIT reads it per launch, Inductor's launcher
-    # takes it once in `make_launcher`); `launch_metadata` is not: Inductor's launcher calls it only when
-    # `knobs.runtime.launch_enter_hook` (a HookChain by default) was set when the launcher was made.
-    original = CompiledKernel.run
+        knobs.compilation.listener = listener
+        # Every Python launch path goes through `CompiledKernel.run` (the JIT reads it per launch, Inductor's
+        # launcher takes it once in `make_launcher`); `launch_metadata` is not: Inductor's launcher calls it only
+        # when `knobs.runtime.launch_enter_hook` (a HookChain by default) was set when the launcher was made.
+        original = CompiledKernel.run
 
-    def run(self: Any) -> Any:
-        launcher = original.fget(self)
-        if getattr(self, "name", None) not in dep.names:
-            return launcher
+        def run(self: Any) -> Any:
+            launcher = original.fget(self)
+            name = getattr(self, "name", None)
+            deps = [d for d in list(_DEPLOYMENTS.values()) if name in d.names]
+            if not deps:
+                return launcher
 
-        def watched(*args: Any) -> Any:
-            if dep.active:
-                dep.watch(self)
-            return launcher(*args)
+            def watched(*args: Any) -> Any:
+                for d in deps:
+                    if d.active:
+                        d.watch(self)
+                return launcher(*args)
 
-        return watched
+            return watched
 
-    CompiledKernel.run = property(run)
-    dep.run_property = CompiledKernel.run
-    _DEPLOYMENT.append(dep)
+        CompiledKernel.run = property(run)
+        _INSTALLED.update(listener=listener, run=CompiledKernel.run)
+    dep.listener_fn, dep.run_property = _INSTALLED["listener"], _INSTALLED["run"]
+    _DEPLOYMENTS[spec["digest"]] = dep
     return dep
 
 

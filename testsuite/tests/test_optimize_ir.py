@@ -215,7 +215,8 @@ def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_rai
 
     monkeypatch.setattr(CompiledKernel, "run", CompiledKernel.__dict__["run"])  # the install patches these two
     monkeypatch.setattr(knobs.compilation, "listener", None)
-    monkeypatch.setattr(deployer, "_DEPLOYMENT", [])
+    monkeypatch.setattr(deployer, "_DEPLOYMENTS", {})
+    monkeypatch.setattr(deployer, "_INSTALLED", {})
     monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
     dep = deployer._kstrata_ir_install({"digest": "0" * 64, "kernels": []})
@@ -285,6 +286,42 @@ def test_the_kernel_digest_matches_across_processes_and_tells_compile_options_ap
         other = _compile_rowsum(tmp_path / "a" / "kern.py", **{option: value})
         assert kernel_digest(other.asm["ttir"], other.metadata._asdict()) != digest, option
     assert _compile_rowsum(tmp_path / "a" / "kern.py", launch_pdl=True).asm["ttir"] == a.asm["ttir"]  # TTIR alone collides
+
+
+def test_two_ir_candidates_deploy_in_one_process_each_in_its_own_scope(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    from kstrata.agents.optimize import deployer
+
+    monkeypatch.setattr(CompiledKernel, "run", CompiledKernel.__dict__["run"])
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    monkeypatch.setattr(deployer, "_DEPLOYMENTS", {})
+    monkeypatch.setattr(deployer, "_INSTALLED", {})
+    monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
+
+    def spec(digest: str, cubin: bytes) -> dict[str, Any]:
+        return {"digest": digest * 64, "kernels": [{"name": "k", "digest": digest, "pipeline": f"p{digest}",
+                                                     "cubin_sha256": hashlib.sha256(cubin).hexdigest()}]}
+
+    # the incumbent (an ir candidate) and the next ir candidate, loaded by one measurement process
+    a, b = deployer._kstrata_ir_install(spec("a", b"A")), deployer._kstrata_ir_install(spec("b", b"B"))
+    assert deployer._kstrata_ir_install(spec("a", b"A")) is a and a.cache_dir != b.cache_dir
+    kernels = {}
+    for c in (b"A", b"B"):
+        k = object.__new__(CompiledKernel)  # a compiled kernel as Triton's cache gives it (no driver here)
+        k.name, k.asm, k._run = "k", {"cubin": c}, lambda *args: None
+        kernels[c] = k
+    for dep, mine, other in ((a, b"A", b"B"), (b, b"B", b"A")):
+        with deployer._Scope(dep, inductor=False):
+            dep.begin_call()
+            kernels[mine].run(1, 1, 1)
+            dep.check_call()
+            dep.begin_call()
+            kernels[other].run(1, 1, 1)  # the other model's binary, launched in this one's scope
+            with pytest.raises(deployer.IrDeployError, match="other than the rewritten"):
+                dep.check_call()
 
 
 def test_the_deployer_accepts_two_deployed_binaries_of_one_kernel_name() -> None:
