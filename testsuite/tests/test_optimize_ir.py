@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from kstrata.agents.optimize.irspace import IrPassProposer, IrWinner, Prepared, original_digest, render_ir_source
 
@@ -205,9 +206,9 @@ def test_the_deployer_checks_what_the_model_launches(rewritten: dict[str, Any], 
     assert never["forward"].startswith("IrDeployError") and "never launched" in never["forward"], never
 
 
-def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_raises(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch._inductor import config as inductor_config
+@pytest.fixture
+def fresh_deployer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The deployer module with no deployment installed in this process, its installs undone after the test."""
     from triton import knobs
     from triton.compiler.compiler import CompiledKernel
 
@@ -218,6 +219,47 @@ def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_rai
     monkeypatch.setattr(deployer, "_DEPLOYMENTS", {})
     monkeypatch.setattr(deployer, "_INSTALLED", {})
     monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
+    return deployer
+
+
+def _spec(digest: str, cubin: bytes) -> dict[str, Any]:
+    return {"digest": digest * 64, "kernels": [{"name": "k", "digest": digest, "pipeline": f"p{digest}",
+                                                 "cubin_sha256": hashlib.sha256(cubin).hexdigest()}]}
+
+
+def _cached_kernel(name: str, cubin: bytes) -> Any:
+    """A compiled kernel as Triton's cache gives it, with a launcher that does nothing (no driver here)."""
+    from triton.compiler.compiler import CompiledKernel
+
+    k = object.__new__(CompiledKernel)
+    k.name, k.asm, k._run = name, {"cubin": cubin}, lambda *args: None
+    return k
+
+
+def test_a_launch_after_the_checked_calls_that_runs_another_binary_raises(fresh_deployer: Any) -> None:
+    deployer = fresh_deployer
+    dep = deployer._kstrata_ir_install(_spec("a", b"A"))
+    kernels = {c: _cached_kernel("k", c) for c in (b"A", b"original")}
+    launches = [b"A"] * deployer.VERIFY_CALLS + [b"A", b"original"]  # a recompile once the checks are over
+
+    class Model(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            kernels[launches.pop(0)].run(1, 1, 1)
+            return x
+
+    model = deployer._kstrata_ir_checked(Model, dep)()
+    for _ in range(deployer.VERIFY_CALLS + 1):
+        model(1.0)
+    with pytest.raises(deployer.IrDeployError, match="other than the rewritten"):
+        model(1.0)
+
+
+def test_the_deployer_scope_restores_the_process_when_entering_or_leaving_it_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_deployer: Any) -> None:
+    from torch._inductor import config as inductor_config
+    from triton import knobs
+
+    deployer = fresh_deployer
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
     dep = deployer._kstrata_ir_install({"digest": "0" * 64, "kernels": []})
 
@@ -288,31 +330,13 @@ def test_the_kernel_digest_matches_across_processes_and_tells_compile_options_ap
     assert _compile_rowsum(tmp_path / "a" / "kern.py", launch_pdl=True).asm["ttir"] == a.asm["ttir"]  # TTIR alone collides
 
 
-def test_two_ir_candidates_deploy_in_one_process_each_in_its_own_scope(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from triton import knobs
-    from triton.compiler.compiler import CompiledKernel
-
-    from kstrata.agents.optimize import deployer
-
-    monkeypatch.setattr(CompiledKernel, "run", CompiledKernel.__dict__["run"])
-    monkeypatch.setattr(knobs.compilation, "listener", None)
-    monkeypatch.setattr(deployer, "_DEPLOYMENTS", {})
-    monkeypatch.setattr(deployer, "_INSTALLED", {})
-    monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
-
-    def spec(digest: str, cubin: bytes) -> dict[str, Any]:
-        return {"digest": digest * 64, "kernels": [{"name": "k", "digest": digest, "pipeline": f"p{digest}",
-                                                     "cubin_sha256": hashlib.sha256(cubin).hexdigest()}]}
+def test_two_ir_candidates_deploy_in_one_process_each_in_its_own_scope(fresh_deployer: Any) -> None:
+    deployer = fresh_deployer
 
     # the incumbent (an ir candidate) and the next ir candidate, loaded by one measurement process
-    a, b = deployer._kstrata_ir_install(spec("a", b"A")), deployer._kstrata_ir_install(spec("b", b"B"))
-    assert deployer._kstrata_ir_install(spec("a", b"A")) is a and a.cache_dir != b.cache_dir
-    kernels = {}
-    for c in (b"A", b"B"):
-        k = object.__new__(CompiledKernel)  # a compiled kernel as Triton's cache gives it (no driver here)
-        k.name, k.asm, k._run = "k", {"cubin": c}, lambda *args: None
-        kernels[c] = k
+    a, b = deployer._kstrata_ir_install(_spec("a", b"A")), deployer._kstrata_ir_install(_spec("b", b"B"))
+    assert deployer._kstrata_ir_install(_spec("a", b"A")) is a and a.cache_dir != b.cache_dir
+    kernels = {c: _cached_kernel("k", c) for c in (b"A", b"B")}
     for dep, mine, other in ((a, b"A", b"B"), (b, b"B", b"A")):
         with deployer._Scope(dep, inductor=False):
             dep.begin_call()
