@@ -204,6 +204,17 @@ class _Deployment:
                                 "was never launched with its rewritten binary in this process")
 
 
+def _private_dir(path: str) -> None:
+    """Make `path` (under the shared temporary directory) this user's own: its name is known from the spec, so
+    another user could make it first and fill the cache the model's other kernels load their binaries from."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if hasattr(os, "getuid") and (not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid()
+                                  or st.st_mode & 0o022):
+        raise IrDeployError(f"kstrata ir deployer: {path} is not a directory of this user's that only it may write "
+                            "(remove it, or point TMPDIR elsewhere)")
+
+
 def _file_digest(path: str) -> str:
     with open(path, "rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()
@@ -240,7 +251,8 @@ def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
     from triton.compiler.compiler import CompiledKernel
 
     dep = _Deployment(spec)
-    os.makedirs(dep.cache_dir, exist_ok=True)
+    _private_dir(os.path.dirname(dep.cache_dir))
+    os.makedirs(dep.cache_dir, mode=0o700, exist_ok=True)
     if not _INSTALLED:
         previous = knobs.compilation.listener
 

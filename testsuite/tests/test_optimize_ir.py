@@ -236,6 +236,18 @@ def _cached_kernel(name: str, cubin: bytes) -> Any:
     return k
 
 
+def test_the_deployer_refuses_a_cache_directory_others_may_write(fresh_deployer: Any, tmp_path: Path) -> None:
+    deployer = fresh_deployer
+    planted = tmp_path / f"kstrata-ir-{'a' * 20}"  # made before the model ran, writable by every user
+    planted.mkdir()
+    planted.chmod(0o777)
+    with pytest.raises(deployer.IrDeployError, match="only it may write"):
+        deployer._kstrata_ir_install(_spec("a", b"A"))
+    planted.chmod(0o700)
+    dep = deployer._kstrata_ir_install(_spec("a", b"A"))
+    assert Path(dep.cache_dir).parent == planted
+
+
 def test_a_launch_after_the_checked_calls_that_runs_another_binary_raises(fresh_deployer: Any) -> None:
     deployer = fresh_deployer
     dep = deployer._kstrata_ir_install(_spec("a", b"A"))
