@@ -181,8 +181,10 @@ def record_node(node: Node, services: LoopServices, work: Path) -> tuple[Path, P
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE": "0"}
     prefix = [sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(records), "--"]
     limit = max(30.0, min(services.timeout_s, TIME_FRACTION * services.time_left_s()))
+    # a generated (LLM) node's code runs in the sandbox here too, as in every other job that runs it
     r = services.evaluator.run_job({"cmd": "profile", "task": str(services.task), "candidate": str(cand)}, limit,
-                                   argv_prefix=prefix, env_extra=env, affinity=str(services.task), budget=True)
+                                   argv_prefix=prefix, env_extra=env, affinity=str(services.task), budget=True,
+                                   sandbox=bool(node.candidate.params.get("sandbox")))
     if not r.ok:
         raise RuntimeError(f"the recorded run failed: {r.error or 'no result'}")
     if not records.is_dir() or not any(records.glob("*.json")):
@@ -343,8 +345,10 @@ class IrPassProposer:
         out = []
         for ws in groups:
             edit = "; ".join(f"{w.name}: {w.pipeline} ({w.speedup:.3f}x on its launch record, {w.verdict})" for w in ws)
+            # the node's code is in it: so are the node's sandbox (generated code) and precision policy
+            params = {"kernels": [w.summary() for w in ws], "refines": node.key,
+                      **({"sandbox": True} if node.candidate.params.get("sandbox") else {})}
             out.append(TaskCandidate(render_ir_source(node.candidate.source, ws), "ir", self.name, f"ir: {edit}",
-                                     {"kernels": [w.summary() for w in ws], "refines": node.key},
-                                     parent=node.key))
+                                     params, policy=node.candidate.policy, parent=node.key))
         state.note(self.name, f"{len(prepared.winners)} kernel rewrites from {node.candidate.description}")
         return [c for c in out if c.key not in state.tried]

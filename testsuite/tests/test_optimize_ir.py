@@ -381,8 +381,10 @@ def test_the_deployer_accepts_two_deployed_binaries_of_one_kernel_name() -> None
         dep.check_call()
 
 
-def _state(device: str, source: str = MODEL, space: str = "baseline") -> Any:
-    node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(source=source, description="baseline compile"))
+def _state(device: str, source: str = MODEL, space: str = "baseline", params: dict[str, Any] | None = None,
+           policy: str = "strict") -> Any:
+    node = SimpleNamespace(key="inc0", space=space, candidate=SimpleNamespace(
+        source=source, description="baseline compile", params=params or {}, policy=policy))
     notes: dict[str, str] = {}
     return SimpleNamespace(device=device, parent=None, incumbent=node, tried=frozenset(), notes=notes,
                            note=lambda name, why: notes.__setitem__(name, why))
@@ -440,6 +442,30 @@ def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candida
     empty = _state("cuda")
     p._prepared["inc0"] = Prepared(note="2 kernels searched; no rewrite beat its original beyond the noise")
     assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
+
+
+def test_an_ir_candidate_of_a_generated_node_keeps_its_sandbox_and_precision_policy(
+        rewritten: dict[str, Any], tmp_path: Path) -> None:
+    from kstrata.agents.optimize.irspace import record_node
+
+    p = IrPassProposer()
+    p._prepared["inc0"] = Prepared(winners=[rewritten["winner"]])
+    (cand,) = p.propose(_state("cuda", params={"sandbox": True}, policy="tf32"))
+    assert cand.params.get("sandbox") is True and cand.policy == "tf32"
+    (plain,) = p.propose(_state("cuda"))
+    assert "sandbox" not in plain.params and plain.policy == "strict"
+    jobs: list[dict[str, Any]] = []
+
+    def run_job(job: dict[str, Any], timeout_s: float, **kw: Any) -> Any:
+        jobs.append(kw)
+        return SimpleNamespace(ok=False, error="no GPU here", data={})
+
+    services = SimpleNamespace(evaluator=SimpleNamespace(run_job=run_job), task=tmp_path / "task.py", timeout_s=60.0,
+                               time_left_s=lambda: 600.0)
+    node = _state("cuda", params={"sandbox": True}).incumbent
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        record_node(node, services, tmp_path / "work")
+    assert jobs[0]["sandbox"] is True  # the recording runs the generated code in the sandbox too
 
 
 def test_two_strategy_workers_reaching_the_ir_space_at_once_search_its_node_once(
