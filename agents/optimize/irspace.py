@@ -212,12 +212,15 @@ def rank_kernels(program: Any, profile: dict[str, Any]) -> list[Any]:
 
 def search_node(node: Node, services: LoopServices) -> Prepared:
     """Steps 1 and 2 of the module docstring for `node`."""
-    from kstrata.agents.compiled.program import load_program
+    from kstrata.agents.compiled.program import MIN_SHARE, load_program
     from kstrata.agents.compiled.run import CompiledOptions, search_one
     from kstrata.agents.engine import Engine, WorkerPool
     from kstrata.agents.workers import LocalWorkers
 
     start = time.monotonic()
+    # the recording and the kernels' searches share TIME_FRACTION of the time left; a trial in flight at the
+    # deadline finishes
+    deadline = time.perf_counter() + TIME_FRACTION * services.time_left_s()
     out = Prepared()
     work = services.workdir / "ir" / node.key
     try:
@@ -228,7 +231,8 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
     program = load_program(cache, records)
     ranked = rank_kernels(program, profile)[:IR_KERNELS]
     if not ranked:
-        out.note = f"{node.candidate.description}: no recorded Triton kernel has {1:.0%} of the device time or more"
+        out.note = (f"{node.candidate.description}: no recorded Triton kernel has {MIN_SHARE:.0%} of the device time "
+                    "or more")
         return out
     workers = services.evaluator.workers
     shared = isinstance(workers, LocalWorkers)
@@ -238,8 +242,6 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
     pool = WorkerPool(workers=workers) if shared else WorkerPool()
     budget = kernel_budget(services, len(ranked))
     opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s)
-    # the kernels share TIME_FRACTION of the time left; a trial in flight at the deadline finishes
-    deadline = time.perf_counter() + TIME_FRACTION * services.time_left_s()
     try:
         with Engine(services.workdir / "engine", pool) as engine:
             for k in ranked:

@@ -495,29 +495,54 @@ def test_two_strategy_workers_reaching_the_ir_space_at_once_search_its_node_once
     assert len(p.propose(_state("cuda"))) == 1  # the worker that waited proposes the same winner
 
 
-def test_a_kernel_search_that_could_not_time_on_the_gpu_is_said_not_called_a_loss(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+UNRANKED = "gated on the CPU only; nothing ranks the candidates here (no launch record to time on)"
+
+
+def _fake_search_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_s: float = 0.0) -> Any:
+    """`irspace.search_node` on two recorded kernels, with the recording (taking `record_s`), the program, the
+    engine and the kernel search (unranked: no launch record) faked; returns (search_node, services, node)."""
     import contextlib
+    import time
 
     from kstrata.agents import engine as engine_mod
     from kstrata.agents.compiled import program as program_mod
     from kstrata.agents.compiled import run as run_mod
     from kstrata.agents.optimize import irspace
 
+    def record(node: Any, services: Any, work: Path) -> Any:
+        time.sleep(record_s)
+        return tmp_path, tmp_path, {}
+
     kernels = [SimpleNamespace(name=n, share=sh, entry=f"/e/{n}") for n, sh in (("k_big", 0.6), ("k_small", 0.3))]
-    monkeypatch.setattr(irspace, "record_node", lambda node, services, work: (tmp_path, tmp_path, {}))
+    monkeypatch.setattr(irspace, "record_node", record)
     monkeypatch.setattr(program_mod, "load_program", lambda cache, records: None)
     monkeypatch.setattr(irspace, "rank_kernels", lambda program, profile: kernels)
-    note = "gated on the CPU only; nothing ranks the candidates here (no launch record to time on)"
     monkeypatch.setattr(run_mod, "search_one", lambda *a, **kw: SimpleNamespace(
-        mode="unranked", mode_note=note, trials=[SimpleNamespace(status="equivalent", pipeline="p", speedup=None)],
+        mode="unranked", mode_note=UNRANKED, trials=[SimpleNamespace(status="equivalent", pipeline="p", speedup=None)],
         best=None))
     monkeypatch.setattr(engine_mod, "Engine", lambda *a, **kw: contextlib.nullcontext())
     monkeypatch.setattr(engine_mod, "WorkerPool", lambda **kw: SimpleNamespace(close=lambda: None))
     services = SimpleNamespace(workdir=tmp_path, evaluator=SimpleNamespace(workers=SimpleNamespace(name="ray")),
                                timeout_s=60.0, time_left_s=lambda: 3600.0, progress=lambda msg: None)
     node = SimpleNamespace(key="inc0", candidate=SimpleNamespace(description="baseline compile"))
-    out = irspace.search_node(node, services)  # a Ray cluster's workers: the first row is a note, not a kernel
+    return irspace.search_node, services, node
+
+
+def test_the_recording_and_the_kernel_searches_share_one_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kstrata.agents.optimize import irspace
+
+    monkeypatch.setattr(irspace, "TIME_FRACTION", 0.3 / 3600)  # 0.3 s of the task's hour
+    monkeypatch.setattr(irspace, "MIN_SECONDS", 0.0)
+    search_node, services, node = _fake_search_node(tmp_path, monkeypatch, record_s=0.5)
+    out = search_node(node, services)  # the recording took the whole share
+    assert [r.get("skipped") for r in out.kernels if "kernel" in r] == ["the task's time for the ir space ran out"] * 2
+
+
+def test_a_kernel_search_that_could_not_time_on_the_gpu_is_said_not_called_a_loss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    search_node, services, node = _fake_search_node(tmp_path, monkeypatch)
+    note = UNRANKED
+    out = search_node(node, services)  # a Ray cluster's workers: the first row is a note, not a kernel
     assert not out.winners and "2 kernels searched (k_big, k_small)" in out.note, out.note
     assert "2 of them not timed on the GPU" in out.note and "no launch record" in out.note, out.note
     assert "beyond the noise" not in out.note
