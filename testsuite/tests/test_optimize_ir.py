@@ -236,6 +236,27 @@ def _cached_kernel(name: str, cubin: bytes) -> Any:
     return k
 
 
+def test_the_deployer_wraps_a_model_new_that_names_itself_in_super(fresh_deployer: Any) -> None:
+    deployer = fresh_deployer
+    dep = deployer._kstrata_ir_install(_spec("a", b"A"))
+    kernel = _cached_kernel("k", b"A")
+    scope: list[bool] = []
+
+    class ModelNew(torch.nn.Module):  # the KernelBench idiom: the class by its module-level name
+        def __init__(self) -> None:
+            super(ModelNew, self).__init__()  # noqa: UP008 -- the idiom under test
+            scope.append(dep.active)
+
+        def forward(self, x: Any) -> Any:
+            scope.append(dep.active)
+            kernel.run(1, 1, 1)
+            return x
+
+    ModelNew = deployer._kstrata_ir_checked(ModelNew, dep)  # what model_new.py's last line does
+    model = ModelNew()
+    assert model(2.0) == 2.0 and scope == [True, True] and type(model).__name__ == "ModelNew"
+
+
 def test_the_deployer_refuses_a_cache_directory_others_may_write(fresh_deployer: Any, tmp_path: Path) -> None:
     deployer = fresh_deployer
     planted = tmp_path / f"kstrata-ir-{'a' * 20}"  # made before the model ran, writable by every user
