@@ -218,6 +218,7 @@ def fresh_deployer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(knobs.compilation, "listener", None)
     monkeypatch.setattr(deployer, "_DEPLOYMENTS", {})
     monkeypatch.setattr(deployer, "_INSTALLED", {})
+    monkeypatch.setattr(deployer, "_NAMES", set())
     monkeypatch.setattr(deployer.tempfile, "tempdir", str(tmp_path))
     return deployer
 
@@ -370,6 +371,8 @@ def test_two_ir_candidates_deploy_in_one_process_each_in_its_own_scope(fresh_dep
     a, b = deployer._kstrata_ir_install(_spec("a", b"A")), deployer._kstrata_ir_install(_spec("b", b"B"))
     assert deployer._kstrata_ir_install(_spec("a", b"A")) is a and a.cache_dir != b.cache_dir
     kernels = {c: _cached_kernel("k", c) for c in (b"A", b"B")}
+    other_model = _cached_kernel("baseline_kernel", b"X")  # another model's kernel: its launcher, unwrapped
+    assert other_model.run is other_model._run
     for dep, mine, other in ((a, b"A", b"B"), (b, b"B", b"A")):
         with deployer._Scope(dep, inductor=False):
             dep.begin_call()
