@@ -188,6 +188,7 @@ def test_the_deployer_raises_when_triton_returns_the_original(rewritten: dict[st
     tmpdir = tmp_path / "t"
     stale = tmpdir / f"kstrata-ir-{spec['digest'][:20]}" / "triton-cache"
     shutil.copytree(r["cache"], stale)  # the deployer's own cache holds the un-rewritten binary
+    stale.parent.chmod(0o700)  # this user's, whatever the umask: only the stale binary is under test here
     got = _child(r["tmp"], r["cache"], model=model, tmpdir=tmpdir)
     assert got["forward"].startswith("IrDeployError") and "a cache hit returned" in got["forward"], got
 
@@ -361,6 +362,8 @@ def test_the_kernel_digest_matches_across_processes_and_tells_compile_options_ap
     for option, value in (("num_warps", 8), ("maxnreg", 128), ("launch_pdl", True), ("enable_reflect_ftz", False)):
         other = _compile_rowsum(tmp_path / "a" / "kern.py", **{option: value})
         assert kernel_digest(other.asm["ttir"], other.metadata._asdict()) != digest, option
+    # num_ctas=2 does not compile this kernel for sm_90 here; its metadata alone must tell the kernels apart
+    assert kernel_digest(a.asm["ttir"], {**a.metadata._asdict(), "num_ctas": 2}) != digest
     assert _compile_rowsum(tmp_path / "a" / "kern.py", launch_pdl=True).asm["ttir"] == a.asm["ttir"]  # TTIR alone collides
 
 
