@@ -23,8 +23,10 @@ How it deploys (checked against Triton 3.6's `compiler/compiler.py`):
   source, so a rewritten `num-warps` TTGIR would launch with the original thread count.
 - **Its own Triton cache**: neither the hook nor an override is part of Triton's cache key
   (`get_cache_invalidating_env_vars()` is empty), so a hit in the user's cache would return the original
-  binary. The deployer points Triton (`knobs.cache.dir`) at `<tmp>/kstrata-ir-<digest of the
-  deployment>/triton-cache`, which only processes running this same deployment fill.
+  binary. The deployer points Triton (the `knobs.cache.dir` knob, not `TRITON_CACHE_DIR`, which a process
+  started in the scope would inherit without the hook) at `<tmp>/kstrata-ir-<digest of the
+  deployment>/triton-cache`, which only processes running this same deployment fill; the directory must be
+  this user's and writable by it alone.
 - **Scoped to the model**: the hook, the cache directory, the compile-time check and the Inductor settings
   hold only while this ModelNew's `__init__` or `forward` runs (Inductor and the Triton JIT compile
   inside them), and are restored after, so another model in the same process (the measurement loads the
