@@ -301,7 +301,7 @@ class IrPassProposer:
         if state.device != "cuda":
             return ("needs an NVIDIA GPU: on the CPU Triton kernels run in the interpreter, so there are no compiled "
                     "kernels to rewrite; proposes nothing")
-        if node.space == "ir":
+        if node.space == "ir" or "_KSTRATA_IR_SPEC = " in node.candidate.source:  # or another space's refinement of one
             return f"{node.candidate.description} is an ir candidate already; its kernels are not searched again"
         return ""
 

@@ -425,6 +425,10 @@ def test_the_ir_space_on_the_cpu_says_why_it_proposes_nothing() -> None:
     assert "NVIDIA GPU" in state.notes["ir-passes"] and "interpreter" in state.notes["ir-passes"]
     ir_node = _state("cuda", space="ir")
     assert p.propose(ir_node) == [] and "ir candidate already" in ir_node.notes["ir-passes"]
+    # another space's refinement of an ir candidate carries its deployer: a second one would meet it
+    refined = _state("cuda", source=MODEL + "\n_KSTRATA_IR_SPEC = '{}'\n", space="compiler")
+    assert p.prepare(refined, SimpleNamespace()) is None
+    assert p.propose(refined) == [] and "ir candidate already" in refined.notes["ir-passes"]
 
 
 def _assert_standalone(source: str, kernels: int) -> None:
