@@ -344,13 +344,19 @@ class IrPassProposer:
             state.note(self.name, prepared.note or "no winner")
             return []
         groups = ([prepared.winners] if len(prepared.winners) > 1 else []) + [[w] for w in prepared.winners]
-        out = []
+        out, unusable = [], []
         for ws in groups:
             edit = "; ".join(f"{w.name}: {w.pipeline} ({w.speedup:.3f}x on its launch record, {w.verdict})" for w in ws)
             # the node's code is in it: so are the node's sandbox (generated code) and precision policy
             params = {"kernels": [w.summary() for w in ws], "refines": node.key,
                       **({"sandbox": True} if node.candidate.params.get("sandbox") else {})}
-            out.append(TaskCandidate(render_ir_source(node.candidate.source, ws), "ir", self.name, f"ir: {edit}",
-                                     params, policy=node.candidate.policy, parent=node.key))
-        state.note(self.name, f"{len(prepared.winners)} kernel rewrites from {node.candidate.description}")
+            try:  # one winner that cannot be deployed costs its own candidates, not the others'
+                source = render_ir_source(node.candidate.source, ws)
+            except (OSError, ValueError) as exc:
+                unusable.append(f"{edit}: {exc}")
+                continue
+            out.append(TaskCandidate(source, "ir", self.name, f"ir: {edit}", params, policy=node.candidate.policy,
+                                     parent=node.key))
+        state.note(self.name, f"{len(prepared.winners)} kernel rewrites from {node.candidate.description}"
+                   + (f"; not deployable: {'; '.join(unusable)}" if unusable else ""))
         return [c for c in out if c.key not in state.tried]

@@ -470,6 +470,12 @@ def test_the_proposer_turns_a_recorded_programs_winner_into_a_standalone_candida
     assert sorted(len(c.params["kernels"]) for c in cands) == [1, 1, 2]
     for c in cands:
         _assert_standalone(c.source, len(c.params["kernels"]))
+    # a winner whose build has no binary: its candidates are not made, the other winner's still are, and the note says so
+    broken = dataclasses.replace(second, built=str(r["tmp"]))
+    p._prepared["inc0"] = Prepared(winners=[r["winner"], broken])
+    noted = _state("cuda")
+    (only,) = p.propose(noted)
+    assert only.params["kernels"][0]["name"] == "ir_rowsum" and "has no cubin" in noted.notes["ir-passes"]
     empty = _state("cuda")
     p._prepared["inc0"] = Prepared(note="2 kernels searched; no rewrite beat its original beyond the noise")
     assert p.propose(empty) == [] and "beyond the noise" in empty.notes["ir-passes"]
