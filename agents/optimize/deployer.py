@@ -23,8 +23,10 @@ How it deploys (checked against Triton 3.6's `compiler/compiler.py`):
   source, so a rewritten `num-warps` TTGIR would launch with the original thread count.
 - **Its own Triton cache**: neither the hook nor an override is part of Triton's cache key
   (`get_cache_invalidating_env_vars()` is empty), so a hit in the user's cache would return the original
-  binary. The deployer points Triton (`knobs.cache.dir`) at `<tmp>/kstrata-ir-<digest of the
-  deployment>/triton-cache`, which only processes running this same deployment fill.
+  binary. The deployer points Triton (the `knobs.cache.dir` knob, not `TRITON_CACHE_DIR`, which a process
+  started in the scope would inherit without the hook) at `<tmp>/kstrata-ir-<digest of the
+  deployment>/triton-cache`, which only processes running this same deployment fill; the directory must be
+  this user's and writable by it alone.
 - **Scoped to the model**: the hook, the cache directory, the compile-time check and the Inductor settings
   hold only while this ModelNew's `__init__` or `forward` runs (Inductor and the Triton JIT compile
   inside them), and are restored after, so another model in the same process (the measurement loads the
@@ -35,16 +37,18 @@ How it deploys (checked against Triton 3.6's `compiler/compiler.py`):
 - **Inductor**: inside the scope, it compiles in this process (`compile_threads=1`: the hook is
   process-local), without its FX graph cache and without bundling Triton artifacts into it (a hit would
   write stale, un-rewritten binaries back into the Triton cache dir), and with Triton's own launcher (the
-  static CUDA launcher bypasses `CompiledKernel.launch_metadata`, which the proof below watches).
+  static CUDA launcher bypasses `CompiledKernel.run`, which the proof below watches).
 
 The proof (it raises `IrDeployError`, never times the original silently):
 
 - at compile time, Triton's compilation listener sees every compile and every cache hit in the scope: a
   kernel whose TTIR digest is a deployed one must have exactly the rewritten binary (SHA-256 of the cubin),
   or the compile raises;
-- at launch time, `CompiledKernel.launch_metadata` (which Triton's JIT and Inductor's launchers call right
-  before every launch) notes in the scope, per deployed kernel name, whether the binary launched last was
-  the rewritten one; the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
+- at launch time, the launcher a deployed kernel's `CompiledKernel.run` returns (Triton's JIT reads it at
+  every launch, Inductor's launcher once when it is made; Inductor's launcher calls `launch_metadata` only
+  when `knobs.runtime.launch_enter_hook` is set, which a program may turn off) notes in the scope, per deployed kernel name, whether the
+  binary launched last was the rewritten one (a launcher costs one more Python call per launch of a deployed
+  name, which the candidate's timing carries); the wrapped `ModelNew.forward` checks after each of its first `VERIFY_CALLS` calls that
   the last launch of every deployed name in that call ran the rewritten binary (an autotuner that picked
   another configuration of the same kernel fails here) and that every deployed kernel has been launched in
   this process.
@@ -56,6 +60,7 @@ private temporary file per MLIR level it parses (removed at once); never the use
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -64,9 +69,12 @@ import tempfile
 import threading
 from typing import Any
 
-#: Compile options that change the lowering of one TTIR (part of a kernel's content digest).
+#: Compile options that change the lowering of one TTIR or how its binary launches (part of a kernel's content
+#: digest: two compiles of one TTIR that differ in one of these are two kernels, e.g. `enable_reflect_ftz` flushes
+#: libdevice's denormals, `launch_pdl` launches with programmatic dependent launch).
 LOWERING_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
-                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch")
+                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch", "launch_pdl", "enable_reflect_ftz",
+                    "ptx_version", "debug", "sanitize_overflow", "instrumentation_mode")
 #: The levels a deployment may replace, in Triton's stage order (the binary last).
 DEPLOY_LEVELS = ("ttir", "ttgir", "llir", "ptx", "cubin")
 #: Calls of each ModelNew instance whose launches are checked.
@@ -97,13 +105,17 @@ class _Deployment:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.kernels = {k["digest"]: k for k in spec["kernels"]}
-        self.names = {k["name"]: k for k in spec["kernels"]}
+        self.names: dict[str, list[dict[str, Any]]] = {}  # a name may have several deployed binaries (specialisations)
+        for k in spec["kernels"]:
+            self.names.setdefault(k["name"], []).append(k)
         self.failures: list[str] = []
         self.applied: dict[str, int] = {}  # digest -> compiles that took the rewritten levels
-        self.launched: set[str] = set()  # deployed names launched with the rewritten binary
+        self.launched: set[str] = set()  # the rewritten binaries (cubin SHA-256) launched
         self.last: dict[str, bool] = {}  # name -> whether its last launch ran the rewritten binary
         self.lock = threading.Lock()
         self.active = False  # inside a scope (`_Scope`): the hook, the listener and the launch watch act
+        self.listener_fn: Any = None  # what `_kstrata_ir_install` installed, checked on entering a scope
+        self.run_property: Any = None
         self.cache_dir = os.path.join(tempfile.gettempdir(), f"kstrata-ir-{spec['digest'][:20]}", "triton-cache")
 
     # -- the compile side ----------------------------------------------------------------------
@@ -161,15 +173,16 @@ class _Deployment:
         deployed = self.names.get(name) if isinstance(name, str) else None
         if deployed is None or not isinstance(name, str):
             return
-        ok = getattr(kernel, "_kstrata_ir_ok", None)
-        if ok is None:
+        sha = getattr(kernel, "_kstrata_ir_sha", None)
+        if sha is None:
             cubin = kernel.asm.get("cubin") if hasattr(kernel, "asm") else None
-            ok = isinstance(cubin, bytes) and hashlib.sha256(cubin).hexdigest() == deployed["cubin_sha256"]
-            kernel._kstrata_ir_ok = ok
+            sha = hashlib.sha256(cubin).hexdigest() if isinstance(cubin, bytes) else "none"
+            kernel._kstrata_ir_sha = sha
+        ok = any(k["cubin_sha256"] == sha for k in deployed)
         with self.lock:
             self.last[name] = ok
             if ok:
-                self.launched.add(name)
+                self.launched.add(sha)
 
     def begin_call(self) -> None:
         with self.lock:
@@ -180,17 +193,29 @@ class _Deployment:
         deployed kernel has run in this process."""
         with self.lock:
             wrong = sorted(n for n, ok in self.last.items() if not ok)
-            missing = sorted(set(self.names) - self.launched)
+            missing = [k for k in self.spec["kernels"] if k["cubin_sha256"] not in self.launched]
             failures = list(self.failures)
         if failures:
             raise IrDeployError("kstrata ir deployer: " + failures[0])
         if wrong:
+            pipelines = ", ".join(k["pipeline"] for k in self.names[wrong[0]])
             raise IrDeployError(f"kstrata ir deployer: kernel {wrong[0]} was launched with a binary other than the "
-                                f"rewritten one ({self.names[wrong[0]]['pipeline']}): another compile of it (an "
+                                f"rewritten one ({pipelines}): another compile of it (an "
                                 "autotuning configuration, a stale cache) ran instead")
         if missing:
-            raise IrDeployError(f"kstrata ir deployer: kernel {missing[0]} ({self.names[missing[0]]['pipeline']}) "
+            raise IrDeployError(f"kstrata ir deployer: kernel {missing[0]['name']} ({missing[0]['pipeline']}) "
                                 "was never launched with its rewritten binary in this process")
+
+
+def _private_dir(path: str) -> None:
+    """Make `path` (under the shared temporary directory) this user's own: its name is known from the spec, so
+    another user could make it first and fill the cache the model's other kernels load their binaries from."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if hasattr(os, "getuid") and (not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid()
+                                  or st.st_mode & 0o022):
+        raise IrDeployError(f"kstrata ir deployer: {path} is not a directory of this user's that only it may write "
+                            "(remove it, or point TMPDIR elsewhere)")
 
 
 def _file_digest(path: str) -> str:
@@ -212,39 +237,64 @@ def _parse_mlir(text: str, level: str, like: Any) -> Any:
     return module
 
 
-_DEPLOYMENT: list[_Deployment] = []
+#: The deployments installed in this process, by their spec's digest: the measurement times two `ir` candidates in
+#: one process once one of them is the incumbent (each acts only inside its own model's scope).
+_DEPLOYMENTS: dict[str, _Deployment] = {}
+#: The listener and the `CompiledKernel.run` property, installed once per process for all deployments.
+_INSTALLED: dict[str, Any] = {}
+#: The deployed kernel names of all deployments: the one look-up `CompiledKernel.run` adds to another model's
+#: launches in the process (the baseline timed beside this candidate), so that it does not carry this one's watch.
+_NAMES: set[str] = set()
 
 
 def _kstrata_ir_install(spec: dict[str, Any]) -> _Deployment:
-    """The deployment of `spec` in this process: its listener and launch watch (both idle outside a scope)
-    installed once; a second, other deployment in the same process is an error."""
-    if _DEPLOYMENT:
-        if _DEPLOYMENT[0].spec["digest"] != spec["digest"]:
-            raise IrDeployError("kstrata ir deployer: another deployment is installed in this process")
-        return _DEPLOYMENT[0]
+    """The deployment of `spec` in this process (one per spec); the listener and launch watch it acts through
+    (idle outside a scope) are installed with the first."""
+    dep = _DEPLOYMENTS.get(spec["digest"])
+    if dep is not None:
+        return dep
     from triton import knobs
     from triton.compiler.compiler import CompiledKernel
 
     dep = _Deployment(spec)
-    os.makedirs(dep.cache_dir, exist_ok=True)
-    previous = knobs.compilation.listener
+    _private_dir(os.path.dirname(dep.cache_dir))
+    os.makedirs(dep.cache_dir, mode=0o700, exist_ok=True)
+    if not _INSTALLED:
+        previous = knobs.compilation.listener
 
-    def listener(**kw: Any) -> None:
-        if previous is not None:
-            previous(**kw)
-        if dep.active:
-            dep.listener(**kw)
+        def listener(**kw: Any) -> None:
+            if previous is not None:
+                previous(**kw)
+            for d in list(_DEPLOYMENTS.values()):
+                if d.active:
+                    d.listener(**kw)
 
-    knobs.compilation.listener = listener
-    original = CompiledKernel.launch_metadata
+        knobs.compilation.listener = listener
+        # Every Python launch path goes through `CompiledKernel.run` (the JIT reads it per launch, Inductor's
+        # launcher takes it once in `make_launcher`); `launch_metadata` is not: Inductor's launcher calls it only
+        # when `knobs.runtime.launch_enter_hook` (a HookChain by default) was set when the launcher was made.
+        original = CompiledKernel.run
 
-    def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        if dep.active:
-            dep.watch(self)
-        return original(self, grid, stream, *args)
+        def run(self: Any) -> Any:
+            launcher = original.fget(self)
+            name = getattr(self, "name", None)
+            if name not in _NAMES:
+                return launcher
+            deps = [d for d in list(_DEPLOYMENTS.values()) if name in d.names]
 
-    CompiledKernel.launch_metadata = launch_metadata
-    _DEPLOYMENT.append(dep)
+            def watched(*args: Any) -> Any:
+                for d in deps:
+                    if d.active:
+                        d.watch(self)
+                return launcher(*args)
+
+            return watched
+
+        CompiledKernel.run = property(run)
+        _INSTALLED.update(listener=listener, run=CompiledKernel.run)
+    dep.listener_fn, dep.run_property = _INSTALLED["listener"], _INSTALLED["run"]
+    _DEPLOYMENTS[spec["digest"]] = dep
+    _NAMES.update(dep.names)
     return dep
 
 
@@ -258,8 +308,9 @@ class _Scope:
     Inductor's settings, restored after; re-entrant (a forward inside a forward keeps the outer scope).
     After an instance's checked calls the scope is `inductor=False`: with Inductor's settings a scope cost
     23 us, without them 4 us (this shared 2-core CPU machine, 2026-12-02), which the timed calls carry, and
-    those settings only matter while a compile happens (a recompile after the checked calls is not
-    re-checked)."""
+    those settings only matter while a compile happens (a recompile after the checked calls compiles without
+    them; a launch of it through `CompiledKernel.run` that is not the rewritten binary of a deployed name still
+    raises after that call, but one through Inductor's static launcher is not seen)."""
 
     _MISSING = object()
 
@@ -276,21 +327,33 @@ class _Scope:
         if hook is not None and hook != self.dep.hook:
             raise IrDeployError("kstrata ir deployer: another Triton stages hook is installed; the rewritten kernels "
                                 "cannot be deployed beside it")
+        from triton.compiler.compiler import CompiledKernel
+
+        if knobs.compilation.listener is not self.dep.listener_fn or \
+                CompiledKernel.__dict__.get("run") is not self.dep.run_property:
+            raise IrDeployError("kstrata ir deployer: Triton's compilation listener or CompiledKernel.run was replaced "
+                                "after the deployer installed its checks; the deployment cannot be proven")
         inductor: dict[str, Any] = {}
         if self.inductor:
             from torch._inductor import config as inductor_config
 
             inductor = {k: getattr(inductor_config, k) for k in _INDUCTOR if hasattr(inductor_config, k)}
-            for k in inductor:
-                setattr(inductor_config, k, _INDUCTOR[k])
         # the knob's own value (set or not) and the environment variable its setter also writes
         self.saved = (hook, knobs.cache.__dict__.get("dir", self._MISSING), os.environ.get("TRITON_CACHE_DIR"),
                       inductor)
-        knobs.cache.dir = self.dep.cache_dir
-        knobs.runtime.add_stages_inspection_hook = self.dep.hook
-        if self.clear:
-            _clear_inductor_caches()
-        self.dep.active = True
+        try:  # `__exit__` does not run when `__enter__` raises: undo here what was set
+            for k in inductor:
+                setattr(inductor_config, k, _INDUCTOR[k])
+            # the knob, not the environment variable its setter also writes: a process started in the scope (an
+            # autotuning or compile worker) has no hook, and would fill this deployment's cache with the originals
+            knobs.cache.__dict__["dir"] = self.dep.cache_dir
+            knobs.runtime.add_stages_inspection_hook = self.dep.hook
+            if self.clear:
+                _clear_inductor_caches()
+            self.dep.active = True
+        except BaseException:
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         if self.saved is None:
@@ -300,8 +363,13 @@ class _Scope:
         hook, raw_dir, env_dir, inductor = self.saved
         self.saved = None
         self.dep.active = False
-        if self.clear:
-            _clear_inductor_caches()
+        try:
+            if self.clear:
+                _clear_inductor_caches()
+        finally:
+            self._restore(knobs, hook, raw_dir, env_dir, inductor)
+
+    def _restore(self, knobs: Any, hook: Any, raw_dir: Any, env_dir: str | None, inductor: dict[str, Any]) -> None:
         knobs.runtime.add_stages_inspection_hook = hook
         if raw_dir is self._MISSING:
             knobs.cache.__dict__.pop("dir", None)
@@ -329,30 +397,35 @@ def _clear_inductor_caches() -> None:
 
 
 def _kstrata_ir_checked(cls: Any, dep: _Deployment) -> Any:
-    """`cls` (the incumbent's ModelNew) whose `__init__` and `forward` run in the deployment's scope, and whose
-    first `VERIFY_CALLS` calls per instance check the deployment."""
+    """`cls` (the incumbent's ModelNew) with its `__init__` and `forward` run in the deployment's scope, and its
+    first `VERIFY_CALLS` calls per instance checking the deployment. Wrapped in place, not subclassed: a
+    subclass bound to the name `ModelNew` made `super(ModelNew, self).__init__()` in the class call itself."""
+    init, forward = cls.__init__, cls.forward
 
-    class Checked(cls):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            with _Scope(dep):
-                super().__init__(*args, **kwargs)
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        with _Scope(dep):
+            init(self, *args, **kwargs)
 
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            calls = self.__dict__.get("_kstrata_ir_calls", 0)
-            if calls >= VERIFY_CALLS:
-                with _Scope(dep, inductor=False):
-                    return super().forward(*args, **kwargs)
-            with _Scope(dep, clear=calls == 0):
-                dep.begin_call()
-                out = super().forward(*args, **kwargs)
-                import torch
-
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
+    @functools.wraps(forward)
+    def checked_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls = self.__dict__.get("_kstrata_ir_calls", 0)
+        if calls >= VERIFY_CALLS:
+            with _Scope(dep, inductor=False):
+                out = forward(self, *args, **kwargs)
+            if False in dep.last.values():  # a recompile after the checks launched another binary of a name
                 dep.check_call()
-            self.__dict__["_kstrata_ir_calls"] = calls + 1
             return out
+        with _Scope(dep, clear=calls == 0):
+            dep.begin_call()
+            out = forward(self, *args, **kwargs)
+            import torch
 
-    Checked.__name__ = Checked.__qualname__ = cls.__name__
-    Checked.__module__ = cls.__module__
-    return Checked
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            dep.check_call()
+        self.__dict__["_kstrata_ir_calls"] = calls + 1
+        return out
+
+    cls.__init__, cls.forward = checked_init, checked_forward
+    return cls

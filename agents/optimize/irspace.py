@@ -36,6 +36,7 @@ import hashlib
 import json
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -180,8 +181,10 @@ def record_node(node: Node, services: LoopServices, work: Path) -> tuple[Path, P
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE": "0"}
     prefix = [sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(records), "--"]
     limit = max(30.0, min(services.timeout_s, TIME_FRACTION * services.time_left_s()))
+    # a generated (LLM) node's code runs in the sandbox here too, as in every other job that runs it
     r = services.evaluator.run_job({"cmd": "profile", "task": str(services.task), "candidate": str(cand)}, limit,
-                                   argv_prefix=prefix, env_extra=env, affinity=str(services.task), budget=True)
+                                   argv_prefix=prefix, env_extra=env, affinity=str(services.task), budget=True,
+                                   sandbox=bool(node.candidate.params.get("sandbox")))
     if not r.ok:
         raise RuntimeError(f"the recorded run failed: {r.error or 'no result'}")
     if not records.is_dir() or not any(records.glob("*.json")):
@@ -209,12 +212,15 @@ def rank_kernels(program: Any, profile: dict[str, Any]) -> list[Any]:
 
 def search_node(node: Node, services: LoopServices) -> Prepared:
     """Steps 1 and 2 of the module docstring for `node`."""
-    from kstrata.agents.compiled.program import load_program
+    from kstrata.agents.compiled.program import MIN_SHARE, load_program
     from kstrata.agents.compiled.run import CompiledOptions, search_one
     from kstrata.agents.engine import Engine, WorkerPool
     from kstrata.agents.workers import LocalWorkers
 
     start = time.monotonic()
+    # the recording and the kernels' searches share TIME_FRACTION of the time left; a trial in flight at the
+    # deadline finishes
+    deadline = time.perf_counter() + TIME_FRACTION * services.time_left_s()
     out = Prepared()
     work = services.workdir / "ir" / node.key
     try:
@@ -225,7 +231,8 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
     program = load_program(cache, records)
     ranked = rank_kernels(program, profile)[:IR_KERNELS]
     if not ranked:
-        out.note = f"{node.candidate.description}: no recorded Triton kernel has {1:.0%} of the device time or more"
+        out.note = (f"{node.candidate.description}: no recorded Triton kernel has {MIN_SHARE:.0%} of the device time "
+                    "or more")
         return out
     workers = services.evaluator.workers
     shared = isinstance(workers, LocalWorkers)
@@ -235,8 +242,6 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
     pool = WorkerPool(workers=workers) if shared else WorkerPool()
     budget = kernel_budget(services, len(ranked))
     opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s)
-    # the kernels share TIME_FRACTION of the time left; a trial in flight at the deadline finishes
-    deadline = time.perf_counter() + TIME_FRACTION * services.time_left_s()
     try:
         with Engine(services.workdir / "engine", pool) as engine:
             for k in ranked:
@@ -256,13 +261,22 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
                                                 best.verdict, best.reason[:300], float(best.speedup),
                                                 best.speedup_range, best.time_before_us, best.time_after_us, k.share))
                     row.update(winner=best.pipeline, speedup=best.speedup, verdict=best.verdict)
+                if s.mode != "measured":  # no launch record, or no measurement here: nothing could win
+                    row["unmeasured"] = s.mode_note
                 out.kernels.append(row)
     finally:
         pool.close()
     out.seconds = time.monotonic() - start
     if not out.winners:
-        out.note = (f"{node.candidate.description}: {len(out.kernels)} kernels searched "
-                    f"({', '.join(str(r['kernel']) for r in out.kernels)}); no rewrite beat its original beyond the noise")
+        searched = [r for r in out.kernels if "trials" in r]
+        unmeasured = [r for r in searched if r.get("unmeasured")]
+        skipped = [r for r in out.kernels if "skipped" in r]
+        out.note = (f"{node.candidate.description}: {len(searched)} kernels searched "
+                    f"({', '.join(str(r['kernel']) for r in searched)})"
+                    + (f", {len(skipped)} skipped ({skipped[0]['skipped']})" if skipped else "")
+                    + (f"; {len(unmeasured)} of them not timed on the GPU ({unmeasured[0]['unmeasured']}), so they "
+                       "could not win" if unmeasured else "")
+                    + ("; no timed rewrite beat its original beyond the noise" if len(unmeasured) < len(searched) else ""))
     return out
 
 
@@ -275,6 +289,9 @@ class IrPassProposer:
 
     def __init__(self) -> None:
         self._prepared: dict[str, Prepared] = {}
+        # strategy workers are threads and several may reach this space at once: one records and searches a node
+        # while the others wait for it (two would search it twice and remove each other's work directory)
+        self._lock = threading.Lock()
 
     @staticmethod
     def _target(state: SearchState) -> Node:
@@ -284,13 +301,17 @@ class IrPassProposer:
         if state.device != "cuda":
             return ("needs an NVIDIA GPU: on the CPU Triton kernels run in the interpreter, so there are no compiled "
                     "kernels to rewrite; proposes nothing")
-        if node.space == "ir":
+        if node.space == "ir" or "_KSTRATA_IR_SPEC = " in node.candidate.source:  # or another space's refinement of one
             return f"{node.candidate.description} is an ir candidate already; its kernels are not searched again"
         return ""
 
     def prepare(self, state: SearchState, services: LoopServices) -> dict[str, Any] | None:
         """Record and search the node's kernels once (GPU work through the loop's workers); a summary for the
         trajectory, or None when nothing ran."""
+        with self._lock:
+            return self._prepare(state, services)
+
+    def _prepare(self, state: SearchState, services: LoopServices) -> dict[str, Any] | None:
         node = self._target(state)
         if node.key in self._prepared or self._why_not(state, node):
             return None
@@ -323,11 +344,19 @@ class IrPassProposer:
             state.note(self.name, prepared.note or "no winner")
             return []
         groups = ([prepared.winners] if len(prepared.winners) > 1 else []) + [[w] for w in prepared.winners]
-        out = []
+        out, unusable = [], []
         for ws in groups:
             edit = "; ".join(f"{w.name}: {w.pipeline} ({w.speedup:.3f}x on its launch record, {w.verdict})" for w in ws)
-            out.append(TaskCandidate(render_ir_source(node.candidate.source, ws), "ir", self.name, f"ir: {edit}",
-                                     {"kernels": [w.summary() for w in ws], "refines": node.key},
+            # the node's code is in it: so are the node's sandbox (generated code) and precision policy
+            params = {"kernels": [w.summary() for w in ws], "refines": node.key,
+                      **({"sandbox": True} if node.candidate.params.get("sandbox") else {})}
+            try:  # one winner that cannot be deployed costs its own candidates, not the others'
+                source = render_ir_source(node.candidate.source, ws)
+            except (OSError, ValueError) as exc:
+                unusable.append(f"{edit}: {exc}")
+                continue
+            out.append(TaskCandidate(source, "ir", self.name, f"ir: {edit}", params, policy=node.candidate.policy,
                                      parent=node.key))
-        state.note(self.name, f"{len(prepared.winners)} kernel rewrites from {node.candidate.description}")
+        state.note(self.name, f"{len(prepared.winners)} kernel rewrites from {node.candidate.description}"
+                   + (f"; not deployable: {'; '.join(unusable)}" if unusable else ""))
         return [c for c in out if c.key not in state.tried]

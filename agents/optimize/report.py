@@ -190,6 +190,13 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
         n = search.nodes[k]
         lines.append(f"| {n.index} | {n.space} | {n.candidate.proposer} | {n.candidate.description[:70].replace('|', '/')} | "
                      f"{n.status} | {_fmt(n.speedup)} | {_fmt(n.sol_fraction, '.1f', 100)} | {n.note[:80].replace('|', '/')} |")
+    ir_rows = [(n, k) for key in search.order for n in [search.nodes[key]] if n.space == "ir"
+               for k in n.candidate.params.get("kernels", [])]
+    if ir_rows:  # the edit column cuts an ir candidate's kernel, pipeline and kernel-level verdict off
+        lines += ["", "## ir space: kernel rewrites", "", "| # | kernel | pipeline | kernel verdict | kernel speedup "
+                  "(its launch record) | task status | task speedup |", "|---:|---|---|---|---:|---|---:|"]
+        lines += [f"| {n.index} | `{k.get('name')}` | `{k.get('pipeline')}` | {k.get('verdict')} | "
+                  f"{_fmt(k.get('speedup'))} | {n.status} | {_fmt(n.speedup)} |" for n, k in ir_rows]
     if search.memory.conclusions:
         lines += ["", "## Search memory (conclusions shared by the workers)", ""]
         lines += [f"- {c.text()}" for c in search.memory.conclusions]
