@@ -205,8 +205,9 @@ def _norm_of(chain: Chain, cv: Conv) -> int | None:
     for a in core.args[1:3]:
         if a is not None and (not isinstance(a, Node) or a.op != "param"):
             raise GraphError("a GroupNorm weight or bias that is not a parameter")
-    if cv.n * cv.co > 2**31 - 1:
-        raise GraphError(f"{cv.n * cv.co} image planes: more than a grid axis takes")
+    if cv.n * cv.co * cdiv(cv.hw, NORM_BLOCK) > 2**31 - 1:
+        raise GraphError(f"{cv.n * cv.co} image planes of {cdiv(cv.hw, NORM_BLOCK)} blocks: more programs than grid "
+                         "axis 0 takes (2**31 - 1)")
     return g
 
 
@@ -304,7 +305,7 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
     if p["strategy"] == "fma":
         mask = _gather_mask(cv, "ih", "iw", "")
         lines += [f"for ci in range(0, {cv.ci}):",
-                  "    x_ch = x_img + ci * sxc",
+                  f"    x_ch = x_img + ci.to({it}) * sxc",  # the loop's counter is int32: a product of it overflows
                   f"    for t in tl.static_range({taps}):",
                   f"        ih = ih0 + (t // {cv.kw}) * {dh}",
                   f"        iw = iw0 + (t % {cv.kw}) * {dw}",
@@ -404,7 +405,7 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh,
         fwd.append(f"stats = torch.empty(({cv.n * groups * 2},), device=x_in.device, dtype=torch.float32)")
         fwd.append(launch("_conv_gn_stats_kernel", f"({cv.n * groups},)", ["part", "stats"],
                           {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * (co // groups))), "num_warps": 4}))
-        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co}, {cdiv(hw, NORM_BLOCK)})",
+        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co * cdiv(hw, NORM_BLOCK)},)",
                           ["out", "stats", *affine, *leaf_vals], {"BLOCK": NORM_BLOCK, "num_warps": 4}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, src, fwd)
@@ -412,7 +413,8 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh,
 
 def _norm_kernels(chain: Chain, cv: Conv, groups: int, tiles_m: int, lsig: str, out_t: str, it: str) -> list[str]:
     """The GroupNorm's statistics kernel (per (image, group): Chan's combination of the conv kernel's partials,
-    lane-wise then across lanes) and its in-place apply kernel (one program per image plane and pixel block)."""
+    lane-wise then across lanes) and its in-place apply kernel (one program per image plane and pixel block, on
+    grid axis 0)."""
     core = chain.core
     assert core is not None
     co, hw = cv.co, cv.hw
@@ -462,8 +464,9 @@ def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
     apply = f'''
 @triton.jit
 def _conv_gn_apply_kernel(out_ptr, stats_ptr, {wsig}{lsig}BLOCK: tl.constexpr):
-    plane = tl.program_id(0).to({it})
-    p = tl.program_id(1).to({it}) * BLOCK + tl.arange(0, BLOCK).to({it})
+    pid = tl.program_id(0).to({it})  # one axis: grid axes 1 and 2 take 65535 programs, an image's blocks may be more
+    plane = pid // {cdiv(hw, NORM_BLOCK)}
+    p = (pid % {cdiv(hw, NORM_BLOCK)}) * BLOCK + tl.arange(0, BLOCK).to({it})
     mask = p < {hw}
     c = plane % {co}
     row = (plane // {co}) * {groups} + c // {cpg}

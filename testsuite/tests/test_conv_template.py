@@ -221,7 +221,7 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     src = m.render()
     assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
     assert "part = torch.empty((3, 64, 505, 32)" in src  # (count, mean, M2) per image, pixel tile, channel
-    assert "_conv_gn_stats_kernel[(512,)]" in src and "_conv_gn_apply_kernel[(2048, 64)](out, stats" in src
+    assert "_conv_gn_stats_kernel[(512,)]" in src and "_conv_gn_apply_kernel[(131072,)](out, stats" in src
     assert "ih * sxh + iw * sxw, mask=(rk < 72)[None, :], other=0.0)" in src  # padding 0: the K tail is the gather's mask
     tf32 = m.render(policy="tf32")
     assert 'input_precision="tf32"' in tf32 and "allow_tf32 = True" in tf32
@@ -431,3 +431,48 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
     task = _shrunk(tmp_path, name, {"batch": 4})
     m = _conv_match(task)
     assert_schedules_match(task, m, tmp_path, [m.default_params()], sample=6, noncontiguous=(False,))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Published and larger sizes: what the interpreter's small shapes cannot show (compiled for cuda:90, grids read)
+# ---------------------------------------------------------------------------------------------------
+#: one 64 x 6000 x 6000 fp16 image: 2.3e9 elements, a channel's offset ci * H * W past 2**31 from ci = 60 on
+_BIG_IMAGE = dict(ci=64, co=16, k=3, stride=1, padding=1, dilation=1, bias=False, n=1, h=6000, w=6000,
+                  dtype="float16", body="torch.relu(self.conv(x))")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", [{"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
+                                    {}], ids=["fma", "dot"])
+def test_gather_offsets_are_64_bit_past_2g_elements(tmp_path: Path, params: dict[str, Any]) -> None:
+    """Every product of the input's strides is formed in 64 bits when the input has more than 2**31 elements
+    (the fma strategy's channel loop counter is int32: `ci * sxc` in 32 bits wrapped past 2**31)."""
+    from .test_templates import _i32_products, _launch_of, _ttir_of
+
+    m = _conv_match(_conv_task(tmp_path, "big", _BIG_IMAGE))
+    full = m.check(params)
+    src = m.render(full)
+    launch = _launch_of(src, "_conv_kernel", "*fp16", full, ("sxw",))
+    launch["signature"]["sxn"] = "i64"  # 64 * 6000 * 6000: a real launch passes the image stride as i64
+    ttir = _ttir_of(src, launch, tmp_path)
+    assert "scf.for" in ttir and _i32_products(ttir, ("sxn", "sxc", "sxh")) == []
+
+
+def test_launch_grids_fit_cudas_limits_at_published_and_larger_sizes(tmp_path: Path) -> None:
+    """Gap tasks 04/05 at their published sizes, and a GroupNorm over 8192 x 8192 output planes (65536 blocks of
+    1024 pixels a plane: one more than grid axis 1 takes) launch legal grids; a batch above 65535 is refused."""
+    from .test_templates import _assert_legal_grids, _grids
+
+    for name in ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", "05_conv_relu_hardswish_fp32.py"):
+        m = _conv_match(GAPS / name)
+        for params in (m.default_params(), *m.hint_params()):
+            _assert_legal_grids(m.render(params))
+    big = _gn_task(tmp_path, "big", dict(ci=2, co=4, groups=2, padding=1, affine=True, n=2, h=8192, w=8192,
+                                         dtype="float16", body="self.gn(self.conv(x))"))
+    src = _conv_match(big).render()
+    _assert_legal_grids(src)
+    assert _grids(src)["_conv_gn_apply_kernel"] == (2 * 4 * 65536,)
+    f = {**_BIG_IMAGE, "n": 65536, "ci": 1, "h": 8, "w": 8}
+    path = _conv_task(tmp_path, "batch", f)
+    why = {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
+    assert why == "a convolution over a batch of 65536 (a grid axis takes 65535)"

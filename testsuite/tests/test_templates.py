@@ -818,6 +818,46 @@ def _launch_of(source: str, kernel: str, pointers: str, params: dict[str, Any], 
             "num_warps": params["num_warps"], "num_stages": params["num_stages"]}
 
 
+#: CUDA's grid limits: axis 0 takes 2**31 - 1 programs, axes 1 and 2 65535
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def _grids(source: str) -> dict[str, tuple[int, ...]]:
+    """The literal launch grid of each kernel the rendered forward launches (`kernel[(a, b)](...)`)."""
+    found = {k: ast.literal_eval(g) for k, g in re.findall(r"(_\w+)\[(\([0-9, ]*\))\]\(", source)}
+    assert found, "no literal launch grid in the source"
+    return found
+
+
+def _assert_legal_grids(source: str) -> None:
+    for kernel, grid in _grids(source).items():
+        assert all(1 <= g <= lim for g, lim in zip(grid, GRID_LIMITS, strict=False)), (kernel, grid)
+
+
+def _ttir_of(source: str, launch: dict[str, Any], tmp_path: Path) -> str:
+    """The TTIR of one launch record's kernel compiled for cuda:90 (`_launch_of`'s record; i64 where a real
+    launch passes an integer above 2**31 - 1)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kstrata.agents.tasks import import_task_module
+
+    path = tmp_path / f"ttir_{launch['kernel']}.py"
+    path.write_text(source)
+    fn = getattr(import_task_module(path), launch["kernel"])
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in launch["divisible"]}
+    src = ASTSource(fn, launch["signature"], launch["constexprs"], attrs)
+    opts = {"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}
+    return str(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ttir"])
+
+
+def _i32_products(ttir: str, operands: tuple[str, ...]) -> list[str]:
+    """The TTIR products in 32 bits of any of `operands` (SSA names: the kernel's stride arguments)."""
+    pat = re.compile(r"arith\.muli .*%(" + "|".join(operands) + r")\b.*: (tensor<[0-9x]*xi32>|i32)\b")
+    return [line.strip() for line in ttir.splitlines() if pat.search(line)]
+
+
 @pytest.mark.slow
 def test_full_size_tensor_core_schedules_compile_for_the_gpu() -> None:
     """The default and the first hinted schedule of the GEMM and attention templates on the suite's full-size
