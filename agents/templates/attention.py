@@ -81,6 +81,7 @@ class Attention:
     causal: bool
     scale: float
     mask: str | None  # "bool" (True keeps a key), "additive" (added to the scaled scores) or None
+    mask_bytes: int  # bytes of one mask element (0 without a mask)
     views: tuple[str, ...]  # forward lines binding q, k, v (and am, the mask) as (outer, heads, S, D) views
     shapes: tuple[tuple[int, ...], ...]
 
@@ -164,8 +165,9 @@ def attention_of(chain: Chain) -> Attention:
     if mask is not None:  # broadcast dims get stride 0: the mask is read where it lies, never expanded in memory
         views.append(f"am = {ref(mask)}.expand({(*q.shape[:-2], sq, sk)!r}).reshape({outer}, {hq}, {sq}, {sk})")
         shapes.append(mask.shape)
+    mbytes = 0 if mask is None else 1 if mask.dtype == "bool" else dtype_bytes(mask.dtype)
     return Attention(outer, hq, (hq // hk, hq // hv), sq, sk, d, dv, q.dtype, bool(opts["is_causal"]), float(scale),
-                     kind, tuple(views), tuple(shapes))
+                     kind, mbytes, tuple(views), tuple(shapes))
 
 
 def applies(chain: Chain, policy: str = "strict") -> str | None:
@@ -183,13 +185,16 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 
 
 def valid(chain: Chain, p: Params) -> bool:
-    """Blocks no larger than their dim's power of two, the Q tile and pipelined K/V tiles within shared memory,
-    the scores (and the mask's tile) and the output accumulator within registers."""
+    """Blocks no larger than their dim's power of two, the Q tile and pipelined K/V (and mask) tiles within shared
+    memory, the scores (and the mask's tile) and the output accumulator within registers."""
     a = attention_of(chain)
     bm, bn = p["BLOCK_M"], p["BLOCK_N"]
     if bm > max(16, next_pow2(a.sq)) or bn > max(16, next_pow2(a.sk)):
         return False
     smem = (bm * a.block_d + p["num_stages"] * bn * (a.block_d + a.block_dv)) * dtype_bytes(a.dtype)
+    # the mask's tile is pipelined beside K and V: Triton 3.6 for cuda:90 gives it num_stages - 1 buffers (fp32 GQA
+    # 128x32 tiles, 8 warps, 4 stages: 196608 bytes without a mask, 245760 with an fp32 one, past a block's 227 KiB)
+    smem += (p["num_stages"] - 1) * bm * bn * a.mask_bytes
     if smem > SMEM_BYTES:
         return False
     scores = bn * (2 if a.mask else 1)  # a mask's tile lies beside the scores

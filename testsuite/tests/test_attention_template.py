@@ -361,3 +361,67 @@ def test_realistic_gqa_task_matches_the_model_on_gpu(tmp_path: Path) -> None:
         cand.write_text(m.render(params))
         r = compare(GQA_TASK, cand, device="cuda")
         assert r["ok"], (params, r)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Published and larger sizes: what the interpreter's small shapes cannot show (compiled for cuda:90, grids read)
+# ---------------------------------------------------------------------------------------------------
+def _masked_gqa_task(tmp_path: Path, dtype: str, batch: int, seq: int) -> Path:
+    """The realistic GQA task's heads (32 over 8, head dim 128) with an additive (batch, 1, L, S) mask."""
+    path = tmp_path / f"masked_gqa_{dtype}_{batch}_{seq}.py"
+    path.write_text(task_source("F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)",
+                                qkv((batch, 32, seq, 128), (batch, 8, seq, 128), dtype),
+                                f"m = torch.randn({batch}, 1, {seq}, {seq}, dtype=torch.{dtype})").lstrip())
+    return path
+
+
+@pytest.mark.slow
+def test_a_masks_pipelined_tile_counts_against_shared_memory(tmp_path: Path) -> None:
+    """fp32 operands (tf32) with an fp32 mask: 128x32 tiles 4 stages deep take 196608 bytes for Q, K and V and
+    245760 with the mask's pipelined tiles, past a block's 227 KiB: `valid` refuses the schedule (it counted Q,
+    K and V only), and the largest schedules it keeps compile within a block's shared memory."""
+    [m] = [x for x in analyse(load_task(_masked_gqa_task(tmp_path, "float32", 4, 2048)), "tf32").matches
+           if x.template == "attention"]
+    refused = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 4}
+    kept = [{"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+            {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4},
+            {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+    assert not m._valid(refused) and all(m._valid(p) for p in kept)
+    recorded = []
+    for params in (refused, *kept):
+        src = m._render(params, "tf32")
+        recorded.append({"candidate_source": src, "launches": [
+            _launch_of(src, "_attention_kernel", "*fp32", params, ("sqd", "skd", "svd", "smn"))]})
+    failures = compile_recorded(recorded, "cuda:90")
+    assert len(failures[0]) == 1 and "needs 245760 bytes of shared memory" in failures[0][0], failures[0]
+    assert failures[1:] == [[] for _ in kept], failures[1:]
+
+
+@pytest.mark.slow
+def test_offsets_are_64_bit_past_2g_elements(tmp_path: Path) -> None:
+    """64 x 32 x 8192 x 128 queries and a 64 x 1 x 8192 x 8192 mask (2.1e9 and 4.3e9 elements): every product
+    of an operand's or the mask's strides is formed in 64 bits."""
+    from .test_templates import _i32_products, _ttir_of
+
+    [m] = [x for x in analyse(load_task(_masked_gqa_task(tmp_path, "bfloat16", 64, 8192))).matches
+           if x.template == "attention"]
+    src = m.render()
+    launch = _launch_of(src, "_attention_kernel", "*bf16", m.default_params(), ("sqd", "skd", "svd", "smn"))
+    launch["signature"]["sqb"] = "i64"  # 32 * 8192 * 128: a real launch passes it as i64
+    ttir = _ttir_of(src, launch, tmp_path)
+    strides = ("sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn", "smb", "smh", "smm")
+    assert "scf.for" in ttir and _i32_products(ttir, strides) == []
+
+
+def test_launch_grid_fits_cudas_limits_and_a_larger_batch_is_refused(tmp_path: Path) -> None:
+    """The realistic GQA task (4 x 32 heads, 2048 queries) launches a legal grid at every schedule; batch x
+    heads above grid axis 1's 65535 is refused in one line."""
+    from .test_templates import _assert_legal_grids, _grids
+
+    [m] = [x for x in analyse(load_task(GQA_TASK)).matches if x.template == "attention"]
+    for params in m.configs():
+        _assert_legal_grids(m.render(params))
+    assert _grids(m.render())["_attention_kernel"] == (16, 128)
+    why = _reason(tmp_path, "F.scaled_dot_product_attention(q, k, v)", qkv((2, 32768, 16, 16), (2, 32768, 16, 16),
+                                                                              "float16"))
+    assert why == "attention over 65536 batches x heads (a grid axis takes 65535)"
