@@ -305,7 +305,7 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
     if p["strategy"] == "fma":
         mask = _gather_mask(cv, "ih", "iw", "")
         lines += [f"for ci in range(0, {cv.ci}):",
-                  f"    x_ch = x_img + ci.to({it}) * sxc",  # the loop's counter is int32: a product of it overflows
+                  f"    x_ch = x_img + tl.cast(ci, {it}) * sxc",  # the counter is int32 (an int interpreted): cast first
                   f"    for t in tl.static_range({taps}):",
                   f"        ih = ih0 + (t // {cv.kw}) * {dh}",
                   f"        iw = iw0 + (t % {cv.kw}) * {dw}",
