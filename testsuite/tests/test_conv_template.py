@@ -476,3 +476,23 @@ def test_launch_grids_fit_cudas_limits_at_published_and_larger_sizes(tmp_path: P
     path = _conv_task(tmp_path, "batch", f)
     why = {r.template: r.reason for r in analyse(load_task(path)).rejected}["conv"]
     assert why == "a convolution over a batch of 65536 (a grid axis takes 65535)"
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@gpu
+def test_past_2g_elements_and_65536_norm_blocks_on_gpu(tmp_path: Path) -> None:
+    """The 2.3e9-element fp16 image (fma and dot strategies: channel offsets past 2**31) and the GroupNorm over
+    8192 x 8192 planes (65536 pixel blocks a plane) match the Model on the GPU (about 30 GB of device memory
+    with the float64 reference)."""
+    from kstrata.agents.templates.cpucheck import compare
+
+    gn = _gn_task(tmp_path, "big", dict(ci=2, co=4, groups=2, padding=1, affine=True, n=2, h=8192, w=8192,
+                                        dtype="float16", body="self.gn(self.conv(x))"))
+    big = _conv_task(tmp_path, "big", _BIG_IMAGE)
+    fma = {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
+    for i, (path, params) in enumerate(((gn, {}), (big, fma), (big, {}))):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(_conv_match(path).render(params))
+        r = compare(path, cand, device="cuda")
+        assert r["ok"], (path.name, params, r)
