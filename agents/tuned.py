@@ -34,33 +34,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kstrata.agents.optimize.deployer import kernel_digest, strip_locations
 from kstrata.ir.errors import KstrataError
 
 DB_SCHEMA = "kstrata.tuned-db/1"
 RECORD_SCHEMA = "kstrata.tuned/1"
 DB_FILE = "kstrata-tuned.json"
 RECORD_FILE = "tuned.json"
-#: Compile options that change the lowering of one TTIR (part of the content digest).
-LOWERING_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
-                    "kpack", "enable_fp_fusion", "launch_cooperative_grid", "arch")
-_LOC_REF = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
-
-
 class TunedError(KstrataError):
     """A tuned database or record that cannot be used."""
 
 
-def strip_locations(ttir: str) -> str:
-    """TTIR without source locations: `#loc…` definition lines and ` loc(…)` references."""
-    kept = [ln for ln in ttir.splitlines() if not ln.lstrip().startswith("#loc")]
-    return "\n".join(_LOC_REF.sub("", ln).rstrip() for ln in kept) + "\n"
-
-
 def content_digest(ttir: str, options: Mapping[str, Any]) -> str:
-    """The kernel's content digest: its location-free TTIR and its lowering options."""
-    opts = {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}
-    payload = json.dumps({"ttir": strip_locations(ttir), "options": opts}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    """The kernel's content digest: its location-free TTIR and its lowering options (`deployer.kernel_digest`,
+    shared with the optimizer's standalone deployer, which cannot import kstrata)."""
+    return kernel_digest(ttir, options)
 
 
 def versions_digest(versions: Mapping[str, str] | None = None) -> str:

@@ -86,12 +86,18 @@ class IrDeployError(RuntimeError):
     """A deployed kernel was compiled or launched without its rewritten levels."""
 
 
-def kernel_digest(ttir: str, options: dict[str, Any]) -> str:
-    """A kernel's content digest: its TTIR without source locations, and its lowering options."""
+def strip_locations(ttir: str) -> str:
+    """TTIR without source locations: `#loc…` definition lines and ` loc(…)` references (they hold the path of
+    the file Inductor generated, which differs between processes, machines and users)."""
     kept = [ln for ln in ttir.splitlines() if not ln.lstrip().startswith("#loc")]
-    text = "\n".join(_LOC_REF.sub("", ln).rstrip() for ln in kept) + "\n"
+    return "\n".join(_LOC_REF.sub("", ln).rstrip() for ln in kept) + "\n"
+
+
+def kernel_digest(ttir: str, options: Any) -> str:
+    """A kernel's content digest: its TTIR without source locations, and its lowering options. The one
+    definition: the tuned database (`agents/tuned.py`) keys its records by it too."""
     opts = {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}
-    payload = json.dumps({"ttir": text, "options": opts}, sort_keys=True, default=str)
+    payload = json.dumps({"ttir": strip_locations(ttir), "options": opts}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
