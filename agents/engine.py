@@ -117,9 +117,17 @@ class EngineError(KstrataError):
 # ---------------------------------------------------------------------------------------------------
 # Versions: what a build's key must change with
 # ---------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def tool_versions() -> tuple[tuple[str, str], ...]:
-    """Triton, ptxas, LLVM (the AMD assembler and llvmlite) and kstrata versions, as sorted pairs."""
+def tool_versions(ptxas: str | None = None) -> tuple[tuple[str, str], ...]:
+    """Triton, ptxas, LLVM (the AMD assembler and llvmlite) and kstrata versions, as sorted pairs.
+
+    `ptxas`: the assembler Triton uses (`TRITON_PTXAS_PATH`, which Inductor sets to torch's own when it
+    first compiles); default: this process's variable as it is now (read on every call, so a lookup after
+    Inductor set it sees the ptxas that builds the kernels), else the one `find_nvidia_tool` finds."""
+    return _tool_versions(os.environ.get("TRITON_PTXAS_PATH", "") if ptxas is None else ptxas)
+
+
+@functools.lru_cache(maxsize=8)
+def _tool_versions(ptxas: str) -> tuple[tuple[str, str], ...]:
     import importlib.metadata
 
     import kstrata
@@ -130,13 +138,15 @@ def tool_versions() -> tuple[tuple[str, str], ...]:
             out[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             out[package] = "absent"
-    from kstrata.backends.tools import ToolError
+    from kstrata.backends.tools import FoundTool, ToolError
 
     try:
-        from kstrata.backends.nvidia import find_nvidia_tool
+        if ptxas:
+            out["ptxas"] = f"{FoundTool('ptxas', Path(ptxas), 'TRITON_PTXAS_PATH').version()} ({ptxas})"
+        else:
+            from kstrata.backends.nvidia import find_nvidia_tool
 
-        ptxas = os.environ.get("TRITON_PTXAS_PATH")
-        out["ptxas"] = f"{find_nvidia_tool('ptxas').version()}" + (f" ({ptxas})" if ptxas else "")
+            out["ptxas"] = find_nvidia_tool("ptxas").version()
     except ToolError:
         out["ptxas"] = "absent"
     try:

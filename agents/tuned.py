@@ -14,8 +14,11 @@ The **content digest** is the SHA-256 of the original kernel's TTIR with its sou
 between machines and users) plus the options that change how TTIR is lowered (`num_warps`, `num_stages`,
 `num_ctas`, `maxnreg`, ...), so the same kernel compiled the same way matches wherever it is compiled, and
 a kernel with other code or options never does. The **versions** are the candidate engine's
-(`tool_versions()`: Triton, ptxas, LLVM, kstrata). A lookup needs all three to match and the kernel's
-name and parameter list to be the tuned variant's: an unknown or mismatching kernel is never guessed at.
+(`tool_versions()`: Triton, ptxas, LLVM, kstrata); the ptxas is the one the kernel was built with (a program
+under Inductor assembles with torch's own, `TRITON_PTXAS_PATH`: `add(..., ptxas=)` names it) and, at a
+lookup, the one this process's Triton would use at that moment (Inductor sets the variable when it first
+compiles, after the database was opened). A lookup needs all three to match and the kernel's name and
+parameter list to be the tuned variant's: an unknown or mismatching kernel is never guessed at.
 
 Only measured variants go in: a record holds the winning edit, its verdict (the gate's evidence summary),
 the measured speedup with its spread, the device and when it was measured. `kstrata tuned list|show|prune`.
@@ -56,6 +59,15 @@ def versions_digest(versions: Mapping[str, str] | None = None) -> str:
 
     v = dict(versions) if versions is not None else dict(tool_versions())
     return hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()
+
+
+_PTXAS_PATH = re.compile(r" \((/[^()]*)\)$")
+
+
+def record_ptxas(versions: Mapping[str, str]) -> str | None:
+    """The ptxas path a record's versions name (`tool_versions(ptxas=...)` writes `VERSION (PATH)`), or None."""
+    m = _PTXAS_PATH.search(versions.get("ptxas", ""))
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -145,8 +157,10 @@ class TunedDB:
     def add(self, original_entry: str | Path, tuned_entry: str | Path, *, edit: str, tolerance: str | None,
             spaces: list[str], verdict: str, speedup: float, speedup_range: list[float] | None,
             time_before_us: float | None, time_after_us: float | None, device: str, source: str = "",
-            extra: Mapping[str, Any] | None = None) -> TunedRecord:
-        """Record `tuned_entry` as the tuned variant of `original_entry` (both cache entries)."""
+            extra: Mapping[str, Any] | None = None, ptxas: str | None = None) -> TunedRecord:
+        """Record `tuned_entry` as the tuned variant of `original_entry` (both cache entries); `ptxas`: the
+        assembler both were built with when it is not this process's (`TRITON_PTXAS_PATH` of the recorded
+        program: `engine.tool_env(record)`)."""
         from kstrata.agents.engine import tool_versions
         from kstrata.ir.candidate import changed_metadata
 
@@ -157,7 +171,7 @@ class TunedDB:
         if tname != name or _params(tttir) != _params(ttir):
             raise TunedError(f"the tuned kernel {tname} does not have the original {name}'s name and parameters")
         t = meta.get("target") or {}
-        versions = dict(tool_versions())
+        versions = dict(tool_versions(ptxas))
         record = TunedRecord(name, f"{t.get('backend')}:{t.get('arch')}", content_digest(ttir, meta), versions,
                              versions_digest(versions), edit, tolerance, spaces,
                              hashlib.sha256(original_bin).hexdigest(), hashlib.sha256(tuned_bin).hexdigest(),
@@ -214,8 +228,15 @@ class TunedDB:
                 and (r.kernel == name or d.name.startswith(name))]
 
     def stale_reason(self, d: Path, r: TunedRecord, versions: str | None = None) -> str | None:
-        """Why the record can never be applied here (other tool versions, a damaged entry), or None."""
-        if r.versions_digest != (versions or versions_digest()):
+        """Why the record can never be applied here (other tool versions, a damaged entry), or None.
+        `versions`: the digest to compare with; default: this installation's with the record's own ptxas
+        when that file is here (a program under Inductor assembles with torch's), else the default one."""
+        if versions is None:
+            from kstrata.agents.engine import tool_versions
+
+            ptxas = record_ptxas(r.versions)
+            versions = versions_digest(dict(tool_versions(ptxas if ptxas and Path(ptxas).is_file() else None)))
+        if r.versions_digest != versions:
             return "made with other tool versions than this installation's (it would never match)"
         binary = next((p for p in (d / "entry").glob(f"{r.kernel}.*") if p.suffix in (".cubin", ".hsaco")), None)
         if binary is None or hashlib.sha256(binary.read_bytes()).hexdigest() != r.tuned_binary:
@@ -225,9 +246,8 @@ class TunedDB:
     def prune(self, *, dry_run: bool = False) -> list[tuple[str, str]]:
         """Remove records that can never apply here (unreadable, other versions, damaged); returns what and why."""
         gone = []
-        versions = versions_digest()
         for d, r in list(self.records()):
-            why = str(r.message) if isinstance(r, TunedError) else self.stale_reason(d, r, versions)
+            why = str(r.message) if isinstance(r, TunedError) else self.stale_reason(d, r)
             if why:
                 gone.append((d.name, why))
                 if not dry_run:
@@ -235,11 +255,11 @@ class TunedDB:
         return gone
 
     def index(self) -> dict[tuple[str, str, str], tuple[Path, TunedRecord]]:
-        """(content, target, versions digest) -> the usable record, for lookups."""
+        """(content, target, versions digest) -> the usable record, for lookups (versions: each record's own;
+        a lookup compares them with the tools of the moment)."""
         out: dict[tuple[str, str, str], tuple[Path, TunedRecord]] = {}
-        versions = versions_digest()
         for d, r in self.records():
-            if isinstance(r, TunedRecord) and self.stale_reason(d, r, versions) is None:
+            if isinstance(r, TunedRecord) and self.stale_reason(d, r, r.versions_digest) is None:
                 out[(r.content, r.target, r.versions_digest)] = (d, r)
         return out
 
@@ -268,9 +288,18 @@ class TunedLookup:
 
     def match(self, name: str, target: str, ttir: str, options: Mapping[str, Any]) -> tuple[TunedVariant | None, str]:
         """The tuned variant of this kernel, or None and why none applies (no guess is ever made)."""
-        key = (content_digest(ttir, options), target, versions_digest())
-        hit = self._index.get(key)
+        content, versions = content_digest(ttir, options), versions_digest()
+        hit = self._index.get((content, target, versions))
         if hit is None:
+            other_tools = [r for _, r in self._index.values() if r.content == content and r.target == target]
+            if other_tools:
+                from kstrata.agents.engine import tool_versions
+
+                here = dict(tool_versions())
+                diff = sorted(k for k in {*here, *other_tools[0].versions} if here.get(k) != other_tools[0].versions.get(k))
+                return None, ("a tuned variant of this kernel exists, but made with other tool versions ("
+                              + "; ".join(f"{k}: {other_tools[0].versions.get(k)} there, {here.get(k)} here" for k in diff)
+                              + "): not applied")
             same_name = [r for _, r in self._index.values() if r.kernel == name and r.target == target]
             return None, ("no tuned variant" if not same_name else
                           "a tuned variant of this name exists, but for other code or options: not applied")

@@ -13,12 +13,13 @@
 #   groupnorm     issue 13: level1/22 with the end-of-search confirmation (5 min)
 #   skills        issue 15: level2/01 with the skill gate (6 min)
 #   templates     issue 19: the templates on the gap tasks (5 min), then the template tests' GPU twins
-#   ir            issues 13 and 15: the deep MLP (a CUDA-graph win) and LayerNorm (the ir space on Inductor's
-#                 kernels) against all three baselines, with skills (9 min: at 5 min, 2026-12-02, each task had
-#                 2.1 minutes, max-autotune was left out and no candidate fitted after the baselines)
+#   ir            issues 13 and 15: GroupNorm (Inductor's kernels at 24-40% of SOL: the ir space's search, and a
+#                 CUDA-graph win before) against all three baselines, with skills (9 min for the one task: at 5 min
+#                 for two, 2026-12-02, each had 2.1 minutes, max-autotune was left out and no candidate fitted)
 #   conv          issue 19: the convolution template on the two conv gap tasks, strict only (2 min), then its
 #                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
+#   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (3 min), to see it work end to end
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
 # A step that runs past its limit is stopped (what it wrote is kept); the script goes on with the next and
@@ -66,21 +67,26 @@ for step in "$@"; do
       run templates 330 $PY -m kstrata.tools.bench_templates --tune-s 28 --runs 30 --total-s "$(lim 270)"
       run template-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_templates.py ;;
     ir)
-      optimize ir 570 9 level3/02_deep_narrow_mlp_fp32,level1/19_layernorm_fp16 ir \
+      optimize ir 570 9 level1/22_groupnorm_fp16 ir \
         "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \
         --budget 8 --baselines eager,compile,compile-max-autotune ;;
     conv)
       run conv 120 $PY -m kstrata.tools.bench_templates --tasks 04,05 --prefer conv --tune-s 20 --runs 30 \
         --total-s "$(lim 90)" --no-tf32
       run conv-tests 90 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_conv_template.py ;;
+    compiled-smoke)
+      run compiled-smoke 240 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag smoke \
+        --models mlp_fp16 --minutes "$(lim 2.5)" --budget 8 --work "$WORK/compiled-smoke" ;;
     compiled-models)
       run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag models \
+        --work "$WORK/compiled-models" \
         --models mlp_fp16,transformer_block_bf16,conv_block_fp32 --minutes "$(lim 9)" --budget 12 ;;
     compiled-tasks)
       run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag tasks \
+        --work "$WORK/compiled-tasks" \
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
-    *) echo "unknown step $step (setup mlp groupnorm skills templates ir conv compiled-models compiled-tasks)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp groupnorm skills templates ir conv compiled-smoke compiled-models compiled-tasks)"; status=2 ;;
   esac
 done
 # What the steps wrote: today's results files and the skill library, with the logs, in one archive.
@@ -92,6 +98,8 @@ cp testsuite/results/*"$today"* "$WORK/results/" 2>/dev/null
 for f in $(ls -A "$OUT"); do
   case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$WORK/out/" ;; esac
 done
-tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+# the compiled benchmark's work directories keep their reports and trajectories, not its caches and builds
+tar czf "$OUT/results.tgz" --exclude='triton-cache' --exclude='inductor-cache' --exclude='engine' \
+  --exclude='tb' --exclude='*.cubin' --exclude='patched-cache' --exclude='*.npy' -C "$WORK" . 2>/dev/null
 echo "== packed $OUT/results.tgz in $(( $(date +%s) - T0 )) s; exit $status"
 exit $status

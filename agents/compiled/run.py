@@ -404,7 +404,8 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
                                              spaces=best.spaces, verdict=f"{best.verdict}: {best.reason}"[:500],
                                              speedup=float(best.speedup or 0), speedup_range=best.speedup_range,
                                              time_before_us=best.time_before_us, time_after_us=best.time_after_us,
-                                             device=str(opts.device or "cuda"), source=str(k.record))
+                                             device=str(opts.device or "cuda"), source=str(k.record),
+                                             ptxas=(tool_env(k.record) or os.environ).get("TRITON_PTXAS_PATH"))
             outputs["tuned"].append(rec.slug)
         elif s.mode == "surrogate":
             for rank, t in enumerate(s.ranked_unmeasured()[: opts.write_top], start=1):

@@ -155,3 +155,31 @@ def test_lookup_refuses_a_variant_whose_parameters_differ(tuned_db: tuple[Path, 
     with pytest.raises(TunedError, match="only measured speedups"):
         TunedDB(root / "db").add(original.parent, original.parent, edit="x", tolerance=None, spaces=[], verdict="",
                                  speedup=0.9, speedup_range=None, time_before_us=None, time_after_us=None, device="")
+
+
+def test_a_variant_built_with_torchs_ptxas_applies_once_inductor_points_triton_at_it(
+        tuned_db: tuple[Path, Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program under Inductor assembles with torch's ptxas (`TRITON_PTXAS_PATH`, set by Inductor when it
+    first compiles): its variants are recorded with that ptxas, and a lookup compares with the ptxas of the
+    moment, not of when the database was opened. (The H200 run of 2026-12-02 recorded the bundled ptxas and
+    deployed nothing.)"""
+    root, tuned_entry, _ = tuned_db
+    fake = tmp_path / "bin" / "ptxas"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    fake.chmod(0o755)
+    original = next((root / "cache").glob("*/triton_poi_scale.ttir"))
+    meta = json.loads(original.with_suffix(".json").read_text())
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    db = TunedDB(tmp_path / "db")
+    record = db.add(original.parent, tuned_entry, edit="ttgir(num-warps{n=8})", tolerance=None, spaces=["options"],
+                    verdict="equivalent: test", speedup=1.25, speedup_range=[1.2, 1.3], time_before_us=10.0,
+                    time_after_us=8.0, device="test (constructed record, not a timing)", ptxas=str(fake))
+    assert record.versions["ptxas"] == f"Cuda compilation tools, release 13.0, V13.0.88 ({fake})"
+    assert db.stale_reason(tmp_path / "db" / record.slug, record) is None  # its ptxas is here: it applies
+    lookup = TunedLookup(tmp_path / "db")  # opened before Inductor sets the variable
+    variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), meta)
+    assert variant is None and "other tool versions" in why and "release 13.0" in why
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(fake))
+    variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), meta)
+    assert variant is not None and why == "tuned"
