@@ -177,7 +177,7 @@ class TunedDB:
                              hashlib.sha256(original_bin).hexdigest(), hashlib.sha256(tuned_bin).hexdigest(),
                              _params(ttir), changed_metadata(meta, tmeta), verdict, speedup, speedup_range,
                              time_before_us, time_after_us, device, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             source, dict(extra or {}))
+                             source, {**dict(extra or {}), **_content_parts(ttir, meta)})
         self.create()
         final = self.root / record.slug
         tmp = self.root / f".{record.slug}.tmp.{os.getpid()}"
@@ -301,12 +301,38 @@ class TunedLookup:
                               + "; ".join(f"{k}: {other_tools[0].versions.get(k)} there, {here.get(k)} here" for k in diff)
                               + "): not applied")
             same_name = [r for _, r in self._index.values() if r.kernel == name and r.target == target]
-            return None, ("no tuned variant" if not same_name else
-                          "a tuned variant of this name exists, but for other code or options: not applied")
+            if not same_name:
+                return None, "no tuned variant"
+            return None, ("a tuned variant of this name exists, but for other code or options ("
+                          + "; ".join(dict.fromkeys(_content_difference(r, ttir, options) for r in same_name))
+                          + "): not applied")
         d, record = hit
         if record.kernel != name or record.params != _params(ttir):
             return None, "the tuned variant's name or parameters differ from this kernel's: not applied"
         return TunedVariant(record, d / "entry"), "tuned"
+
+
+def _content_parts(ttir: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What the content digest is made of, kept in a record's `extra` so that a lookup can say what differs."""
+    from kstrata.agents.optimize.deployer import LOWERING_OPTIONS
+
+    return {"ttir_digest": hashlib.sha256(strip_locations(ttir).encode()).hexdigest(),
+            "lowering_options": {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}}
+
+
+def _content_difference(r: TunedRecord, ttir: str, options: Mapping[str, Any]) -> str:
+    """In words, how a kernel being compiled differs from the kernel a record was tuned from."""
+    theirs = r.extra.get("ttir_digest"), r.extra.get("lowering_options")
+    if theirs[0] is None or not isinstance(theirs[1], dict):
+        return "the record predates the parts of the digest being kept"
+    here = _content_parts(ttir, options)
+    parts = []
+    if here["ttir_digest"] != theirs[0]:
+        parts.append("its TTIR differs")
+    opts = json.loads(json.dumps(here["lowering_options"], default=str))
+    keys = sorted(k for k in {*opts, *theirs[1]} if opts.get(k) != theirs[1].get(k))
+    parts += [f"{k}: {opts.get(k)!r} here, {theirs[1].get(k)!r} in the record" for k in keys]
+    return ", ".join(parts) or "the digests differ although TTIR and options agree"
 
 
 def _atomic_write(path: Path, text: str) -> None:

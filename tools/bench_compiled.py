@@ -129,7 +129,7 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
 
     import kstrata.tools.torch_backend as tb
     from kstrata.agents.tuned import TunedDB
-    from kstrata.backends.timing import time_gpu
+    from kstrata.backends.timing import interleaved_ab
 
     TunedDB(tuned).create()  # no winner: an empty database, and the backend leaves every kernel as it is
     torch.manual_seed(0)
@@ -138,21 +138,25 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
         torch._dynamo.reset()
         inductor: Any = torch.compile(model)
         ref = inductor(*inputs)
-        t_ind = time_gpu(functools.partial(_call, inductor, inputs), runs=50)
-        torch._dynamo.reset()
         before = len(tb.report())
         ours: Any = torch.compile(model, backend="kstrata", options={"tuned": str(tuned), "cache_dir": str(work / "tb")})
         out = ours(*inputs)
-        t_ks = time_gpu(functools.partial(_call, ours, inputs), runs=50)
+        # both compiled first, then timed in alternating rounds (ABBA): a drift of the host or the GPU's clocks
+        # falls on both (timed one after the other, identical code measured 1.33x apart on the H200)
+        ab = interleaved_ab(functools.partial(_call, inductor, inputs), functools.partial(_call, ours, inputs),
+                            rounds=6, runs=20, margin=1e9)
     kernels = tb.report()[before:]
+    tuned_n = sum(k["status"] == "tuned" for k in kernels)
     pairs = list(zip(_flat(ref), _flat(out), strict=True))
     return {"bitwise_equal": all(torch.equal(a, b) for a, b in pairs),
             "max_abs_diff": max((float((a.double() - b.double()).abs().max()) if a.numel() else 0.0 for a, b in pairs),
                                 default=0.0),
-            "tuned_kernels": sum(k["status"] == "tuned" for k in kernels),
+            "tuned_kernels": tuned_n,
             "kernels": [{"name": k["name"], "status": k["status"], "reason": k.get("reason", "")[:300]} for k in kernels],
             "untouched_kernels": sum(k["status"] != "tuned" for k in kernels),
-            "inductor_us": t_ind.to_json(), "tuned_us": t_ks.to_json(), "speedup": t_ind.median_us / t_ks.median_us}
+            "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
+            # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
+            "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup}
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -180,16 +184,27 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
              f"- changed kernels: {len(changed)}, geomean speedup {g:.3f}x" if g else "- no kernel changed",
              f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
              + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
-             f"- end to end (tuned backend vs Inductor), geomean: {summary['geomean_end_to_end']:.3f}x"
-             if summary["geomean_end_to_end"] else "- end to end: not measured", "",
+             f"- end to end (tuned backend vs Inductor, models with a tuned kernel), geomean: "
+             f"{summary['geomean_end_to_end']:.3f}x" if summary["geomean_end_to_end"]
+             else "- end to end: no model ran a tuned kernel", "",
              "| model | kernel | share | space | edit | speedup (range) | trials | end to end |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | error: {r['error'][:160]} | | | | | | |")
             continue
         e = r.get("end_to_end", {})
-        e2e_cell = (f"{e['speedup']:.3f}x ({e['tuned_kernels']} tuned / {e['untouched_kernels']} as Inductor made them"
-                    f"{'' if e['bitwise_equal'] else ', max diff ' + format(e['max_abs_diff'], '.3g')})") if e.get("speedup") else ""
+        diff = '' if e.get('bitwise_equal', True) else ', max diff ' + format(e['max_abs_diff'], '.3g')
+        if e.get("speedup"):
+            lo, hi = e["timing"]["speedup_range"]
+            e2e_cell = (f"{e['speedup']:.3f}x ({lo:.3f}-{hi:.3f}; {e['tuned_kernels']} tuned / {e['untouched_kernels']} "
+                        f"as Inductor made them{diff})")
+        elif e.get("same_code_ratio"):
+            e2e_cell = (f"no kernel tuned: identical code, timed {e['same_code_ratio']:.3f}x (the timing's spread; "
+                        f"{e['untouched_kernels']} kernels as Inductor made them{diff})")
+        else:
+            e2e_cell = ""
+        if not r.get("kernels"):
+            lines.append(f"| {r['model']} | (no kernel searched) | | | | | 0 | {e2e_cell} |")
         for i, k in enumerate(r.get("kernels", [])):
             sp = f"{k['speedup']:.3f}x ({k['range'][0]:.3f}-{k['range'][1]:.3f})" if k.get("speedup") else k.get("result", "")
             lines.append(f"| {r['model'] if i == 0 else ''} | {k['kernel']} | {k['share']} | {k.get('space', '')} | "

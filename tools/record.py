@@ -82,6 +82,9 @@ class LaunchRecorder:
         self.pending: dict[int, _PendingLaunch] = {}
         #: every launch per (kernel, Triton cache key), recorded or not: the optimizer's time shares
         self.launches: Counter[tuple[str, str]] = Counter()
+        #: launches made by Inductor's autotuner benchmarking its configs (`_in_autotuning`): not the program's
+        #: work (the configs it rejects are launched only there, the faster ones most often)
+        self.benchmark_launches: Counter[tuple[str, str]] = Counter()
 
     def write_counts(self) -> None:
         """`.kstrata/launch-counts.json` (a subdirectory: the records are every `*.json` of the directory): how
@@ -89,18 +92,21 @@ class LaunchRecorder:
         from kstrata.ir.triton_layout import base32_key
 
         with self.lock:
-            rows = [{"kernel": n, "cache_key": base32_key(b) if b else "", "launches": c}
-                    for (n, b), c in sorted(self.launches.items())]
+            keys = sorted({*self.launches, *self.benchmark_launches})
+            rows = [{"kernel": n, "cache_key": base32_key(b) if b else "", "launches": self.launches[n, b],
+                     "benchmark_launches": self.benchmark_launches[n, b]} for n, b in keys]
         path = self.out_dir / ".kstrata" / "launch-counts.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
         tmp.write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": rows}, indent=1) + "\n")
         tmp.replace(path)
 
-    def _take(self, name: str, binary: str = "") -> int | None:
-        """The record number for the next launch of `name` (per binary `binary`), or None when enough were taken."""
+    def _take(self, name: str, binary: str = "", benchmark: bool = False) -> int | None:
+        """The record number for the next launch of `name` (per binary `binary`), or None when enough were taken;
+        `benchmark`: the launch is Inductor's autotuning, counted apart (its arguments are the program's, so it
+        may still give the record)."""
         with self.lock:
-            self.launches[name, binary] += 1
+            (self.benchmark_launches if benchmark else self.launches)[name, binary] += 1
             if self.counts[name, binary] >= self.max_per_kernel:
                 return None
             self.counts[name, binary] += 1
@@ -158,7 +164,7 @@ class LaunchRecorder:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None  # a synchronize (below) would invalidate the graph being captured
         md = kernel.metadata
-        number = self._take(kernel.name, str(md.hash))
+        number = self._take(kernel.name, str(md.hash), _in_autotuning())
         if number is None:
             return None
         src = kernel.src
@@ -251,8 +257,7 @@ class LaunchRecorder:
                 continue
             if isinstance(value, torch.Tensor):
                 after = value.detach()
-                written = not torch.equal(before[pname].view(torch.uint8) if before[pname].dim() else before[pname],
-                                          after.view(torch.uint8) if after.dim() else after)
+                written = not torch.equal(_as_bytes(before[pname]), _as_bytes(after))
                 snapshot = None
                 if self.snapshots:
                     snapshot = f"{name}-{number}.{pname}.npy"
@@ -278,6 +283,38 @@ class LaunchRecorder:
         meta["extra"] = {**meta.get("extra", {}), "storage": storage}
         record = LaunchRecord(name, launch.target, launch.grid, tuple(records), **meta)
         record.save(self.out_dir / f"{name}-{number}.json")
+
+
+#: Inductor's autotuner: the functions whose launches benchmark configs (`CachingAutotuner.bench`, called for every
+#: config by `benchmark_all_configs` and by coordinate descent).
+_AUTOTUNE_MODULE = "torch._inductor.runtime.triton_heuristics"
+_AUTOTUNE_FUNCTIONS = frozenset({"bench", "benchmark_all_configs", "coordinate_descent_tuning", "benchmark_one_config"})
+
+
+def _in_autotuning(depth: int = 40) -> bool:
+    """Whether this launch comes from Inductor's autotuner benchmarking a config (a caller's frame is one of its
+    benchmarking functions), not from the program."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _AUTOTUNE_FUNCTIONS and frame.f_globals.get("__name__") == _AUTOTUNE_MODULE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _as_bytes(t: Any) -> Any:
+    """A tensor's elements as bytes, in logical order, for a bitwise comparison (NaNs compare equal): a tensor
+    whose last dimension is not contiguous (channels-last) cannot be viewed as bytes in place, so it is
+    copied into a contiguous one first."""
+    import torch
+
+    if t.dim() == 0:
+        return t.reshape(1).view(torch.uint8)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.view(torch.uint8)
 
 
 def _constexpr_names(fn: Any) -> set[str]:

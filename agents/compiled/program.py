@@ -7,7 +7,9 @@ Shares come from, in this order:
   launch per record when a recording has none);
 - **equal**: when nothing can be timed here (no GPU, AMD kernels), every recorded kernel gets the same
   share, and the report says so: the order is then the cache's, not the program's.
-A kernel of the cache that the recorded program never launched is skipped with that reason; with no
+Launches by Inductor's autotuner benchmarking its configs are counted apart (`benchmark_launches`): a config
+launched only there is skipped, as one the program never ran. A kernel of the cache that the recorded
+program never launched is skipped with that reason; with no
 launch records at all every kernel is kept, with equal shares. A kernel under `MIN_SHARE` is skipped.
 """
 
@@ -106,6 +108,16 @@ def read_launch_counts(launches: Path) -> dict[tuple[str, str], int]:
     return counts
 
 
+def read_benchmark_counts(launches: Path) -> dict[tuple[str, str], int]:
+    """(kernel name, base32 cache key) -> launches by Inductor's autotuner benchmarking it (not the program's)."""
+    path = launches / COUNTS_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {(str(r.get("kernel")), str(r.get("cache_key"))): int(r["benchmark_launches"])
+            for r in data.get("kernels", []) if isinstance(r, dict) and isinstance(r.get("benchmark_launches"), int)}
+
+
 def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple[str, ...] = ()) -> Program:
     """The kernels of `cache_dir` matched to the records under `launches` (shares still unset)."""
     from kstrata.agents.run_passes import entry_kernel_name, load_launch_records, match_record, select_entries
@@ -123,6 +135,7 @@ def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple
         entries = select_entries(entries, only, src)
     index, unreadable = load_launch_records(launches) if launches is not None else ({}, [])
     counts = read_launch_counts(Path(launches)) if launches is not None else {}
+    benchmarked = read_benchmark_counts(Path(launches)) if launches is not None else {}
     kstrata_index = read_index(src)
     kernels = []
     for entry in entries:
@@ -141,8 +154,12 @@ def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple
         if record and not override:
             override = LaunchRecord.load(record).override_key
         k = ProgramKernel(entry, Path(entry).name, name, target, record, override)
+        key = (name, Path(entry).name)
         if launches is not None and record is None:
             k.skip = "not launched by the recorded program (no launch record matches this cache entry)"
+        elif counts.get(key) == 0 and benchmarked.get(key):
+            k.skip = (f"launched only by Inductor's autotuner ({benchmarked[key]} benchmark launches), never by the "
+                      "program: a config it did not choose")
         else:
             k.launches = counts.get((name, Path(entry).name)) or (1 if record else None)
         kernels.append(k)

@@ -403,14 +403,19 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
                           "result": "no candidate beat the original beyond the noise", "verdicts": {}}],
              "recheck": [{"kernel": "triton_red_0", "verdict": "equivalent"}],
              "end_to_end": {"speedup": 1.1, "tuned_kernels": 1, "untouched_kernels": 1, "bitwise_equal": True,
-                            "max_abs_diff": 0.0}},
+                            "max_abs_diff": 0.0, "timing": {"speedup_range": [1.05, 1.12]}}},
+            # nothing tuned: the same code timed twice is no speedup, and stays out of the geomean
+            {"model": "transformer_block_bf16", "share_source": "measured", "kernels": [], "recheck": [],
+             "end_to_end": {"speedup": None, "same_code_ratio": 1.33, "tuned_kernels": 0, "untouched_kernels": 4,
+                            "bitwise_equal": True, "max_abs_diff": 0.0, "timing": {"speedup_range": [1.2, 1.4]}}},
             {"model": "conv_block_fp32", "error": "RuntimeError: boom"}]
     env = {"date": "2026-12-01T00:00:00+00:00", "device": "test", "torch": "t", "triton": "t", "cuda": "t"}
     summary = bench_compiled._write(tmp_path, env, rows, final=True, seconds=60.0)
     assert summary["changed_kernels"] == 1 and summary["geomean_changed"] == pytest.approx(1.3)
     assert summary["wrong_results"] == 0 and summary["geomean_end_to_end"] == pytest.approx(1.1)
     md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
-    assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1 tuned / 1 as Inductor" in md
+    assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1.100x (1.050-1.120; 1 tuned / 1" in md
+    assert "no kernel tuned: identical code, timed 1.330x" in md
 
 
 def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path: Path) -> None:
@@ -459,6 +464,11 @@ def test_the_program_reads_launch_counts_and_skips_kernels_it_never_launched(sui
     by = {k.name: k for k in program.kernels}
     assert by["row_sum_kernel"].launches == 7 and by["row_sum_kernel"].record and by["row_sum_kernel"].skip is None
     assert by["vector_add_kernel"].skip and "not launched by the recorded program" in by["vector_add_kernel"].skip
+    # a config that only Inductor's autotuner launched (benchmarking it) is not the program's: skipped, and why
+    (records / COUNTS_FILE).write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": [
+        {"kernel": "row_sum_kernel", "cache_key": key, "launches": 0, "benchmark_launches": 40}]}))
+    skip = {k.name: k for k in load_program(cache, records).kernels}["row_sum_kernel"].skip
+    assert skip and "only by Inductor's autotuner (40 benchmark launches)" in skip
 
 
 def test_a_kernels_search_stops_starting_candidates_at_the_runs_time_budget(suite_cache: Path, tmp_path: Path,

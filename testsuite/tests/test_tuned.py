@@ -139,7 +139,7 @@ def test_backend_applies_tuned_variants_to_matching_kernels_only(tuned_db: tuple
     by_status = [(r.name, r.status, r.reason.split(":")[0]) for r in session.records]
     assert by_status[0][:2] == ("triton_poi_scale", "tuned")
     assert by_status[1] == ("triton_poi_scale", "unchanged",
-                            "a tuned variant of this name exists, but for other code or options")
+                            "a tuned variant of this name exists, but for other code or options (its TTIR differs)")
     assert by_status[2] == ("triton_poi_other", "unchanged", "no tuned variant")
 
 
@@ -152,6 +152,9 @@ def test_lookup_refuses_a_variant_whose_parameters_differ(tuned_db: tuple[Path, 
     variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), meta)
     assert variant is not None and why == "tuned" and variant.record.slug == record.slug
     assert lookup.match("triton_poi_scale", "cuda:80", original.read_text(), meta)[0] is None  # another target
+    # the same code with other lowering options: the reason names the option (what the H200 run could not tell)
+    variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), {**meta, "num_stages": 5})
+    assert variant is None and f"num_stages: 5 here, {meta['num_stages']!r} in the record" in why
     with pytest.raises(TunedError, match="only measured speedups"):
         TunedDB(root / "db").add(original.parent, original.parent, edit="x", tolerance=None, spaces=[], verdict="",
                                  speedup=0.9, speedup_range=None, time_before_us=None, time_after_us=None, device="")
