@@ -185,10 +185,17 @@ def record_node(node: Node, services: LoopServices, work: Path) -> tuple[Path, P
     r = services.evaluator.run_job({"cmd": "profile", "task": str(services.task), "candidate": str(cand)}, limit,
                                    argv_prefix=prefix, env_extra=env, affinity=str(services.task), budget=True,
                                    sandbox=bool(node.candidate.params.get("sandbox")))
+    log = str((r.data or {}).get("_log", ""))
+    if log:  # the recorder's own lines say why a launch was not recorded: kept beside the records
+        (work / "record-log.txt").write_text(log[-200000:])
     if not r.ok:
         raise RuntimeError(f"the recorded run failed: {r.error or 'no result'}")
     if not records.is_dir() or not any(records.glob("*.json")):
-        raise RuntimeError("the recorded run launched no compiled Triton kernel")
+        said = [ln.strip() for ln in log.splitlines() if ln.startswith("kstrata record:")]
+        entries = sorted(p.parent.name for p in cache.glob("*/*.ttir")) if cache.is_dir() else []
+        raise RuntimeError("the recorded run launched no compiled Triton kernel that the recorder saw ("
+                           + (f"it said: {said[0][:300]}" if said else "the recorder said nothing")
+                           + f"; {len(entries)} kernels compiled into its Triton cache; log: {work / 'record-log.txt'})")
     return cache, records, r.data
 
 
