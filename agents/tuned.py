@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kstrata.agents.optimize.deployer import kernel_digest, strip_locations
+from kstrata.agents.optimize.deployer import digest_parts, kernel_digest, strip_locations
 from kstrata.ir.errors import KstrataError
 
 DB_SCHEMA = "kstrata.tuned-db/1"
@@ -314,10 +314,8 @@ class TunedLookup:
 
 def _content_parts(ttir: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """What the content digest is made of, kept in a record's `extra` so that a lookup can say what differs."""
-    from kstrata.agents.optimize.deployer import LOWERING_OPTIONS
-
-    return {"ttir_digest": hashlib.sha256(strip_locations(ttir).encode()).hexdigest(),
-            "lowering_options": {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}}
+    parts = digest_parts(ttir, options)
+    return {"ttir_digest": hashlib.sha256(parts["ttir"].encode()).hexdigest(), "lowering_options": parts["options"]}
 
 
 def _content_difference(r: TunedRecord, ttir: str, options: Mapping[str, Any]) -> str:

@@ -90,8 +90,9 @@ def bare_binary_kind(path: Path) -> str | None:
     return {190: "cubin", 224: "hsaco"}.get(machine)
 
 
-def read_launch_counts(launches: Path) -> dict[tuple[str, str], int]:
-    """(kernel name, base32 cache key) -> launches, from `launch-counts.json`; empty when there is none."""
+def read_launch_counts(launches: Path, field: str = "launches") -> dict[tuple[str, str], int]:
+    """(kernel name, base32 cache key) -> launches, from `launch-counts.json`; empty when there is none.
+    `field`: "launches" (the program's) or "benchmark_launches" (Inductor's autotuner benchmarking a config)."""
     path = launches / COUNTS_FILE
     if not path.is_file():
         return {}
@@ -103,19 +104,9 @@ def read_launch_counts(launches: Path) -> dict[tuple[str, str], int]:
     if not isinstance(rows, list):
         raise KstrataError("not a kstrata launch-counts file (no 'kernels' list)", path=path)
     for row in rows:
-        if isinstance(row, dict) and isinstance(row.get("launches"), int):
-            counts[(str(row.get("kernel")), str(row.get("cache_key")))] = int(row["launches"])
+        if isinstance(row, dict) and isinstance(row.get(field), int):
+            counts[(str(row.get("kernel")), str(row.get("cache_key")))] = int(row[field])
     return counts
-
-
-def read_benchmark_counts(launches: Path) -> dict[tuple[str, str], int]:
-    """(kernel name, base32 cache key) -> launches by Inductor's autotuner benchmarking it (not the program's)."""
-    path = launches / COUNTS_FILE
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    return {(str(r.get("kernel")), str(r.get("cache_key"))): int(r["benchmark_launches"])
-            for r in data.get("kernels", []) if isinstance(r, dict) and isinstance(r.get("benchmark_launches"), int)}
 
 
 def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple[str, ...] = ()) -> Program:
@@ -135,7 +126,7 @@ def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple
         entries = select_entries(entries, only, src)
     index, unreadable = load_launch_records(launches) if launches is not None else ({}, [])
     counts = read_launch_counts(Path(launches)) if launches is not None else {}
-    benchmarked = read_benchmark_counts(Path(launches)) if launches is not None else {}
+    benchmarked = read_launch_counts(Path(launches), "benchmark_launches") if launches is not None else {}
     kstrata_index = read_index(src)
     kernels = []
     for entry in entries:
@@ -161,7 +152,7 @@ def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple
             k.skip = (f"launched only by Inductor's autotuner ({benchmarked[key]} benchmark launches), never by the "
                       "program: a config it did not choose")
         else:
-            k.launches = counts.get((name, Path(entry).name)) or (1 if record else None)
+            k.launches = counts.get(key) or (1 if record else None)
         kernels.append(k)
     return Program(str(src), str(launches) if launches is not None else None, kernels,
                    unreadable_records=unreadable)

@@ -93,12 +93,16 @@ def strip_locations(ttir: str) -> str:
     return "\n".join(_LOC_REF.sub("", ln).rstrip() for ln in kept) + "\n"
 
 
+def digest_parts(ttir: str, options: Any) -> dict[str, Any]:
+    """What a kernel's content digest is made of: its TTIR without source locations, its lowering options."""
+    return {"ttir": strip_locations(ttir),
+            "options": {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}}
+
+
 def kernel_digest(ttir: str, options: Any) -> str:
-    """A kernel's content digest: its TTIR without source locations, and its lowering options. The one
-    definition: the tuned database (`agents/tuned.py`) keys its records by it too."""
-    opts = {k: options.get(k) for k in LOWERING_OPTIONS if options.get(k) is not None}
-    payload = json.dumps({"ttir": strip_locations(ttir), "options": opts}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    """A kernel's content digest (`digest_parts`). The one definition: the tuned database (`agents/tuned.py`)
+    keys its records by it too."""
+    return hashlib.sha256(json.dumps(digest_parts(ttir, options), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _options_dict(options: Any) -> dict[str, Any]:
