@@ -731,12 +731,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(args.workdir) / "report.json.tmp"
     tmp.write_text(json.dumps(report, default=str))
     tmp.replace(Path(args.workdir) / "report.json")
-    sys.stdout.flush()
-    sys.stderr.flush()
     # Leave at once: a candidate's lingering (non-daemon) threads must not keep the process alive.
-    import os
+    from kstrata.agents.leave import leave
 
-    os._exit(0)
+    leave(0)
 
 
 if __name__ == "__main__":

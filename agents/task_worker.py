@@ -92,9 +92,9 @@ def main(argv: list[str]) -> None:
                 # local file imported so far in this process)
                 _emit(results, {"spec": spec, "local_files": local_files(path)})
     # Threads a task left running must not keep this process (and the CLI waiting on it) alive.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from kstrata.agents.leave import leave
+
+    leave(0)
 
 
 if __name__ == "__main__":

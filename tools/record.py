@@ -41,6 +41,7 @@ from typing import Any
 ENV_DIR = "KSTRATA_RECORD_DIR"
 ENV_MAX = "KSTRATA_RECORD_MAX"
 ENV_SNAPSHOTS = "KSTRATA_RECORD_SNAPSHOTS"
+ENV_VERBOSE = "KSTRATA_RECORD_VERBOSE"
 #: Inductor's launcher that bypasses Triton's (and so the launch hook); off while recording.
 ENV_STATIC_LAUNCHER = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
 #: The ptxas Triton used in the recorded program, kept in a record's `extra` when the program set it.
@@ -85,21 +86,55 @@ class LaunchRecorder:
         #: launches made by Inductor's autotuner benchmarking its configs (`_in_autotuning`): not the program's
         #: work (the configs it rejects are launched only there, the faster ones most often)
         self.benchmark_launches: Counter[tuple[str, str]] = Counter()
+        #: what `write_counts` has already added to the file
+        self.written: Counter[tuple[str, str]] = Counter()
+        self.written_benchmark: Counter[tuple[str, str]] = Counter()
+        #: `KSTRATA_RECORD_VERBOSE=1`: say where the recorder is installed and each binary's first launch
+        self.verbose = os.environ.get(ENV_VERBOSE) == "1"
+        self.noted: set[str] = set()
 
     def write_counts(self) -> None:
         """`.kstrata/launch-counts.json` (a subdirectory: the records are every `*.json` of the directory): how
-        often the program launched each binary (written at exit)."""
+        often the program launched each binary (written at exit, and by `flush_counts`). Every process of the
+        program that imports Triton has a recorder (Inductor's compile workers too): each adds what it counted
+        since its last write to the file, under a lock, so a process that launched nothing changes nothing
+        and none overwrites another's counts."""
+        import fcntl
+
         from kstrata.ir.triton_layout import base32_key
 
         with self.lock:
-            keys = sorted({*self.launches, *self.benchmark_launches})
-            rows = [{"kernel": n, "cache_key": base32_key(b) if b else "", "launches": self.launches[n, b],
-                     "benchmark_launches": self.benchmark_launches[n, b]} for n, b in keys]
+            launches, benchmark = self.launches - self.written, self.benchmark_launches - self.written_benchmark
+            self.written, self.written_benchmark = Counter(self.launches), Counter(self.benchmark_launches)
         path = self.out_dir / ".kstrata" / "launch-counts.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-        tmp.write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": rows}, indent=1) + "\n")
-        tmp.replace(path)
+        with open(path.with_name(".launch-counts.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            rows: dict[tuple[str, str], dict[str, Any]] = {}
+            if path.is_file():
+                try:
+                    for row in json.loads(path.read_text()).get("kernels", []):
+                        rows[str(row["kernel"]), str(row["cache_key"])] = row
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    rows = {}  # unreadable: this process's counts replace it
+            if not launches and not benchmark and path.is_file():
+                return
+            for (n, b) in sorted({*launches, *benchmark}):
+                row = rows.setdefault((n, base32_key(b) if b else ""), {
+                    "kernel": n, "cache_key": base32_key(b) if b else "", "launches": 0, "benchmark_launches": 0})
+                row["launches"] = int(row.get("launches", 0)) + launches[n, b]
+                row["benchmark_launches"] = int(row.get("benchmark_launches", 0)) + benchmark[n, b]
+            tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+            tmp.write_text(json.dumps({"schema": "kstrata.launch-counts/1",
+                                       "kernels": [rows[k] for k in sorted(rows)]}, indent=1) + "\n")
+            tmp.replace(path)
+
+    def _take_note(self, key: str) -> bool:
+        """True the first time `key` is seen (a verbose line said once)."""
+        with self.lock:
+            seen = key in self.noted
+            self.noted.add(key)
+            return not seen
 
     def _take(self, name: str, binary: str = "", benchmark: bool = False) -> int | None:
         """The record number for the next launch of `name` (per binary `binary`), or None when enough were taken;
@@ -113,6 +148,10 @@ class LaunchRecorder:
             self.numbers[name] += 1
             return self.numbers[name]
 
+    def say(self, text: str) -> None:
+        if self.verbose:
+            print(f"kstrata record: [pid {os.getpid()}] {text}", file=sys.stderr, flush=True)
+
     def install(self) -> None:
         """Record compiled launches through Triton's launch path or, under `TRITON_INTERPRET=1`, interpreted
         ones (wrapping both breaks the interpreter, which runs nested `@jit` helpers through its own path)."""
@@ -122,6 +161,7 @@ class LaunchRecorder:
             from triton.runtime import interpreter
 
             interpreter.InterpretedFunction.run = self._wrap_interpreted(interpreter.InterpretedFunction.run)
+            self.say("installed for interpreted launches (TRITON_INTERPRET=1)")
             return
         from triton.compiler.compiler import CompiledKernel
 
@@ -133,6 +173,7 @@ class LaunchRecorder:
             knobs.runtime.launch_exit_hook = self._after_launch
         else:
             raise RuntimeError("another launch exit hook is installed; kstrata record cannot share it")
+        self.say(f"installed for compiled launches (argv {sys.argv[:3]})")
 
     # -- compiled launches ------------------------------------------------------------------------
     def _wrap_launch_metadata(self, launch_metadata: Any) -> Any:
@@ -142,6 +183,9 @@ class LaunchRecorder:
         def wrapper(kernel: Any, grid: Any, stream: Any, *args: Any) -> Any:
             result = launch_metadata(kernel, grid, stream, *args)
             if result is None:  # no hook chain reaches the launcher: nothing would finish the record
+                if recorder.verbose and recorder._take_note(f"none:{kernel.name}"):
+                    recorder.say(f"launch of {kernel.name}: Triton gave no launch metadata (launch_enter_hook is None)"
+                                 ": not recorded")
                 return result
             try:
                 pending = recorder._before_compiled(kernel, grid, args)
@@ -164,9 +208,11 @@ class LaunchRecorder:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None  # a synchronize (below) would invalidate the graph being captured
         md = kernel.metadata
-        number = self._take(kernel.name, str(md.hash), _in_autotuning())
+        benchmark = _in_autotuning()
+        number = self._take(kernel.name, str(md.hash), benchmark)
         if number is None:
             return None
+        self.say(f"launch of {kernel.name} ({str(md.hash)[:12]}{', autotuning' if benchmark else ''}): record {number}")
         src = kernel.src
         fn = getattr(src, "fn", None)
         names = list(getattr(fn, "arg_names", []))
@@ -261,7 +307,7 @@ class LaunchRecorder:
                 snapshot = None
                 if self.snapshots:
                     snapshot = f"{name}-{number}.{pname}.npy"
-                    data = before[pname].cpu().contiguous()
+                    data = before[pname].cpu().clone(memory_format=torch.contiguous_format)  # standard strides
                     array = data.view(torch.uint8).numpy() if data.dtype in (torch.bfloat16,) or \
                         (data.dtype.itemsize == 1 and data.dtype.is_floating_point) else data.numpy()
                     np.save(self.out_dir / snapshot, array)
@@ -305,16 +351,14 @@ def _in_autotuning(depth: int = 40) -> bool:
 
 
 def _as_bytes(t: Any) -> Any:
-    """A tensor's elements as bytes, in logical order, for a bitwise comparison (NaNs compare equal): a tensor
-    whose last dimension is not contiguous (channels-last) cannot be viewed as bytes in place, so it is
-    copied into a contiguous one first."""
+    """A tensor's elements as bytes, in logical order, for a bitwise comparison (NaNs compare equal), as one
+    flat view. Viewing as bytes needs a last stride of 1: a channels-last tensor is copied into a contiguous
+    one first, and a contiguous one is flattened, since PyTorch calls a tensor contiguous whatever the stride
+    of a size-1 dimension (Inductor's GroupNorm statistics, shape (N, G, 1) with last stride 1024 on the
+    H200: every launch of both GroupNorm kernels went unrecorded)."""
     import torch
 
-    if t.dim() == 0:
-        return t.reshape(1).view(torch.uint8)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    return t.view(torch.uint8)
+    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def _constexpr_names(fn: Any) -> set[str]:
@@ -346,11 +390,23 @@ def install_from_env() -> None:
     recorder = LaunchRecorder(Path(out), int(os.environ.get(ENV_MAX, "1")), os.environ.get(ENV_SNAPSHOTS) == "1")
     import atexit
 
+    global _RECORDER
+    _RECORDER = recorder
     atexit.register(recorder.write_counts)
     if "triton" in sys.modules:
         recorder.install()
     else:
         sys.meta_path.insert(0, _AfterImport("triton", recorder.install))
+
+
+_RECORDER: LaunchRecorder | None = None
+
+
+def flush_counts() -> None:
+    """Add this process's launch counts to the counts file now: for a program that ends with `os._exit`
+    (which skips the exit hook that writes them), called right before it. Nothing when not recording."""
+    if _RECORDER is not None:
+        _RECORDER.write_counts()
 
 
 class _AfterImport:
@@ -390,6 +446,8 @@ def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, s
     if not command:
         raise ValueError("no command to record")
     out_dir.mkdir(parents=True, exist_ok=True)
+    # the program's processes add their counts to this file: one left by an earlier recording would be added to
+    (out_dir / ".kstrata" / "launch-counts.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="kstrata-record-") as shim:
         (Path(shim) / "sitecustomize.py").write_text(_SITECUSTOMIZE)
         child_env = {**os.environ, **(env or {})}

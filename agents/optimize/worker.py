@@ -370,9 +370,9 @@ def main(argv: list[str]) -> None:
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, default=str))
     tmp.replace(out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from kstrata.agents.leave import leave
+
+    leave(0)
 
 
 if __name__ == "__main__":

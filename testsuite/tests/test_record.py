@@ -224,3 +224,87 @@ def test_launches_of_inductors_autotuner_are_counted_apart_and_channels_last_ten
     counts = json.loads((tmp_path / ".kstrata" / "launch-counts.json").read_text())["kernels"]
     assert counts == [{"kernel": kernel.name, "cache_key": base32_key("cd" * 32), "launches": 1,
                        "benchmark_launches": 5}]
+
+
+def test_launch_counts_of_every_process_are_added_and_an_os_exit_still_writes_them(tmp_path: Path) -> None:
+    """Every process of a recorded program that imports Triton has a recorder, Inductor's compile workers
+    too: each wrote the whole counts file at exit, so a worker that launched nothing could replace the
+    program's counts with an empty list; and the optimizer's job runner ends with `os._exit`, which skips
+    the exit hook, so its counts were never written (on the H200 the ir space read an empty file). Counts
+    are now added under a lock, and `kstrata.agents.leave.leave` writes them before `os._exit`."""
+    out = tmp_path / "records"
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import os, subprocess, sys\n"
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def twice(x_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.arange(0, BLOCK)\n"
+        "    m = offs < n\n"
+        "    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2, mask=m)\n"
+        "if sys.argv[1:] == ['idle']:\n"
+        "    sys.exit(0)  # a process that imports Triton and launches nothing (a compile worker)\n"
+        "x = torch.ones(8)\n"
+        "for _ in range(3):\n"
+        "    twice[(1,)](x, 8, BLOCK=8)\n"
+        "subprocess.run([sys.executable, __file__, 'idle'], check=True)\n"
+        "from kstrata.agents.leave import leave\n"
+        "leave(0)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    for _ in range(2):  # a second recording into the same directory starts its counts afresh
+        proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "record", "--out", str(out), "--",
+                               sys.executable, str(program)], capture_output=True, text=True, timeout=300,
+                              env=env, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        counts = json.loads((out / ".kstrata" / "launch-counts.json").read_text())["kernels"]
+        assert [(c["kernel"], c["launches"]) for c in counts] == [("twice", 3)]
+
+
+def test_recorder_counts_written_twice_are_added_once(tmp_path: Path) -> None:
+    """`flush_counts` before `os._exit` and the exit hook may both run: each write adds only what was counted
+    since the last one."""
+    from kstrata.tools.record import LaunchRecorder
+
+    rec = LaunchRecorder(tmp_path)
+    for _ in range(4):
+        rec._take("k", "")
+    rec.write_counts()
+    rec.write_counts()
+    other = LaunchRecorder(tmp_path)  # another process of the program
+    other._take("k", "")
+    other._take("j", "", benchmark=True)
+    other.write_counts()
+    rows = json.loads((tmp_path / ".kstrata" / "launch-counts.json").read_text())["kernels"]
+    assert {(r["kernel"], r["launches"], r["benchmark_launches"]) for r in rows} == {("k", 5, 0), ("j", 0, 1)}
+
+
+def test_a_tensor_with_an_odd_stride_on_a_size_one_dimension_is_recorded(tmp_path: Path) -> None:
+    """PyTorch calls a tensor contiguous whatever the stride of a size-1 dimension, so `contiguous()` left
+    Inductor's GroupNorm statistics (shape (N, G, 1), last stride 1024) as they were and viewing them as bytes
+    raised: on the H200 no launch of either GroupNorm kernel was recorded, and the ir space found nothing.
+    With `--snapshots` the bf16 input is saved as raw bytes."""
+    out = tmp_path / "records"
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def fill(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.arange(0, BLOCK)\n"
+        "    m = offs < n\n"
+        "    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m).to(tl.float32) + 1, mask=m)\n"
+        "x = torch.ones(8, 1, dtype=torch.bfloat16).as_strided((8, 1), (1, 1024))\n"
+        "y = torch.zeros(8, 1).as_strided((8, 1), (1, 1024))\n"
+        "assert y.is_contiguous() and y.stride(-1) == 1024\n"
+        "fill[(1,)](x, y, 8, BLOCK=8)\n")
+    proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "record", "--snapshots", "--out", str(out),
+                           "--", sys.executable, str(program)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "not recorded" not in proc.stderr, proc.stderr[-2000:]
+    record = LaunchRecord.load(out / "fill-1.json")
+    tensors = {a.name: a for a in record.args if isinstance(a, TensorArg)}
+    assert tensors["y_ptr"].written and not tensors["x_ptr"].written
+    assert tensors["y_ptr"].stride == (1, 1024)
+    import numpy as np
+
+    assert np.load(out / "fill-1.x_ptr.npy").tobytes() == bytes.fromhex("803f") * 8  # bf16 1.0, raw
