@@ -24,7 +24,8 @@ tool versions (`<cache_dir>/<hash>/`), so a second run of the same model with th
 them there and Triton does not compile at all; the engine's cache answers when Triton compiles again (a
 new `cache_dir`, another model with the same kernel, another process or machine sharing the engine
 cache). The hook and that cache directory are set only while the backend compiles a graph; Inductor
-compiles in this process then (`compile_threads=1`, FX graph cache off) so the hook sees every kernel. A
+compiles in this process then (`compile_threads=1`, FX graph cache and autotuning cache off) so the hook sees
+every kernel and every autotuning config, and Inductor's autotuner chooses among the deployed variants. A
 kernel Inductor compiles lazily after that (at a first call) is Triton's own.
 
 Options (`options={...}` or environment variables):
@@ -382,24 +383,34 @@ def _installed(config: BackendConfig) -> Iterator[_Session]:
             PyCodeCache.cache_clear()
 
 
+def _inputs_on_gpu(example_inputs: list[Any]) -> bool:
+    import torch
+
+    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+
+
 def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """The torch.compile backend: Inductor, with Triton kernels rewritten by the configured pipeline."""
     global _said_no_triton
-    import torch
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     config = BackendConfig.from_options(options)
-    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
-    if not on_gpu:
+    if not _inputs_on_gpu(example_inputs):
         if not _said_no_triton:
             log.warning("kstrata: the inputs are not on a GPU, so Inductor generates no Triton kernels; "
                         "compiling with Inductor unchanged")
             _said_no_triton = True
         return cast("Callable[..., Any]", compile_fx(gm, example_inputs))
     # In this process (the hook is not in Inductor's compile workers), without the FX graph cache (a hit
-    # would load kernels compiled without the pipeline).
-    with _installed(config), inductor_config.patch(compile_threads=1, fx_graph_cache=False):
+    # would load kernels compiled without the pipeline) and without Inductor's autotuning cache: its best
+    # config was chosen among kernels as Inductor made them (a plain torch.compile of the model before, in
+    # this process or another), so with it Inductor compiles only that config and a tuned or rewritten
+    # variant of another never competes (on the H200 the MLP's silu kernel, tuned at 1.23x in its 8-warp
+    # config, was not deployed: the cached choice was the 4-warp config, which the recorded run had not
+    # chosen). Without it every config is compiled here, through the hook, and benchmarked as deployed.
+    with _installed(config), inductor_config.patch(compile_threads=1, fx_graph_cache=False,
+                                                   autotune_local_cache=False, autotune_remote_cache=False):
         compiled = cast("Callable[..., Any]", compile_fx(gm, example_inputs))
     return compiled
 

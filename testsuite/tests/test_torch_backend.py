@@ -63,6 +63,39 @@ print("matches eager")
     assert proc.stderr.count("generates no Triton kernels") == 1  # two compiles, said once
 
 
+def test_the_backend_compiles_every_autotuning_config_through_its_hook(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """Inductor's autotuning cache holds the best config chosen among kernels as Inductor made them; with it
+    a later compile builds only that config, so a tuned variant of another config never competes (on the
+    H200 the MLP's silu kernel, tuned in its 8-warp config, was not deployed end to end: the cached choice
+    was the 4-warp one). While the backend compiles, that cache is off, the compile runs in this process
+    and the stages hook is installed."""
+    import torch
+    from torch._inductor import compile_fx as compile_fx_module
+    from torch._inductor import config as inductor_config
+    from triton import knobs
+
+    import kstrata.tools.torch_backend as tb
+
+    seen: dict[str, object] = {}
+
+    def fake_compile_fx(gm: object, example_inputs: object) -> object:
+        seen.update(local=inductor_config.autotune_local_cache, remote=inductor_config.autotune_remote_cache,
+                    threads=inductor_config.compile_threads, fx=inductor_config.fx_graph_cache,
+                    hook=knobs.runtime.add_stages_inspection_hook is not None)
+        return gm
+
+    monkeypatch.setattr(tb, "_inputs_on_gpu", lambda inputs: True)
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile_fx)
+    db = tmp_path / "tuned"
+    from kstrata.agents.tuned import TunedDB
+
+    TunedDB(db).create()
+    tb.kstrata_backend(torch.nn.Identity(), [torch.zeros(1)], {"tuned": str(db), "cache_dir": str(tmp_path / "c")})
+    assert seen == {"local": False, "remote": False, "threads": 1, "fx": False, "hook": True}
+    assert inductor_config.autotune_local_cache is True  # restored after the compile
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
 def test_gpu_kernels_are_rewritten_and_outputs_equal_inductors(tmp_path: object) -> None:
