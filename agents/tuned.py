@@ -276,6 +276,59 @@ class TunedVariant:
         return p.read_bytes() if p.is_file() else None
 
 
+class LaunchCensus:
+    """Which binaries a program launched while it is active (a context manager, in this process): per kernel
+    name and binary (the SHA-256 of its cubin or hsaco), how many launches, and whether that binary is a
+    tuned variant of the database `db`. Which variant runs is Inductor's autotuner's choice among the configs
+    it compiled, so "deployed" (compiled in) is not "ran": this says which one ran.
+
+    Counted where Triton's and Inductor's launchers meet (`CompiledKernel.launch_metadata`, called before every
+    launch while a launch-enter hook chain exists, which Triton >= 3.5 always has); launches through Inductor's
+    static CUDA launcher bypass it (the backend turns that launcher off while it compiles)."""
+
+    def __init__(self, db: str | Path | None = None) -> None:
+        self.tuned = {r.tuned_binary: r for _, r in TunedDB(db).index().values()} if db else {}
+        self.counts: dict[tuple[str, str], int] = {}
+        self._digests: dict[int, str] = {}
+        self._saved: Any = None
+
+    def _digest(self, kernel: Any) -> str:
+        key = id(kernel)
+        if key not in self._digests:
+            asm = getattr(kernel, "asm", {}) or {}
+            binary = asm.get("cubin") or asm.get("hsaco") or b""
+            self._digests[key] = hashlib.sha256(binary if isinstance(binary, bytes) else str(binary).encode()).hexdigest()
+        return self._digests[key]
+
+    def __enter__(self) -> LaunchCensus:
+        from triton.compiler.compiler import CompiledKernel
+
+        census, original = self, CompiledKernel.launch_metadata
+        self._saved = original
+
+        def launch_metadata(kernel: Any, grid: Any, stream: Any, *args: Any) -> Any:
+            k = (str(kernel.name), census._digest(kernel))
+            census.counts[k] = census.counts.get(k, 0) + 1
+            return original(kernel, grid, stream, *args)
+
+        CompiledKernel.launch_metadata = launch_metadata  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from triton.compiler.compiler import CompiledKernel
+
+        CompiledKernel.launch_metadata = self._saved  # type: ignore[method-assign]
+
+    def rows(self, calls: int = 1) -> list[dict[str, Any]]:
+        """Per (kernel, binary): launches per call, and the tuned record's edit when the binary is tuned."""
+        out = []
+        for (name, digest), n in sorted(self.counts.items()):
+            r = self.tuned.get(digest)
+            out.append({"kernel": name, "binary": digest[:16], "launches_per_call": n / max(1, calls),
+                        "tuned": r is not None, "edit": r.edit if r is not None else None})
+        return out
+
+
 class TunedLookup:
     """Matches kernels being compiled to a tuned database (loaded once)."""
 

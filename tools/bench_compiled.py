@@ -128,7 +128,7 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
     import torch
 
     import kstrata.tools.torch_backend as tb
-    from kstrata.agents.tuned import TunedDB
+    from kstrata.agents.tuned import LaunchCensus, TunedDB
     from kstrata.backends.timing import interleaved_ab
 
     TunedDB(tuned).create()  # no winner: an empty database, and the backend leaves every kernel as it is
@@ -145,6 +145,12 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
         # falls on both (timed one after the other, identical code measured 1.33x apart on the H200)
         ab = interleaved_ab(functools.partial(_call, inductor, inputs), functools.partial(_call, ours, inputs),
                             rounds=6, runs=20, margin=1e9)
+        # which binaries the tuned model ran: Inductor's autotuner chooses among the configs it compiled, tuned
+        # or not, so a deployed variant need not be the one that runs
+        with LaunchCensus(tuned) as census:
+            for _ in range(CENSUS_CALLS):
+                ours(*inputs)
+            torch.cuda.synchronize()
     kernels = tb.report()[before:]
     tuned_n = sum(k["status"] == "tuned" for k in kernels)
     pairs = list(zip(_flat(ref), _flat(out), strict=True))
@@ -155,8 +161,28 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             "kernels": [{"name": k["name"], "status": k["status"], "reason": k.get("reason", "")[:300]} for k in kernels],
             "untouched_kernels": sum(k["status"] != "tuned" for k in kernels),
             "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
+            "launched": census.rows(CENSUS_CALLS),
             # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
             "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup}
+
+
+#: Calls of the tuned model whose launches are counted (`LaunchCensus`) after its timing.
+CENSUS_CALLS = 3
+
+
+def expected_end_to_end(row: dict[str, Any]) -> float | None:
+    """What the kernels' own measurements predict end to end: Inductor's time per call less, for every tuned
+    binary that ran, its launches per call times the time it saved per launch in the kernel-level A/B (with
+    an L2 flush, in isolation: inside the model a kernel may find its inputs in L2). None without a tuned
+    binary that ran."""
+    e = row.get("end_to_end") or {}
+    saved = {(k["kernel"], k.get("edit")): k["time_before_us"] - k["time_after_us"] for k in row.get("kernels", [])
+             if k.get("time_before_us") and k.get("time_after_us")}
+    total = sum(r["launches_per_call"] * saved.get((r["kernel"], r["edit"]), 0.0) for r in e.get("launched", [])
+                if r.get("tuned"))
+    if not total or not e.get("inductor_us"):
+        return None
+    return float(e["inductor_us"]) / max(1e-9, float(e["inductor_us"]) - total)
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -209,6 +235,17 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
             sp = f"{k['speedup']:.3f}x ({k['range'][0]:.3f}-{k['range'][1]:.3f})" if k.get("speedup") else k.get("result", "")
             lines.append(f"| {r['model'] if i == 0 else ''} | {k['kernel']} | {k['share']} | {k.get('space', '')} | "
                          f"`{k.get('edit', '')}` | {sp} | {k['trials']} | {e2e_cell if i == 0 else ''} |")
+    for r in rows:  # which binaries of the tuned kernels ran end to end, and what their kernel A/B predicts
+        e = r.get("end_to_end", {})
+        names = {x["kernel"] for x in e.get("launched", []) if x.get("tuned")} | \
+            {k["kernel"] for k in r.get("kernels", []) if k.get("edit")}
+        ran = [f"`{x['kernel']}` {'tuned (' + str(x['edit']) + ')' if x['tuned'] else 'as Inductor made it'} "
+               f"{x['launches_per_call']:g}/call" for x in e.get("launched", []) if x["kernel"] in names]
+        if ran:
+            lines.append(f"- {r['model']} end to end ran: " + "; ".join(ran)
+                         + (f"; the kernels' own A/B predicts {e['expected']:.3f}x" if e.get("expected") else ""))
+        elif names and "launched" in e:
+            lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
     for r in rows:  # why the tuned backend left a kernel as Inductor made it (a winner it did not deploy shows here)
         for k in r.get("end_to_end", {}).get("kernels", []):
             if k["status"] != "tuned":
@@ -277,11 +314,14 @@ def command(
                     "kernel": k["name"], "key": k["key"][:12], "share": f"{k['share']:.1%}" if k.get("share") else "?",
                     "trials": len(s.get("trials", [])), "result": k.get("skip") or k.get("result", ""),
                     **({"space": ",".join(best["spaces"]), "edit": best["pipeline"], "speedup": best["speedup"],
-                        "range": best["speedup_range"], "verdict": best["verdict"]} if best else {}),
+                        "range": best["speedup_range"], "verdict": best["verdict"],
+                        "time_before_us": best.get("time_before_us"), "time_after_us": best.get("time_after_us")}
+                       if best else {}),
                     "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
                                  for st in ("equivalent", "unproven", "different", "failed", "error")}})
             row["recheck"] = _recheck(report)
             row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
+            row["end_to_end"]["expected"] = expected_end_to_end(row)
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         overheads.append((time.perf_counter() - t_model) / 60 - search_min)

@@ -186,3 +186,38 @@ def test_a_variant_built_with_torchs_ptxas_applies_once_inductor_points_triton_a
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(fake))
     variant, why = lookup.match("triton_poi_scale", "cuda:90", original.read_text(), meta)
     assert variant is not None and why == "tuned"
+
+
+def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple[Path, Path, Any]) -> None:
+    """End to end on the H200 the MLP's tuned silu kernel was compiled in beside the config Inductor's
+    autotuner could choose instead; which one ran was unknown. The census counts launches per binary where
+    Triton's and Inductor's launchers meet and says which binary is the tuned one (here launched through
+    `CompiledKernel.launch_metadata` by hand: no GPU; Triton's own then returns None, its hook chain off)."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    from kstrata.agents.tuned import LaunchCensus
+    from kstrata.tools.bench_compiled import expected_end_to_end
+
+    root, tuned_entry, record = tuned_db
+    tuned = SimpleNamespace(name="triton_poi_scale", asm={"cubin": _cubin(tuned_entry)})
+    plain = SimpleNamespace(name="triton_poi_scale", asm={"cubin": b"another config's binary"})
+    original = CompiledKernel.launch_metadata
+    with knobs.runtime.scope():
+        knobs.runtime.launch_enter_hook = None
+        with LaunchCensus(root / "db") as census:
+            for k in (tuned, tuned, plain, tuned):
+                assert CompiledKernel.launch_metadata(k, (1, 1, 1), 0) is None
+    assert CompiledKernel.launch_metadata is original  # restored
+    rows = census.rows(calls=2)
+    assert [(r["kernel"], r["tuned"], r["launches_per_call"], r["edit"]) for r in rows if r["tuned"]] == \
+        [("triton_poi_scale", True, 1.5, "ttgir(num-warps{n=8})")]
+    assert [(r["tuned"], r["launches_per_call"]) for r in rows if not r["tuned"]] == [(False, 0.5)]
+    # the kernel A/B saved 2 us a launch: 1.5 launches a call of a 100 us call predict 100 / 97
+    row = {"kernels": [{"kernel": "triton_poi_scale", "edit": "ttgir(num-warps{n=8})", "time_before_us": 10.0,
+                        "time_after_us": 8.0}], "end_to_end": {"inductor_us": 100.0, "launched": rows}}
+    assert expected_end_to_end(row) == pytest.approx(100 / 97)
+    row["end_to_end"]["launched"] = [r for r in rows if not r["tuned"]]
+    assert expected_end_to_end(row) is None
