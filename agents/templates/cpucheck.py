@@ -41,8 +41,10 @@ def _errors(x: Any, truth: Any) -> tuple[float, float]:
 
 
 def compare(task: str | Path, candidate: str | Path, *, device: str = "cpu", noncontiguous: bool = False,
-            seed: int = 42) -> dict[str, Any]:
-    """Figures of the candidate against the task's Model (see the module docstring); `ok` says if it passes."""
+            seed: int = 42, policy: str = "strict") -> dict[str, Any]:
+    """Figures of the candidate against the task's Model (see the module docstring); `ok` says if it passes.
+    `policy` "tf32": the bound admits the error of TF32 rounding in the model's convolutions and matrix
+    products (`eval_worker.tf32_allowance`, as `kstrata eval --precision tf32` does) besides PyTorch's own."""
     import torch
 
     from kstrata.agents.evaluate import strict_bounds
@@ -78,10 +80,22 @@ def compare(task: str | Path, candidate: str | Path, *, device: str = "cpu", non
         return {"ok": False, "reason": "non-finite values in the candidate's output (an element not written?)"}
     ref_abs, ref_rel = _errors(ref, truth)
     out_abs, out_rel = _errors(out, truth)
-    abs_bound, rel_bound = strict_bounds(ref.dtype, ref_abs, ref_rel, float(truth.abs().max()))
+    allow_abs = allow_rel = 0.0
+    if policy == "tf32":
+        from kstrata.agents.eval_worker import tf32_allowance
+
+        with torch.no_grad():
+            allowance, _ = tf32_allowance(ref_model, inputs, [truth], ("convolution", "matmul"))
+        if allowance and allowance[0]:
+            allow_abs, allow_rel = float(allowance[0]["max_abs"]), float(allowance[0]["rel_l2"])
+    elif policy != "strict":
+        raise ValueError(f"compare judges under strict or tf32, not {policy!r}")
+    abs_bound, rel_bound = strict_bounds(ref.dtype, max(ref_abs, allow_abs), max(ref_rel, allow_rel),
+                                         float(truth.abs().max()))
     ok = out_abs <= abs_bound and out_rel <= rel_bound
-    return {"ok": ok, "reason": "" if ok else "error above the strict bound", "max_abs": out_abs, "rel_l2": out_rel,
-            "ref_max_abs": ref_abs, "ref_rel_l2": ref_rel, "abs_bound": abs_bound, "rel_bound": rel_bound}
+    return {"ok": ok, "reason": "" if ok else f"error above the {policy} bound", "max_abs": out_abs,
+            "rel_l2": out_rel, "ref_max_abs": ref_abs, "ref_rel_l2": ref_rel, "tf32_max_abs": allow_abs,
+            "tf32_rel_l2": allow_rel, "abs_bound": abs_bound, "rel_bound": rel_bound}
 
 
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64",

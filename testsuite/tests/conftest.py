@@ -141,7 +141,8 @@ def has_cuda() -> bool:
 
 
 def assert_schedules_match(task: Path, m: Any, tmp_path: Path, first: list[dict[str, Any]], *, device: str = "cuda",
-                           sample: int = 8, noncontiguous: tuple[bool, ...] = (False, True)) -> None:
+                           sample: int = 8, noncontiguous: tuple[bool, ...] = (False, True),
+                           policy: str = "strict") -> None:
     """`first`, the match's hinted schedules and about `sample` schedules of its space, each rendered and compared
     with the task's Model on `device` (`cpucheck.compare`: float64-anchored), on contiguous and strided inputs."""
     from kstrata.agents.templates.cpucheck import compare
@@ -151,5 +152,5 @@ def assert_schedules_match(task: Path, m: Any, tmp_path: Path, first: list[dict[
         cand = tmp_path / f"model_new_{i}.py"
         cand.write_text(m.render(params))
         for strided in noncontiguous:
-            r = compare(task, cand, device=device, noncontiguous=strided)
+            r = compare(task, cand, device=device, noncontiguous=strided, policy=policy)
             assert r["ok"], (params, strided, r)

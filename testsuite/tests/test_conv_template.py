@@ -419,7 +419,7 @@ def test_conv_variants_match_the_model_on_gpu(tmp_path: Path, name: str) -> None
         _, fields, schedules = {v[0]: v for v in GN_VARIANTS}[name]
         path, policy = _gn_task(tmp_path, name, fields), "strict"
     m = _conv_match(path, policy)
-    assert_schedules_match(path, m, tmp_path, schedules)
+    assert_schedules_match(path, m, tmp_path, schedules, policy=policy)
 
 
 @pytest.mark.gpu
@@ -496,3 +496,34 @@ def test_past_2g_elements_and_65536_norm_blocks_on_gpu(tmp_path: Path) -> None:
         cand.write_text(_conv_match(path).render(params))
         r = compare(path, cand, device="cuda")
         assert r["ok"], (path.name, params, r)
+
+
+def test_the_rendered_source_check_judges_a_tf32_candidate_under_the_tf32_bound(tmp_path: Path) -> None:
+    """The GPU twin `[fp32-tf32]` compared a tf32 conv (rel. L2 8.8e-4 on the H200) with the strict bound and
+    failed: `compare(policy="tf32")` admits TF32 rounding of the convolution's inputs, as `kstrata eval
+    --precision tf32` does, and still rejects what is worse than that. Here on the CPU, with the inputs of a
+    convolution truncated to TF32's 10 mantissa bits (worse than rounding, inside 4x of it) and to 6 bits."""
+    from kstrata.agents.templates.cpucheck import compare
+
+    task = tmp_path / "task.py"
+    task.write_text("import torch, torch.nn as nn\n"
+                    "class Model(nn.Module):\n"
+                    "    def __init__(self):\n"
+                    "        super().__init__(); self.conv = nn.Conv2d(3, 5, 3, padding=1)\n"
+                    "    def forward(self, x): return torch.relu(self.conv(x))\n"
+                    "def get_inputs(): return [torch.randn(2, 3, 9, 11)]\n"
+                    "def get_init_inputs(): return []\n")
+    for bits, strict_ok, tf32_ok in ((10, False, True), (6, False, False)):
+        mask = (1 << (23 - bits)) - 1
+        cand = tmp_path / f"cand{bits}.py"
+        cand.write_text("import torch, torch.nn as nn\n"
+                        "class ModelNew(nn.Module):\n"
+                        "    def __init__(self):\n"
+                        "        super().__init__(); self.conv = nn.Conv2d(3, 5, 3, padding=1)\n"
+                        "    def forward(self, x):\n"
+                        f"        r = lambda t: (t.view(torch.int32) & ~{mask}).view(torch.float32)\n"
+                        "        return torch.relu(nn.functional.conv2d(r(x), r(self.conv.weight), self.conv.bias,"
+                        " padding=1))\n")
+        strict, tf32 = compare(task, cand), compare(task, cand, policy="tf32")
+        assert (strict["ok"], tf32["ok"]) == (strict_ok, tf32_ok), (bits, strict, tf32)
+        assert tf32["tf32_rel_l2"] > 0 and strict["tf32_rel_l2"] == 0

@@ -1154,7 +1154,7 @@ SMALL_CASES = [*((n, "gemm", p, s) for n, p, s in GEMM_CASES), *((n, t, "strict"
 def test_tiny_tasks_match_the_model_on_gpu(tmp_path: Path, name: str, template: str, policy: str,
                                            schedules: list[dict[str, Any]]) -> None:
     """The tiny tasks' schedules, hints and a sample of the space on the GPU, contiguous and strided inputs."""
-    assert_schedules_match(SMALL / name, one(SMALL / name, template, policy), tmp_path, schedules)
+    assert_schedules_match(SMALL / name, one(SMALL / name, template, policy), tmp_path, schedules, policy=policy)
 
 
 @pytest.mark.gpu
