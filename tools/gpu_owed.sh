@@ -20,6 +20,8 @@
 #                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
 #   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (3 min), to see it work end to end
+#   gpu-tests     the GPU twins still owed (issues 13, 14, 19), fastest files first, each test's line written to
+#                 the log as it finishes (5 min; the conv template's 13 twins alone took more than 4 min)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
 # A step that runs past its limit is stopped (what it wrote is kept); the script goes on with the next and
@@ -86,7 +88,11 @@ for step in "$@"; do
         --work "$WORK/compiled-tasks" \
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
-    *) echo "unknown step $step (setup mlp groupnorm skills templates ir conv compiled-smoke compiled-models compiled-tasks)"; status=2 ;;
+    gpu-tests)
+      run gpu-tests 300 $PY -m pytest -v -p no:cacheprovider -m gpu --durations=15 \
+        testsuite/tests/test_torch_backend.py testsuite/tests/test_record.py testsuite/tests/test_optimize_ir.py \
+        testsuite/tests/test_compiled_window.py testsuite/tests/test_compiled.py testsuite/tests/test_conv_template.py ;;
+    *) echo "unknown step $step (setup mlp groupnorm skills templates ir conv compiled-smoke compiled-models compiled-tasks gpu-tests)"; status=2 ;;
   esac
 done
 # What the steps wrote: today's results files and the skill library, with the logs, in one archive.
