@@ -276,6 +276,7 @@ def command(
               file=sys.stderr)
         return 2
     from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+    from kstrata.agents.compiled.search import SearchPrior
 
     start = time.perf_counter()
     root = work or Path(tempfile.mkdtemp(prefix="kstrata-compiled-bench-"))
@@ -285,6 +286,7 @@ def command(
            "cuda": torch.version.cuda, "python": platform.python_version(), "budget": budget, "minutes": minutes}
     rows: list[dict[str, Any]] = []
     overheads: list[float] = []  # minutes per model outside the search: record, re-check, end to end
+    prior = SearchPrior()  # what won on one model's kernels is tried first on the next model's
     for i, name in enumerate(names):
         row: dict[str, Any] = {"model": name}
         safe = name.replace(":", "_").replace("/", "_")
@@ -303,7 +305,7 @@ def command(
             report = optimize_cache(cache, records, root / safe / "out",
                                     CompiledOptions(budget=budget, minutes=slice_min,
                                                     device="cuda", engine_cache=str(root / "engine"),
-                                                    progress=lambda m: print(m, flush=True)))
+                                                    progress=lambda m: print(m, flush=True), prior=prior))
             search_min = (time.perf_counter() - t_search) / 60
             row["share_source"] = report.share_source
             row["kernels"] = []

@@ -162,8 +162,12 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                   spaces: Sequence[Space], cfg: SearchConfig, *, mode: str, mode_note: str,
                   surrogate: Callable[[str], dict[str, Any]] | None = None,
                   progress: Callable[[str], None] | None = None,
-                  env: Mapping[str, str] | None = None) -> KernelSearch:
+                  env: Mapping[str, str] | None = None,
+                  prior: Mapping[str, float] | None = None) -> KernelSearch:
     """Search `spaces` for the kernel `base` (an engine base digest of `entry`); see the module docstring.
+
+    `prior`: pipeline spelling -> the log speedup it won on other kernels of the run (`SearchPrior`): those
+    singletons are tried first, best first, the rest round-robin over the spaces as before.
 
     `mode`: "measured" (Engine.measure; needs an NVIDIA GPU and a record), "surrogate" (`surrogate(entry)`
     gives the static cost of a built entry; lower is better) or "unranked". `env`: the build workers'
@@ -266,6 +270,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         for q in queues:
             if q:
                 singles.append(q.pop(0))
+    if prior:  # what won on the run's other kernels first (a stable sort: the round-robin order otherwise)
+        singles.sort(key=lambda a: -max(0.0, prior.get(pipeline_of((a,)), 0.0)))
     n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
     if cfg.jobs > 1 and hasattr(engine, "build_many"):  # build the singletons in parallel; evaluate finds them cached
         from kstrata.passes.pipeline import parse_pipeline
@@ -313,6 +319,24 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     result.winner = _winner(result.trials)
     result.seconds = time.perf_counter() - start
     return result
+
+
+class SearchPrior:
+    """What won on the kernels already searched in one run: pipeline spelling -> the best log speedup of a
+    winner with that edit. Kernels of one program are often alike (Inductor's pointwise kernels): on the H200
+    `ttgir(num-warps{n=2})` won on the MLP's silu and the transformer's gelu kernel, while most kernels got
+    one to three trials before the run's time ran out, so the next kernel tries the run's winners first."""
+
+    def __init__(self) -> None:
+        self.scores: dict[str, float] = {}
+
+    def learn(self, search: KernelSearch) -> None:
+        w = search.best
+        if w is not None and w.score is not None and w.score > 0:
+            self.scores[w.pipeline] = max(self.scores.get(w.pipeline, 0.0), w.score)
+
+    def to_json(self) -> dict[str, float]:
+        return dict(self.scores)
 
 
 def _neighbour(current: tuple[Atom, ...], by_pass: dict[str, list[Atom]], rng: random.Random,

@@ -494,3 +494,37 @@ def test_a_kernels_search_stops_starting_candidates_at_the_runs_time_budget(suit
                                                                      spaces=("options",),
                                                                      engine_cache=str(tmp_path / "engine")))
     assert seen and seen[0] is not None and before < seen[0] <= time.perf_counter() + 30.0
+
+
+def test_the_runs_winners_are_tried_first_on_the_next_kernel() -> None:
+    """With one to three trials per kernel on the H200, the edit that won on the run's first kernel
+    (`num-warps{n=2}` on the silu) came late or never on the others: a prior from the kernels searched
+    before puts it first (the rest keeps its round-robin order)."""
+    from kstrata.agents.compiled.search import SearchPrior
+
+    cache_hints = "ptx(cache-hints{loads=cs stores=none})"
+    engine = ScriptedEngine({}, {cache_hints: [1.3, 1.31, 1.29], "ttgir(num-warps{n=2})": [0.9, 0.9]})
+    cfg = SearchConfig(budget=1, device="cuda")
+    plain = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
+                          mode="measured", mode_note="test")
+    assert [t.pipeline for t in plain.trials] == ["ttgir(num-warps{n=2})"]  # round-robin: the options space first
+    prior = SearchPrior()
+    first = search_kernel(engine, "b" * 64, "k0", "/c/k0", "cuda:90", "/l/k0.json", _atoms(),  # type: ignore[arg-type]
+                          SearchConfig(budget=6, device="cuda"), mode="measured", mode_note="test")
+    prior.learn(first)
+    assert first.best is not None and prior.scores == {cache_hints: pytest.approx(first.best.score)}
+    second = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
+                           mode="measured", mode_note="test", prior=prior.scores)
+    assert [t.pipeline for t in second.trials] == [cache_hints]
+
+
+def test_each_kernel_gets_its_share_of_the_time_left() -> None:
+    """One kernel took the whole run (on the H200 the transformer's six other kernels, 78% of its kernel
+    time, got nothing): a kernel's search stops starting candidates at its share of the time left among the
+    kernels left; unused time goes to the next ones; without shares, equal parts."""
+    from kstrata.agents.compiled.run import kernel_deadline
+
+    assert kernel_deadline(100.0, 200.0, [0.5, 0.3, 0.2]) == pytest.approx(150.0)
+    assert kernel_deadline(130.0, 200.0, [0.3, 0.2]) == pytest.approx(130.0 + 70.0 * 0.6)  # the first left 20 s
+    assert kernel_deadline(100.0, 200.0, [None, 0.2]) == pytest.approx(150.0)
+    assert kernel_deadline(250.0, 200.0, [0.5]) == pytest.approx(250.0)  # past the run's deadline: nothing left
