@@ -1199,7 +1199,7 @@ def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
     results = {"device": "H200", "date": "2026-12-01", "versions": {"torch": "2.11", "triton": "3.6.0", "cuda": "13.0"},
                "ceilings": {"copy_bytes_per_s": 4.0e12}, "tasks": [
                    {"task": "01_x", "template": "norm", "strict": {
-                       "eager": point, "compile": point,
+                       "eager": point, "compile": point, "compile-max-autotune": {**point, "median_us": 80.0},
                        "template": {**point, "median_us": 50.0, "sol_fraction": 1.0, "speedup_vs_best_baseline": 2.0,
                                     "correct_strict": True, "params": {"SPLIT": 4}}},
                     "tf32": {"note": "no convolution or GEMM: TF32 changes nothing, same as strict"}},
@@ -1208,7 +1208,8 @@ def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
                        **point, "median_us": 125.0, "speedup_vs_best_baseline": 0.8, "correct_strict": True, "params": {}}},
                     "tf32": {}}]}
     md = markdown(results)
-    assert "| 01_x | norm | 100 (50%) | 100 (50%) | 50 (100%) | 2.00x | True |" in md
-    assert "Geomean speedup over the best of eager/compile: 1.265x" in md
+    assert "| 01_x | norm | 100 (50%) | 100 (50%) | 80 (50%) | 50 (100%) | 2.00x | True |" in md
+    assert "| 03_z | pointwise | 100 (50%) | 100 (50%) | not run (before this column) | 125 (50%) |" in md
+    assert "Geomean speedup over the best baseline (eager, compile, max-autotune where it ran): 1.265x" in md
     assert "| 0.80x (slower than the baseline) | True |" in md
     assert "## tf32 (labelled" in md and "TF32 changes nothing" in md and "| 02_y | — |" in md
