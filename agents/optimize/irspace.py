@@ -220,7 +220,8 @@ def rank_kernels(program: Any, profile: dict[str, Any]) -> list[Any]:
 def search_node(node: Node, services: LoopServices) -> Prepared:
     """Steps 1 and 2 of the module docstring for `node`."""
     from kstrata.agents.compiled.program import MIN_SHARE, load_program
-    from kstrata.agents.compiled.run import CompiledOptions, search_one
+    from kstrata.agents.compiled.run import CompiledOptions, kernel_deadline, search_one
+    from kstrata.agents.compiled.search import SearchPrior
     from kstrata.agents.engine import Engine, WorkerPool
     from kstrata.agents.workers import LocalWorkers
 
@@ -251,12 +252,20 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
     opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s)
     try:
         with Engine(services.workdir / "engine", pool) as engine:
-            for k in ranked:
-                if time.perf_counter() > deadline or services.time_left_s() < MIN_SECONDS:
+            prior = SearchPrior()
+            for i, k in enumerate(ranked):
+                now = time.perf_counter()
+                if now > deadline or services.time_left_s() < MIN_SECONDS:
                     out.kernels.append({"kernel": k.name, "skipped": "the task's time for the ir space ran out"})
                     continue
-                services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}")
-                s = search_one(engine, k, "cuda", opts, services.progress, deadline=deadline)
+                # its share of the ir space's time among the kernels left (on the H200 the first of GroupNorm's
+                # two kernels took it all); what a kernel leaves goes to the next, whose search tries first
+                # what won here
+                until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
+                services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}, "
+                                  f"{until - now:.0f} s")
+                s = search_one(engine, k, "cuda", opts, services.progress, deadline=until, prior=prior.scores)
+                prior.learn(s)
                 row: dict[str, Any] = {"kernel": k.name, "share": k.share, "mode": s.mode, "trials": len(s.trials),
                                        "passed_gate": sum(1 for t in s.trials if t.status in ("equivalent", "unproven")),
                                        "tried": [f"{t.pipeline}: {t.status}" + (f" {t.speedup:.3f}x" if t.speedup else "")
