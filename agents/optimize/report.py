@@ -141,6 +141,13 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
             lines.append(f"Confirmation against the best baseline at the end (a fresh process, nothing else running): "
                          f"{conf['reason']}" + ("; the output fell back to that baseline." if conf.get("verdict") == "slower"
                                                  else "."))
+        for g in (e for e in search.events if e.get("type") == "guard" and e.get("quiet")):
+            n = search.nodes.get(str(g.get("key")))
+            what = n.candidate.description if n is not None else g.get("key")
+            lines.append(f"Guard taken again after the search (its first was within the noise): {what}: " + (
+                f"{g['ratio']:.3f}x vs the incumbent, noise {100 * g['noise']:.1f}%, "
+                + ("accepted." if g.get("accepted") else "kept the incumbent.") if "ratio" in g
+                else str(g.get("reason", "")) + "."))
     final = search.final or {}
     lines += [f"Final re-evaluation in fresh processes (seed {final.get('seed')}): "
               f"{'ACCEPTED' if final.get('accepted') else 'REJECTED'} — {final.get('reason', '')}" +

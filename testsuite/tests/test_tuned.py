@@ -202,6 +202,7 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     from kstrata.tools.bench_compiled import expected_end_to_end
 
     root, tuned_entry, record = tuned_db
+    assert hashlib.sha256(_cubin(tuned_entry)).hexdigest() == record.tuned_binary  # what the census matches
     tuned = SimpleNamespace(name="triton_poi_scale", asm={"cubin": _cubin(tuned_entry)})
     plain = SimpleNamespace(name="triton_poi_scale", asm={"cubin": b"another config's binary"})
     original = CompiledKernel.launch_metadata
