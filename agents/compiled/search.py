@@ -92,6 +92,9 @@ class Trial:
     score: float | None = None
     accepted_move: bool = False
     seconds: float = 0.0
+    #: Where the seconds went: "build", "gate" (the engine's check), "measure" (a trial took 20-50 s on the
+    #: H200 and one to three fitted a kernel's time: these say which step to make faster).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     #: The windows its edits are confined to and where each came from (`spaces.WindowUse.to_json`, with
     #: the pass): sampled on a GPU or static.
     windows: list[dict[str, Any]] = field(default_factory=list)
@@ -209,6 +212,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         cand = Candidate(base, trial.level, PipelineEdit(spec), trial.tolerance,
                          provenance=Provenance("compiled-search", None, ",".join(trial.spaces)))
         built = engine.build(cand, env=env)
+        trial.phase_seconds["build"] = round(time.perf_counter() - t0, 3)
         trial.key, trial.entry, trial.binary_digest = built.key, built.entry, built.binary_digest
         if built.status != "changed":
             trial.status, trial.reason = ("failed", built.error or "") if built.status == "failed" else \
@@ -223,12 +227,16 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                     trial.verdict, trial.score, trial.speedup = twin.verdict, None, twin.speedup
                     trial.seconds = time.perf_counter() - t0
                     return trial
+            t_gate = time.perf_counter()
             _gate(engine, base, built, record, trial, atoms, cfg)
+            trial.phase_seconds["gate"] = round(time.perf_counter() - t_gate, 3)
             if trial.status in ("equivalent", "unproven") and target.startswith("hip"):
                 _hazards(engine, entry, built, trial)
             if trial.status in ("equivalent", "unproven"):
                 if result.mode == "measured" and trial.status == "equivalent" and record:
+                    t_measure = time.perf_counter()
                     m = engine.measure(base, built, [record], Budget(best_us=best_us))
+                    trial.phase_seconds["measure"] = round(time.perf_counter() - t_measure, 3)
                     if m.status == "timed" and m.speedup:
                         trial.measured = True
                         trial.speedup, trial.time_before_us, trial.time_after_us = m.speedup, m.time_before_us, m.time_after_us

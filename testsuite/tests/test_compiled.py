@@ -200,6 +200,8 @@ def test_search_gates_before_timing_and_the_guard_needs_every_round_faster() -> 
     assert ptx.status == "equivalent" and ptx.measured
     assert len(result.trials) <= cfg.budget
     assert any(t.phase == "anneal" and "," in t.pipeline for t in result.trials)  # sequences of edits were tried
+    # where each trial's time went: build always, the gate when built, the timing when it passed
+    assert set(by[nw8].phase_seconds) == {"build", "gate", "measure"} and set(by[ev].phase_seconds) == {"build", "gate"}
     again = search_kernel(ScriptedEngine(engine.verdicts, engine.speedups), "b" * 64, "k", "/c/k", "cuda:90",  # type: ignore[arg-type]
                           "/l/k.json", spaces, cfg, mode="measured", mode_note="test")
     assert [t.pipeline for t in again.trials] == [t.pipeline for t in result.trials]  # seeded: reproducible
