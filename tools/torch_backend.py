@@ -25,7 +25,8 @@ them there and Triton does not compile at all; the engine's cache answers when T
 new `cache_dir`, another model with the same kernel, another process or machine sharing the engine
 cache). The hook and that cache directory are set only while the backend compiles a graph; Inductor
 compiles in this process then (`compile_threads=1`, FX graph cache and autotuning cache off) so the hook sees
-every kernel and every autotuning config, and Inductor's autotuner chooses among the deployed variants. A
+every kernel and every autotuning config, and Inductor's autotuner chooses among the deployed variants; its
+static launcher is off (it would load the original's binary from Inductor's cache: same Triton hash). A
 kernel Inductor compiles lazily after that (at a first call) is Triton's own.
 
 Options (`options={...}` or environment variables):
@@ -409,8 +410,14 @@ def kstrata_backend(gm: Any, example_inputs: list[Any], options: Mapping[str, An
     # variant of another never competes (on the H200 the MLP's silu kernel, tuned at 1.23x in its 8-warp
     # config, was not deployed: the cached choice was the 4-warp config, which the recorded run had not
     # chosen). Without it every config is compiled here, through the hook, and benchmarked as deployed.
+    # And without Inductor's static launcher: it loads the cubin from `$TRITON_CACHE_DIR/<hash>/`, Inductor's own
+    # cache, not the directory Triton compiled into here, and the hook is not part of Triton's cache key, so a
+    # deployed kernel has the original's hash: the original's binary (a plain torch.compile of the same model
+    # put it there) would be launched with the deployed variant's launch metadata (its num_warps, its shared
+    # memory). Triton's own launcher runs the binary Triton loaded.
     with _installed(config), inductor_config.patch(compile_threads=1, fx_graph_cache=False,
-                                                   autotune_local_cache=False, autotune_remote_cache=False):
+                                                   autotune_local_cache=False, autotune_remote_cache=False,
+                                                   use_static_cuda_launcher=False):
         compiled = cast("Callable[..., Any]", compile_fx(gm, example_inputs))
     return compiled
 

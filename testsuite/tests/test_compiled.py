@@ -530,3 +530,20 @@ def test_each_kernel_gets_its_share_of_the_time_left() -> None:
     assert kernel_deadline(130.0, 200.0, [0.3, 0.2]) == pytest.approx(130.0 + 70.0 * 0.6)  # the first left 20 s
     assert kernel_deadline(100.0, 200.0, [None, 0.2]) == pytest.approx(150.0)
     assert kernel_deadline(250.0, 200.0, [0.5]) == pytest.approx(250.0)  # past the run's deadline: nothing left
+
+
+def test_the_end_to_end_comparison_uses_inputs_inductors_buffers_do_not_hold() -> None:
+    """End to end, the tuned model ran right after Inductor's on the same inputs: the caching allocator hands it
+    the blocks Inductor's intermediates just freed, holding their correct values, so a tuned kernel leaving
+    elements unwritten would still compare equal. The comparison now runs on a fresh draw of the floating
+    inputs (same shape, dtype and spread), the tuned model first."""
+    import torch
+
+    from kstrata.tools.gpu_torch_backend import redrawn
+
+    x, idx = torch.randn(64, 32, dtype=torch.float16) * 3 + 1, torch.arange(5)
+    a, b = redrawn((x, idx, 2.0)), redrawn((x, idx, 2.0))
+    assert a[0].shape == x.shape and a[0].dtype == x.dtype and not torch.equal(a[0], x)
+    assert torch.equal(a[0], b[0])  # seeded
+    assert a[1] is idx and a[2] == 2.0
+    assert abs(float(a[0].float().std()) - float(x.float().std())) < 0.3

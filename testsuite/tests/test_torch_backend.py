@@ -69,7 +69,9 @@ def test_the_backend_compiles_every_autotuning_config_through_its_hook(monkeypat
     a later compile builds only that config, so a tuned variant of another config never competes (on the
     H200 the MLP's silu kernel, tuned in its 8-warp config, was not deployed end to end: the cached choice
     was the 4-warp one). While the backend compiles, that cache is off, the compile runs in this process
-    and the stages hook is installed."""
+    and the stages hook is installed. Inductor's static launcher is off too: it loads the cubin from Inductor's
+    own Triton cache by the kernel's hash, which a deployed variant shares with the original (the hook is not
+    in Triton's cache key), so it would launch the original's binary with the variant's launch metadata."""
     import torch
     from torch._inductor import compile_fx as compile_fx_module
     from torch._inductor import config as inductor_config
@@ -81,6 +83,7 @@ def test_the_backend_compiles_every_autotuning_config_through_its_hook(monkeypat
 
     def fake_compile_fx(gm: object, example_inputs: object) -> object:
         seen.update(local=inductor_config.autotune_local_cache, remote=inductor_config.autotune_remote_cache,
+                    static=inductor_config.use_static_cuda_launcher,
                     threads=inductor_config.compile_threads, fx=inductor_config.fx_graph_cache,
                     hook=knobs.runtime.add_stages_inspection_hook is not None)
         return gm
@@ -92,7 +95,7 @@ def test_the_backend_compiles_every_autotuning_config_through_its_hook(monkeypat
 
     TunedDB(db).create()
     tb.kstrata_backend(torch.nn.Identity(), [torch.zeros(1)], {"tuned": str(db), "cache_dir": str(tmp_path / "c")})
-    assert seen == {"local": False, "remote": False, "threads": 1, "fx": False, "hook": True}
+    assert seen == {"local": False, "remote": False, "static": False, "threads": 1, "fx": False, "hook": True}
     assert inductor_config.autotune_local_cache is True  # restored after the compile
 
 
@@ -106,9 +109,14 @@ torch.manual_seed(0)
 m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256),
                         torch.nn.LayerNorm(256)).cuda()
 x = torch.randn(512, 256, device="cuda")
-ref = torch.compile(m)(x)
+ours = torch.compile(m, backend="kstrata", options={"cache_dir": sys.argv[1], "engine_cache": sys.argv[2]})
+ours(x)
+# compared on other inputs, ours first, then Inductor after a reset: no buffer of ours holds a correct value
+# left by another run, so a kernel leaving elements unwritten shows
+x2 = torch.randn(512, 256, device="cuda")
+out = ours(x2)
 torch._dynamo.reset()
-out = torch.compile(m, backend="kstrata", options={"cache_dir": sys.argv[1], "engine_cache": sys.argv[2]})(x)
+ref = torch.compile(m)(x2)
 print(json.dumps({"equal": bool(torch.equal(ref, out)), "report": tb.report()}))
 '''
     runs = []
