@@ -311,13 +311,13 @@ class LaunchCensus:
             census.counts[k] = census.counts.get(k, 0) + 1
             return original(kernel, grid, stream, *args)
 
-        CompiledKernel.launch_metadata = launch_metadata  # type: ignore[method-assign]
+        CompiledKernel.launch_metadata = launch_metadata
         return self
 
     def __exit__(self, *exc: Any) -> None:
         from triton.compiler.compiler import CompiledKernel
 
-        CompiledKernel.launch_metadata = self._saved  # type: ignore[method-assign]
+        CompiledKernel.launch_metadata = self._saved
 
     def rows(self, calls: int = 1) -> list[dict[str, Any]]:
         """Per (kernel, binary): launches per call, and the tuned record's edit when the binary is tuned."""

@@ -186,8 +186,8 @@ def expected_end_to_end(row: dict[str, Any]) -> float | None:
     e = row.get("end_to_end") or {}
     saved = {(k["kernel"], k.get("edit")): k["time_before_us"] - k["time_after_us"] for k in row.get("kernels", [])
              if k.get("time_before_us") and k.get("time_after_us")}
-    total = sum(r["launches_per_call"] * saved.get((r["kernel"], r["edit"]), 0.0) for r in e.get("launched", [])
-                if r.get("tuned"))
+    total = float(sum(r["launches_per_call"] * saved.get((r["kernel"], r["edit"]), 0.0) for r in e.get("launched", [])
+                      if r.get("tuned")))
     if not total or not e.get("inductor_us"):
         return None
     return float(e["inductor_us"]) / max(1e-9, float(e["inductor_us"]) - total)

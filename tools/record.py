@@ -340,7 +340,7 @@ _AUTOTUNE_FUNCTIONS = frozenset({"bench", "benchmark_all_configs", "coordinate_d
 def _in_autotuning(depth: int = 40) -> bool:
     """Whether this launch comes from Inductor's autotuner benchmarking a config (a caller's frame is one of its
     benchmarking functions), not from the program."""
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return False
