@@ -144,10 +144,12 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
         for g in (e for e in search.events if e.get("type") == "guard" and e.get("quiet")):
             n = search.nodes.get(str(g.get("key")))
             what = n.candidate.description if n is not None else g.get("key")
-            lines.append(f"Guard taken again after the search (its first was within the noise): {what}: " + (
-                f"{g['ratio']:.3f}x vs the incumbent, noise {100 * g['noise']:.1f}%, "
-                + ("accepted." if g.get("accepted") else "kept the incumbent.") if "ratio" in g
-                else str(g.get("reason", "")) + "."))
+            if "ratio" in g:
+                lines.append(f"Guard taken again after the search (its first was within the noise): {what}: "
+                             f"{g['ratio']:.3f}x vs the incumbent, noise {100 * g['noise']:.1f}%, "
+                             + ("accepted." if g.get("accepted") else "kept the incumbent."))
+            else:
+                lines.append(f"Deferred guard of {what} (its first was within the noise): {g.get('reason', '')}.")
     final = search.final or {}
     lines += [f"Final re-evaluation in fresh processes (seed {final.get('seed')}): "
               f"{'ACCEPTED' if final.get('accepted') else 'REJECTED'} — {final.get('reason', '')}" +

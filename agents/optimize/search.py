@@ -959,6 +959,12 @@ class TaskSearch:
             return
         with self.lock:
             order = sorted(self.deferred, key=lambda k: -self.deferred[k])[:QUIET_GUARDS]
+            dropped = sorted(set(self.deferred) - set(order))
+            for key in dropped:  # not guarded again: nothing of the end is reserved for them
+                self.deferred.pop(key)
+        for key in dropped:
+            self.emit({"type": "guard", "key": key, "accepted": False, "quiet": True,
+                       "reason": f"not guarded again: only the {QUIET_GUARDS} fastest deferred challengers are"})
         for key in order:
             n = self.nodes.get(key)
             with self.lock:
