@@ -130,12 +130,11 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
     import kstrata.tools.torch_backend as tb
     from kstrata.agents.tuned import LaunchCensus, TunedDB
     from kstrata.backends.timing import interleaved_ab
+    from kstrata.tools.gpu_torch_backend import redrawn
 
     TunedDB(tuned).create()  # no winner: an empty database, and the backend leaves every kernel as it is
     torch.manual_seed(0)
     model, inputs = _model(name, all_tasks)
-    from kstrata.tools.gpu_torch_backend import redrawn
-
     fresh = redrawn(inputs)
     with torch.no_grad():
         torch._dynamo.reset()

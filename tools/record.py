@@ -95,7 +95,7 @@ class LaunchRecorder:
 
     def write_counts(self) -> None:
         """`.kstrata/launch-counts.json` (a subdirectory: the records are every `*.json` of the directory): how
-        often the program launched each binary (written at exit, and by `flush_counts`). Every process of the
+        often the program launched each binary (written at exit, or by `kstrata.agents.leave.leave` before an `os._exit`). Every process of the
         program that imports Triton has a recorder (Inductor's compile workers too): each adds what it counted
         since its last write to the file, under a lock, so a process that launched nothing changes nothing
         and none overwrites another's counts."""
@@ -390,23 +390,14 @@ def install_from_env() -> None:
     recorder = LaunchRecorder(Path(out), int(os.environ.get(ENV_MAX, "1")), os.environ.get(ENV_SNAPSHOTS) == "1")
     import atexit
 
-    global _RECORDER
-    _RECORDER = recorder
+    from kstrata.agents.leave import before_leaving
+
     atexit.register(recorder.write_counts)
+    before_leaving(recorder.write_counts)  # kstrata's job runners end with os._exit, which skips atexit
     if "triton" in sys.modules:
         recorder.install()
     else:
         sys.meta_path.insert(0, _AfterImport("triton", recorder.install))
-
-
-_RECORDER: LaunchRecorder | None = None
-
-
-def flush_counts() -> None:
-    """Add this process's launch counts to the counts file now: for a program that ends with `os._exit`
-    (which skips the exit hook that writes them), called right before it. Nothing when not recording."""
-    if _RECORDER is not None:
-        _RECORDER.write_counts()
 
 
 class _AfterImport:

@@ -343,9 +343,6 @@ class SearchPrior:
         if w is not None and w.score is not None and w.score > 0:
             self.scores[w.pipeline] = max(self.scores.get(w.pipeline, 0.0), w.score)
 
-    def to_json(self) -> dict[str, float]:
-        return dict(self.scores)
-
 
 def _neighbour(current: tuple[Atom, ...], by_pass: dict[str, list[Atom]], rng: random.Random,
                max_edits: int) -> tuple[Atom, ...] | None:

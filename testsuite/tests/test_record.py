@@ -261,7 +261,7 @@ def test_launch_counts_of_every_process_are_added_and_an_os_exit_still_writes_th
 
 
 def test_recorder_counts_written_twice_are_added_once(tmp_path: Path) -> None:
-    """`flush_counts` before `os._exit` and the exit hook may both run: each write adds only what was counted
+    """`leave()` before `os._exit` and the exit hook may both run: each write adds only what was counted
     since the last one."""
     from kstrata.tools.record import LaunchRecorder
 
