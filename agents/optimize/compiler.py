@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kstrata.agents.optimize.candidate import TaskCandidate
-from kstrata.agents.optimize.configs import describe, render
+from kstrata.agents.optimize.configs import describe, inductor_graphs, render
 from kstrata.agents.optimize.library import base_params
 from kstrata.agents.optimize.state import SearchState
 
@@ -68,8 +68,8 @@ class InductorOptions:
             new_mode = mode or current.get("mode")
             if merged == current.get("options", {}) and new_mode == current.get("mode"):
                 continue
-            if new_mode == "max-autotune" and mode == "max-autotune-no-cudagraphs":
-                continue
+            if name == "cudagraphs" and (inductor_graphs(base) or base.get("cuda_graph")):
+                continue  # graphed already (Inductor's trees, or the library space's graph around the call)
             params = {**base, "compile": {"mode": new_mode, "options": merged}}
             params["compiler_sets"] = [*base.get("compiler_sets", []), name]
             out.append(render(state.task, params, space=self.space, proposer=self.name, parent=parent.key,

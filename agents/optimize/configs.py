@@ -44,6 +44,24 @@ def baseline_params(name: str) -> dict[str, Any]:
     raise ValueError(f"unknown baseline {name!r}")
 
 
+#: torch.compile modes that run the compiled graph under Inductor's CUDA graph trees.
+GRAPHED_MODES = ("reduce-overhead", "max-autotune")
+
+
+def inductor_graphs(params: dict[str, Any]) -> str:
+    """Why the configuration already runs under Inductor's CUDA graph trees ('' when it does not): a CUDA graph
+    around it cannot be captured (on the H200, 2026-12-03: "Cannot prepare for replay during capturing stage"),
+    and turning `triton.cudagraphs` on again changes nothing."""
+    c = params.get("compile")
+    if not c:
+        return ""
+    if c.get("mode") in GRAPHED_MODES:
+        return f"it runs under Inductor's CUDA graphs already (torch.compile mode={c['mode']})"
+    if c.get("options", {}).get("triton.cudagraphs"):
+        return "it runs under Inductor's CUDA graphs already (triton.cudagraphs=True)"
+    return ""
+
+
 _MODE_OPTIONS_HELPER = '''
 def _kstrata_compile_options(mode, options):
     """torch.compile takes a mode or an options dict, never both: the mode's own options, then these."""
@@ -238,7 +256,7 @@ def render(task: TaskInfo, params: dict[str, Any], *, space: str, proposer: str,
         fwd.append(f"out = _kstrata_map(out, lambda t: t.to(torch.{dtype}) if t.is_floating_point() else t)")
     if params.get("channels_last"):
         fwd.append("out = _kstrata_map(out, lambda t: t.contiguous())  # the reference's layout")
-    if c is not None and (c.get("mode") in ("reduce-overhead", "max-autotune") or c.get("options", {}).get("triton.cudagraphs")):
+    if inductor_graphs(params):
         fwd.append("out = _kstrata_map(out, lambda t: t.clone())  # cudagraph trees reuse output buffers")
     fwd.append("return out")
     desc = description or describe(params)

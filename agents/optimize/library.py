@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kstrata.agents.optimize.candidate import TaskCandidate
-from kstrata.agents.optimize.configs import describe, render
+from kstrata.agents.optimize.configs import describe, inductor_graphs, render
 from kstrata.agents.optimize.state import SearchState
 from kstrata.agents.tasks import TensorSpec
 
@@ -40,6 +40,10 @@ class _Switch:
         """'' when it applies, else why not."""
         return ""
 
+    def refuses(self, base: dict[str, Any]) -> str:
+        """'' when the switch can be set on this parent configuration, else why not."""
+        return ""
+
     def variants(self, state: SearchState, base: dict[str, Any]) -> list[dict[str, Any]]:
         return []
 
@@ -48,7 +52,7 @@ class _Switch:
         if base is None:
             state.note(self.name, "the parent is not a configuration of the task's model")
             return []
-        why = self.applies(state)
+        why = self.applies(state) or self.refuses(base)
         if why:
             state.note(self.name, why)
             return []
@@ -109,6 +113,10 @@ class CudaGraphs(_Switch):
         if not (state.finding("launch-bound") or state.finding("many-kernels")):
             return "the profile finds no launch-bound work"
         return ""
+
+    def refuses(self, base: dict[str, Any]) -> str:
+        why = inductor_graphs(base)
+        return f"the parent cannot be wrapped in a CUDA graph: {why}" if why else ""
 
     def variants(self, state: SearchState, base: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**base, "cuda_graph": True}]

@@ -722,11 +722,18 @@ class TaskSearch:
                            self.notes)
 
     def _expandable(self, space: str) -> list[Node]:
-        """Nodes a worker of `space` may refine: the incumbent, the best baseline, and its space's good nodes."""
+        """Nodes a worker of `space` may refine: the incumbent, the best baseline, the other baselines that
+        passed their check, and its space's good nodes. The other baselines are there because a refinement
+        of a slower lineage can beat the incumbent's: on the H200 (2026-12-03) a batch-1 MLP's incumbent was
+        compile-max-autotune (303 us, already under Inductor's CUDA graphs, so no graph could wrap it) while
+        eager under a CUDA graph had measured 120 us before; with only the incumbent expandable it was
+        never tried."""
         with self.lock:
             out = [self.incumbent]
             if self.base_key != self.incumbent_key:
                 out.append(self.nodes[self.base_key])
+            out += [n for n in self.baselines.values() if n.status in ("measured", "correct", "incumbent")
+                    and n.check is not None and n.check.ok and n not in out]
             out += [n for n in self.nodes.values() if n.space == space and n.status in ("measured", "correct", "incumbent")
                     and n not in out]
         return [n for n in out if (n.key, space) not in self._exhausted_nodes]
@@ -743,7 +750,10 @@ class TaskSearch:
             return len(kids) < limit
 
         def uct(n: Node) -> float:
-            return n.reward + UCT_C * math.sqrt(math.log(total + 1) / (n.visits + 1))
+            # an unvisited baseline starts from its own standing against the best one (a slower lineage is
+            # explored later, not never)
+            reward = _log_reward(n.speedup) if n.space == "baseline" and not n.visits else n.reward
+            return reward + UCT_C * math.sqrt(math.log(total + 1) / (n.visits + 1))
 
         open_nodes = [n for n in nodes if widen_ok(n)]
         return max(open_nodes or nodes, key=uct)

@@ -550,7 +550,7 @@ def test_the_contract_probe_and_the_baselines_checks_run_at_the_same_time(tmp_pa
 
 def test_guard_keeps_the_incumbent_within_noise(tmp_path: Path) -> None:
     # every compiler candidate 2% faster than the compile baseline, but the rounds spread 5%: no promotion
-    ev = FakeEvaluator(tmp_path, lambda src: 88.2 if "options={" in src else _rule_us(src), spread=0.05)
+    ev = FakeEvaluator(tmp_path, lambda src: 88.2 if "options=" in src else _rule_us(src), spread=0.05)
     s = _search(tmp_path, ev, budget=3)
     r = s.run()
     assert s.incumbent_key == s.base_key and r.chosen_space == "baseline"
@@ -605,6 +605,34 @@ def test_cuda_graph_proposer_fires_on_launch_bound_profile(tmp_path: Path) -> No
     r = s.run()
     assert "launch-bound" in r.findings
     assert s.incumbent.candidate.params.get("cuda_graph") is True and r.chosen_space == "library"
+
+
+def test_a_graphed_incumbent_is_not_wrapped_and_a_slower_baseline_gets_the_graph(tmp_path: Path) -> None:
+    """On the H200 (2026-12-03) a batch-1 MLP's incumbent was compile-max-autotune (303 us: Inductor's CUDA
+    graph trees already), eager measured 442 us and eager under a CUDA graph had measured 120 us before: the
+    library space wrapped the incumbent in a graph (it failed: no capture inside a capture) and never tried
+    eager's lineage. Here the same shape: max-autotune is the incumbent, eager + graph is the winner."""
+
+    def us(src: str) -> float:
+        if "CUDAGraph" in src:
+            return 40.0 if "torch.compile" not in src else 500.0
+        return {"max-autotune": 60.0}.get("max-autotune" if "max-autotune" in src else "", 100.0 if "torch.compile" not in src else 120.0)
+
+    ev = FakeEvaluator(tmp_path, us)
+    ev.profile = lambda *a, **k: JobResult(True, {"ok": True, "wall_us_per_call": 60.0, "kernel_us_per_call": 5.0,  # type: ignore[method-assign]
+                                                  "launches_per_call": 12, "kernels": []}, "", 0.0)
+    s = _search(tmp_path, ev, budget=3, spaces=("library", "compiler"))
+    r = s.run()
+    assert s.nodes[s.base_key].candidate.description == "baseline compile-max-autotune"
+    judged = [s.nodes[k].candidate for k in s.order if s.nodes[k].space != "baseline"]
+    # never a graph around Inductor's graphs, and never triton.cudagraphs again on a graphed parent
+    for c in judged:
+        assert not (c.params.get("cuda_graph") and (c.params.get("compile") or {}).get("mode") == "max-autotune"), c.description
+        assert not (c.params.get("compile", {}) or {}).get("options", {}).get("triton.cudagraphs"), c.description
+    assert "cuda-graphs" in s.notes and "Inductor's CUDA graphs already" in s.notes["cuda-graphs"]
+    winner = s.incumbent.candidate
+    assert winner.params.get("cuda_graph") is True and "compile" not in winner.params, winner.description
+    assert winner.parent == s.baselines["eager"].key and r.speedup == pytest.approx(60 / 40)
 
 
 class _Clock:
