@@ -22,8 +22,8 @@
 #                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
 #   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (3 min), to see it work end to end
-#   gpu-tests     the GPU twins still owed (issues 13, 14, 19), fastest files first, each test's line written to
-#                 the log as it finishes (5 min; the conv template's 13 twins alone took more than 4 min)
+#   gpu-tests     the GPU twins still owed (issues 13, 14, 19), each test in its own pytest process under its own
+#                 limit (PER_TEST_S), its outcome and short traceback written to the log as it ends (9 min)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
 # A step that runs past its limit is stopped (what it wrote is kept); the script goes on with the next and
@@ -93,9 +93,13 @@ for step in "$@"; do
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
     gpu-tests)
-      run gpu-tests 300 $PY -m pytest -v -p no:cacheprovider -m gpu --durations=15 \
-        testsuite/tests/test_torch_backend.py testsuite/tests/test_record.py testsuite/tests/test_optimize_ir.py \
-        testsuite/tests/test_compiled_window.py testsuite/tests/test_compiled.py testsuite/tests/test_conv_template.py ;;
+      # one pytest process per test, each under its own limit (PER_TEST_S, default 150 s), outcome and short
+      # traceback in the log as each ends: on 2026-12-03 one pytest run for all of them lost a failure's message
+      # (printed only at the session's end) and a hanging test took the step's whole limit
+      run gpu-tests "${GPU_TESTS_S:-540}" $PY -m kstrata.tools.gpu_tests --per-test-s "${PER_TEST_S:-150}" \
+        --log "$WORK/gpu-tests-detail.log" \
+        testsuite/tests/test_optimize_ir.py testsuite/tests/test_compiled_window.py testsuite/tests/test_compiled.py \
+        testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_conv_template.py ;;
     *) echo "unknown step $step (setup mlp groupnorm skills templates templates-ma ir conv compiled-smoke compiled-models compiled-tasks gpu-tests)"; status=2 ;;
   esac
 done
