@@ -41,7 +41,7 @@ def llm_refine(
     from kstrata.agents.llm.config import LLMConfigError, load_config
     from kstrata.agents.llm.prompts import PromptContext, contract_text
     from kstrata.agents.llm.proposer import TASK_SPACES, EvalChecker, refine
-    from kstrata.agents.skills import SkillLibrary
+    from kstrata.agents.skills import SkillLibrary, skill_query
     from kstrata.agents.tasks import load_task
 
     if space not in TASK_SPACES:
@@ -55,7 +55,7 @@ def llm_refine(
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     lib = SkillLibrary(skills_dir)
-    query = " ".join([loaded.spec.name, *(op for op, _ in loaded.spec.flops_by_op)])
+    query = skill_query(loaded.spec.name, [op for op, _ in loaded.spec.flops_by_op], loaded.spec.dtypes)
     ctx = PromptContext(space, loaded.spec.name, contract=contract_text(loaded.spec, source, policy),
                         incumbent=source, skills=tuple(s.render() for s in lib.search(query, 3, space=space)),
                         policy=policy, device=dev)

@@ -40,7 +40,7 @@ def skills_list(directory: DirOpt = None, as_json: JsonFlag = False) -> None:
         emit_json({"library": str(lib.root), "skills": rows})
         return
     if not rows:
-        out.print(f"no skills yet (library: {lib.root}; none are shipped: no measured win has reproduced yet)",
+        out.print(f"no skills yet (library: {lib.root}; the shipped seeds are missing or turned off)",
                   highlight=False)
         return
     table = Table(title=f"{len(rows)} skills ({lib.root})")

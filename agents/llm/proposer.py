@@ -368,8 +368,13 @@ class LLMProposer:
     def _skills(self, state: Any) -> list[str]:
         if self.library is None:
             return []
-        query = " ".join([state.task.name, getattr(state.task, "source", "")[:4000],
-                          *[getattr(f, "text", str(f)) for f in getattr(state, "findings", []) or []]])
+        from kstrata.agents.skills import skill_query
+
+        spec = getattr(state.task, "spec", None)
+        findings = getattr(state, "findings", []) or []
+        query = skill_query(state.task.name, [op for op, _ in getattr(spec, "flops_by_op", ())],
+                            getattr(spec, "dtypes", ()),
+                            [f"{getattr(f, 'kind', '')} {getattr(f, 'text', str(f))}" for f in findings])
         return [s.render() for s in self.library.search(query, k=self.skills_k, space=self.space)]
 
     def observe(self, candidate: Any, check: Any, *, speedup: float | None = None, note: str = "") -> None:

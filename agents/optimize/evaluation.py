@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +72,15 @@ class FinalVerdict:
     versions: dict[str, str]
     failure: str | None = None
     reference_source: str = ""  # "run" (a timed final always runs its reference) or "cache <key>"
+    #: median microseconds of the timed runs: {"reference": eager's, "candidate": the candidate's} (empty untimed)
+    timing_us: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FinalVerdict:
+        timing = {role: float(t["median_us"]) for role in ("reference", "candidate")
+                  if isinstance(t := d.get(f"{role}_timing"), dict) and t.get("median_us") is not None}
         return cls(bool(d["accepted"]), str(d["reason"]), d.get("speedup"), d.get("roofline"), str(d.get("device", "")),
-                   dict(d.get("versions") or {}), d.get("failure"), str(d.get("reference_source", "")))
+                   dict(d.get("versions") or {}), d.get("failure"), str(d.get("reference_source", "")), timing)
 
 
 #: The drivers of this module, as the workers name them (kstrata.agents.workers: the same code runs in a thread

@@ -211,6 +211,17 @@ def task_bytes(spec: Any) -> int:
     return int(sum(a.bytes for a in tensors) + spec.parameters.bytes)
 
 
+def _cuda_arch() -> str:
+    """The GPU's target name (`cuda:90`), '' when it cannot be read."""
+    try:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda:{major}{minor}"
+    except Exception:
+        return ""
+
+
 def _log_reward(speedup: float | None) -> float:
     return math.log(speedup) if speedup and speedup > 0 else 0.0
 
@@ -995,10 +1006,17 @@ class TaskSearch:
         from kstrata.agents.skills import Reproduction, SkillLibrary, Win, learn_from_win
 
         c, spec = inc.candidate, self.info.spec
+        # the classes a later task is looked up by: the roofline's bound and the launch/latency findings
+        classes = [f"{f.data['bound']}-bound" for f in self.findings if f.kind == "roofline" and f.data.get("bound")]
+        classes += [f.kind for f in self.findings if f.kind in ("launch-bound", "latency-bound", "many-kernels")]
+        timing = getattr(verdict, "timing_us", None) or {}
         win = Win(task=self.info.name, space=c.space, proposer=c.proposer, description=c.description, params=c.params,
                   speedup=float(verdict.speedup), baseline="eager (the task's Model)", device=verdict.device,
                   versions=dict(verdict.versions), operators=tuple(op for op, _ in spec.flops_by_op[:6]),
-                  dtypes=tuple(spec.dtypes), findings=tuple(f.text for f in self.findings), source=c.source)
+                  roofline=",".join(dict.fromkeys(classes)), dtypes=tuple(spec.dtypes),
+                  architecture=self.opts.device if self.opts.device != "cuda" else _cuda_arch(),
+                  findings=tuple(f.text for f in self.findings), source=c.source,
+                  baseline_us=timing.get("reference"), candidate_us=timing.get("candidate"))
 
         def remeasure(seed: int) -> Reproduction:
             v = self.ev.final(self.info.path, path, seed=seed, ceilings=self.opts.ceilings, **_box(_sandboxed(c)))

@@ -17,9 +17,11 @@ add FILE` accepts only a file whose evidence carries such a reproduction.
 (`summarize_with_model`), otherwise through `summarize_win`, built from the winning candidate's space,
 proposer, parameters and the task's contract and findings.
 
-**Seeds.** `seed/` holds only skills whose wins were measured. None are shipped yet: the only GPU
-timings so far (suite kernels through single passes on an H200, 2026-11-30) are within the noise of
-identical binaries (up to 27%), so no win reproduced; see `seed/README.md`.
+**Seeds.** `seed/` holds only skills whose wins were measured and reproduced by this gate on a GPU: two so
+far, from `kstrata optimize --learn-skills` on an H200 (2026-12-03; see `seed/README.md`).
+
+**Retrieval** reads a task by its name, operators, dtypes and findings (`skill_query`), not by its code, and
+leaves the words every PyTorch model's code shares out of the index (`CODE_STOPWORDS`).
 """
 
 from __future__ import annotations
@@ -251,16 +253,40 @@ class SkillLibrary:
         return bm25_rank(query, entries, k)
 
 
+#: Words every PyTorch model's code shares: left out of the index and the query, so a skill whose example is
+#: code does not match every task by its `def forward(self, x: torch.Tensor)` (with the first two seeds, the
+#: addmm-epilogue skill, whose example is an fx forward, ranked first for a softmax task).
+CODE_STOPWORDS = ("def", "self", "return", "torch", "tensor", "nn", "module", "forward", "import", "class", "none",
+                  "true", "false", "model", "super", "init", "get", "inputs", "init_inputs", "x", "y", "out", "args",
+                  "kwargs", "float", "int", "bool", "list", "dict", "tuple", "str", "functional", "f", "t", "aten",
+                  "default", "params", "skill", "space", "applied", "won", "task", "findings", "time")
+
+
+def _stopwords() -> list[str]:
+    import bm25s.stopwords as sw
+
+    return [*sw.STOPWORDS_EN, *CODE_STOPWORDS]
+
+
+def skill_query(name: str, operators: Iterable[str] = (), dtypes: Iterable[str] = (), findings: Iterable[str] = (),
+                extra: str = "") -> str:
+    """The words a task is looked up by: its name, its operators (`aten.addmm` also as `addmm`), dtypes and the
+    profile's findings; not its source code (see `CODE_STOPWORDS`)."""
+    ops = [w for op in operators for w in (op, op.split(".")[-1].lstrip("_"))]
+    return " ".join([name.replace("_", " "), *ops, *dtypes, *findings, extra]).strip()
+
+
 def bm25_rank(query: str, entries: Sequence[tuple[Skill, str]], k: int) -> list[Hit]:
     import bm25s
 
     if not entries or not query.strip() or k < 1:
         return []
     corpus = [s.search_text() for s, _ in entries]
-    tokens = bm25s.tokenize(corpus, stopwords="en", show_progress=False)
+    stop = _stopwords()
+    tokens = bm25s.tokenize(corpus, stopwords=stop, show_progress=False)
     retriever = bm25s.BM25()
     retriever.index(tokens, show_progress=False)
-    q = bm25s.tokenize([query], stopwords="en", show_progress=False)
+    q = bm25s.tokenize([query], stopwords=stop, show_progress=False)
     if not len(q.ids[0]) or not any(t in tokens.vocab for t in q.vocab):
         return []
     idx, scores = retriever.retrieve(q, k=min(k, len(entries)), show_progress=False)
@@ -365,7 +391,7 @@ class Win:
     device: str
     versions: dict[str, str]
     operators: tuple[str, ...] = ()
-    roofline: str = ""
+    roofline: str = ""  # the classes that fired, comma-separated: memory-bound, launch-bound, ...
     dtypes: tuple[str, ...] = ()
     architecture: str = ""
     findings: tuple[str, ...] = ()
@@ -376,7 +402,9 @@ class Win:
 
 def summarize_win(win: Win) -> Skill:
     """The built-in summarizer: a skill from the winning candidate's space, proposer and parameters."""
-    params = ", ".join(f"{k}={v}" for k, v in sorted(win.params.items())) or "no parameters"
+    # code parameters (an fx forward) are in the example, not in the text a search reads
+    params = ", ".join(f"{k}={v}" if not (isinstance(v, str) and "\n" in v) else f"{k}=<code: see the example>"
+                       for k, v in sorted(win.params.items())) or "no parameters"
     title = f"{win.space}: {win.description}"
     how = (f"In the {win.space} space, {win.proposer} applied: {win.description} ({params}). "
            f"It won {win.speedup:.3f}x over {win.baseline} on {win.task}"
@@ -384,7 +412,7 @@ def summarize_win(win: Win) -> Skill:
            + (f" Findings at the time: {'; '.join(win.findings[:4])}." if win.findings else ""))
     example: dict[str, Any] = {"kind": "params", "content": {"proposer": win.proposer, "params": win.params}}
     return Skill(slug(f"{win.space}-{win.proposer}-{win.description}"), title,
-                 Applicability(win.operators, (win.roofline,) if win.roofline else (), win.dtypes,
+                 Applicability(win.operators, tuple(r for r in win.roofline.split(",") if r), win.dtypes,
                                (win.architecture,) if win.architecture else (), (win.space,)),
                  how, example, (), "builtin-summarizer")
 

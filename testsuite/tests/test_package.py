@@ -39,10 +39,13 @@ def test_installed_copy_imports_outside_the_source_tree(tmp_path: Path) -> None:
     code = ("import kstrata, pathlib, sys; "
             + "; ".join(f"import kstrata.{p}" for p in SUBPACKAGES)
             + "; from kstrata.testsuite.kernels import all_kernels; "
-            "print(pathlib.Path(kstrata.__file__).resolve().parent); print(len(all_kernels()))")
+            "print(pathlib.Path(kstrata.__file__).resolve().parent); print(len(all_kernels())); "
+            "from kstrata.agents.skills import SkillLibrary; "
+            "print(sum(o == 'seed' for _, o in SkillLibrary(pathlib.Path('lib')).load()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    location, count = proc.stdout.split()
+    location, count, seeds = proc.stdout.split()
     assert Path(location) == (target / "kstrata").resolve()
     assert int(count) >= 1
+    assert int(seeds) == len(list((ROOT / "agents" / "skills" / "seed").glob("*.json"))) > 0  # the seeds ship too

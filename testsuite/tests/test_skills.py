@@ -57,6 +57,56 @@ def test_no_seed_skill_is_shipped_without_measured_evidence() -> None:
     assert (SEED_DIR / "README.md").is_file()
 
 
+def test_the_shipped_seeds_are_found_for_the_tasks_they_fit(tmp_path: Path) -> None:
+    """The seeds are the H200's reproduced wins (2026-12-03): a CUDA graph on a launch-bound batch-1 MLP,
+    cuBLASLt's addmm + ReLU epilogue on an fp16 Linear + ReLU. Looked up as the LLM proposer looks a task up
+    (its name, operators, dtypes and findings; not its code), each comes first for the task it fits."""
+    from kstrata.agents.skills import skill_query
+    from kstrata.agents.tasks import load_task
+
+    lib = SkillLibrary(tmp_path / "empty")
+    seeds = {s.id: s for s, origin in lib.load() if origin == "seed"}
+    assert {"library-cuda-graphs-eager-cuda-graph", "library-addmm-epilogue-fx-addmm-epilogue-eager"} <= set(seeds)
+    for s in seeds.values():
+        assert all(e.device and e.versions.get("torch") and e.reproduced for e in s.evidence), s.id
+        assert min(e.speedup for e in s.evidence) >= 1.02
+    tasks = Path(__file__).resolve().parents[1] / "tasks"
+    cases = [("level3/02_deep_narrow_mlp_fp32", "launch-bound launch-bound: 11 kernels per call averaging 1.3 us",
+              "library-cuda-graphs-eager-cuda-graph"),
+             ("level2/01_gemm_bias_relu_fp16", "gemm-epilogue a Linear + ReLU: cuBLASLt's addmm + activation epilogue "
+              "applies", "library-addmm-epilogue-fx-addmm-epilogue-eager")]
+    for name, finding, want in cases:
+        spec = load_task(tasks / f"{name}.py").spec
+        q = skill_query(spec.name, [op for op, _ in spec.flops_by_op], spec.dtypes, [finding])
+        assert lib.search(q, 2, space="library")[0].id == want, (name, q)
+        assert lib.search(q, 2, space="triton") == []  # both are library skills
+
+
+def test_code_in_a_skill_does_not_match_every_task(tmp_path: Path) -> None:
+    """A skill whose parameters hold an fx forward matched any task's code by `def forward(self, x: torch.Tensor)`
+    (with the first seeds, the addmm skill ranked first for a softmax task): code words are not searched, and
+    the summary leaves code parameters to the example."""
+    fx = "def forward(self, x : torch.Tensor) -> torch.Tensor:\n    return torch.relu(x)\n"
+    code_skill = reproduced(summarize_win(win(space="graph", proposer="fx", description="an fx rewrite",
+                                              params={"graph_forward": fx}, operators=("aten.relu",))))
+    assert "def forward" not in code_skill.how and "<code: see the example>" in code_skill.how
+    assert code_skill.example["content"]["params"]["graph_forward"] == fx
+    lib = SkillLibrary(tmp_path, seeds=False)
+    lib.add(code_skill)
+    assert lib.search("def forward(self, x: torch.Tensor) return torch nn Module", 3) == []
+    assert lib.search("relu", 3)[0].id == code_skill.id
+    assert summarize_win(win(roofline="memory-bound,launch-bound")).applies.roofline == ("memory-bound", "launch-bound")
+
+
+def test_final_verdict_carries_the_timed_medians_for_the_evidence() -> None:
+    from kstrata.agents.optimize.evaluation import FinalVerdict
+
+    v = FinalVerdict.from_json({"accepted": True, "reason": "ok", "speedup": 1.5,
+                                "reference_timing": {"median_us": 60.0}, "candidate_timing": {"median_us": 40.0}})
+    assert v.timing_us == {"reference": 60.0, "candidate": 40.0}
+    assert FinalVerdict.from_json({"accepted": True, "reason": "ok", "candidate_timing": None}).timing_us == {}
+
+
 def test_admission_gate_needs_correct_fresh_reproductions_on_other_inputs(tmp_path: Path) -> None:
     lib = SkillLibrary(tmp_path / "lib", seeds=False)
     w = win()
@@ -161,21 +211,25 @@ def test_skills_cli(tmp_path: Path) -> None:
         r = runner.invoke(app, ["skills", *args, "--dir", str(lib)])
         return r.exit_code, r.output + (str(r.exception) if r.exception and not isinstance(r.exception, SystemExit) else "")
 
-    code, text = run("list")
-    assert code == 0 and "no skills yet" in text
+    seeds = sorted(json.loads(p.read_text())["id"] for p in SEED_DIR.glob("*.json"))
+    code, text = run("list", "--json")
+    assert code == 0 and [(s["id"], s["origin"]) for s in json.loads(text)["skills"]] == [(i, "seed") for i in seeds]
     code, text = run("add", str(good), "--json")
     assert code == 0, text
     sid = json.loads(text)["added"]
     code, text = run("add", str(unverified))
     assert code != 0 and "no reproduced evidence" in text
     code, text = run("list", "--json")
-    assert [s["id"] for s in json.loads(text)["skills"]] == [sid]
+    assert [s["id"] for s in json.loads(text)["skills"] if s["origin"] == "user"] == [sid]
     code, text = run("search", "launch-bound small kernels", "--json")
     assert json.loads(text)["hits"][0]["id"] == sid
     code, text = run("show", sid)
     assert code == 0 and "CUDA graph" in text
     code, text = run("export", str(tmp_path / "all.json"))
-    assert code == 0 and len(json.loads((tmp_path / "all.json").read_text())["skills"]) == 1
+    assert code == 0 and len(json.loads((tmp_path / "all.json").read_text())["skills"]) == 1 + len(seeds)
+    if seeds:
+        code, text = run("remove", seeds[0])
+        assert code != 0 and "shipped seed" in text
     code, text = run("remove", sid)
     assert code == 0 and not list(lib.glob("*.json"))
     code, text = run("show", sid)
