@@ -284,12 +284,23 @@ class TritonSourceEdit:
         return TritonSourceEdit(source, tuple(sorted((constexprs or {}).items())))
 
 
-Edit = PipelineEdit | AsmPatchEdit | OptionsEdit | ModelNewEdit | TritonSourceEdit
+@dataclass(frozen=True)
+class IrTextEdit:
+    """The whole text of one level replaced (what a generated pass wrote: `kstrata.agents.llm.proposer.
+    run_generated_pass`), the levels below rebuilt from it. The text is untrusted: it is parsed in the
+    build worker, a child process, where a crash of Triton's or LLVM's parser cannot hurt."""
+
+    text: str
+    kind: str = "ir-text"
+
+
+Edit = PipelineEdit | AsmPatchEdit | OptionsEdit | ModelNewEdit | TritonSourceEdit | IrTextEdit
 _EDITS: dict[str, type[Any]] = {"pipeline": PipelineEdit, "asm-patch": AsmPatchEdit, "options": OptionsEdit,
-                                "model-new": ModelNewEdit, "triton-source": TritonSourceEdit}
+                                "model-new": ModelNewEdit, "triton-source": TritonSourceEdit, "ir-text": IrTextEdit}
 #: Which levels each edit kind may name.
 _EDIT_LEVELS = {"pipeline": ("ttir", "ttgir", "llir", "ptx", "amdgcn"), "asm-patch": ("ptx", "amdgcn"),
-                "options": ("options",), "model-new": ("task",), "triton-source": ("triton",)}
+                "options": ("options",), "model-new": ("task",), "triton-source": ("triton",),
+                "ir-text": ("ttir", "ttgir", "llir", "ptx", "amdgcn")}
 
 
 def edit_to_json(edit: Edit) -> dict[str, Any]:
@@ -1258,6 +1269,22 @@ def build_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 
             new = patch_bundle(bundle, AsmPatch.from_text(edit.text)).bundle
             first_changed = p["level"] if new.levels != bundle.levels else None
+        elif isinstance(edit, IrTextEdit):
+            from kstrata.backends.rebuild import rebuild_from
+
+            level = p["level"]
+            if level not in bundle.levels:
+                return {**out, "status": "failed", "error": f"the kernel has no {level} level to replace",
+                        "seconds": time.perf_counter() - start}
+            if edit.text == bundle.levels[level]:
+                first_changed = None
+            else:
+                try:
+                    new = rebuild_from(bundle, level, edit.text)
+                except KstrataError as exc:
+                    return {**out, "status": "failed", "error": f"the new {level} does not rebuild: {exc}",
+                            "seconds": time.perf_counter() - start}
+                first_changed = level
         elif isinstance(edit, TritonSourceEdit):
             from kstrata.backends.triton_source import compile_source
 

@@ -87,7 +87,9 @@ def optimize_cmd(
     ceilings_dir: Annotated[Path | None, typer.Option("--ceilings-dir", help="Cache of measured ceilings.")] = None,
     llm: Annotated[bool, typer.Option("--llm", help="Add LLM proposers (an OpenAI-compatible endpoint: "
                                                     "KSTRATA_LLM_BASE_URL, KSTRATA_LLM_MODEL, OPENAI_API_KEY).")] = False,
-    llm_spaces: Annotated[str, typer.Option("--llm-spaces", help="Spaces the LLM proposes in (comma-separated).")]
+    llm_spaces: Annotated[str, typer.Option("--llm-spaces", help="Spaces the LLM proposes in (comma-separated): "
+                                            "triton, graph, library, compiler (ModelNew files), ir, asm (edits of the "
+                                            "incumbent's compiled kernels, on a GPU).")]
     = "triton,graph",
     llm_config: Annotated[Path | None, typer.Option("--llm-config", help="LLM config file (JSON).")] = None,
     llm_budget_tokens: Annotated[int | None, typer.Option("--llm-budget-tokens", help="Stop asking after this many "
@@ -173,18 +175,19 @@ def optimize_cmd(
 
     pool = make_workers(backend, gpus, on_event=progress, lock_path=None, workdir=out_dir / ".work")
     extra = [_load_proposer(spec) for spec in proposer or []]
-    llm_extra: tuple[Any, ...] = ()
+    setup = None
     if llm:
-        from kstrata.agents.llm.proposer import llm_proposers
+        from kstrata.agents.llm.proposer import llm_setup
 
-        llm_extra = tuple(llm_proposers(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
-                                        options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
-                                        config_file=llm_config))
+        setup = llm_setup(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
+                          options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                          config_file=llm_config, policy=precision)
     opts = Options(budget=budget, minutes=minutes, policy=precision, workers=strategy, device=dev, resume=resume,
                    baselines=names, spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None,
                    ncu=not no_ncu, plugins=not no_plugins, timeout_s=timeout, ceilings=ceilings, progress=progress,
-                   trials=trials, extra_proposers=tuple(p for group in extra for p in group) + llm_extra,
-                   skills_dir=learn_skills, pool=pool)
+                   trials=trials, extra_proposers=tuple(p for group in extra for p in group)
+                   + tuple(setup.proposers if setup else ()),
+                   skills_dir=learn_skills, pool=pool, kernel_llm=setup.kernel if setup else None)
     try:
         # tasks are what is spread over the GPU workers: by default, one task per GPU worker at a time
         parallel = parallel_tasks if parallel_tasks is not None else (max(1, len(pool.gpus)) if gpus else 1)
@@ -193,8 +196,9 @@ def optimize_cmd(
         pool.close()
     payload: dict[str, Any] = {"out": str(out_dir), "device": dev, "policy": precision, "timed": dev == "cuda",
                                "workers": pool.describe(), "tasks": [r.to_json() for r in results]}
-    if llm_extra:  # tokens and cost of the LLM proposers (they share one client); never the key
-        payload["llm"] = {"config": llm_extra[0].client.config.to_json(), "usage": llm_extra[0].client.ledger.to_json()}
+    if setup is not None:  # tokens and cost of the LLM proposers (they share one client); never the key
+        payload["llm"] = {"config": setup.client.config.to_json(), "usage": setup.client.ledger.to_json(),
+                          "kernel_attempts": setup.kernel.attempts if setup.kernel else []}
     if as_json:
         emit_json(payload)
     else:
@@ -207,7 +211,7 @@ def optimize_cmd(
                       f"{Path(r.out_dir) / 'model_new.py'}" + (" [degenerate]" if r.degenerate else ""), highlight=False)
         if not opts.device == "cuda":
             out.print("nothing was timed (no GPU): correctness only", highlight=False)
-        if llm_extra:
+        if setup is not None:
             u = payload["llm"]["usage"]
             out.print(f"LLM: {u['requests']} requests, {u['retries']} retries, {u['tokens']} tokens"
                       + (" (estimated)" if u["tokens_estimated"] else "") + f", ${u['cost_usd']:.4f}", highlight=False)

@@ -470,27 +470,53 @@ def attempts_json(attempts: Sequence[Attempt]) -> str:
     return json.dumps([a.to_json() for a in attempts], indent=2)
 
 
-#: Spaces whose answers are task-level candidates today (the ir/asm formats need issue 12's engine).
+#: Spaces whose answers are task-level candidates (whole ModelNew files or kernels of one); the `ir` and `asm`
+#: answers are kernel edits, judged by the compiled-kernel search (`kernel.KernelLLM`).
 TASK_SPACES = ("graph", "triton", "library", "compiler")
 
 
-def llm_proposers(spaces: Sequence[str] = ("triton", "graph"), *, config: Any = None,
-                  options: dict[str, Any] | None = None, config_file: str | Path | None = None,
-                  library: Any = None) -> list[LLMProposer]:
-    """What `kstrata optimize --llm` adds to the loop: one proposer per space, sharing one client (one
-    concurrency limit, one budget). Raises `LLMConfigError` when no endpoint is configured."""
+@dataclass
+class LLMSetup:
+    """What `--llm` adds: task-level proposers, and the kernel-level answers of the ir/asm spaces, on one
+    client (one concurrency limit, one budget)."""
+
+    client: LLMClient
+    proposers: list[LLMProposer]
+    kernel: Any = None  # kernel.KernelLLM, when ir or asm was asked for
+
+
+def llm_setup(spaces: Sequence[str] = ("triton", "graph"), *, config: Any = None,
+              options: dict[str, Any] | None = None, config_file: str | Path | None = None,
+              library: Any = None, policy: str = "strict") -> LLMSetup:
+    """The LLM proposers for `spaces` (task spaces: an `LLMProposer` each; ir/asm: one `KernelLLM` for the
+    kernel searches). Raises `LLMConfigError` for an unknown space or when no endpoint is configured."""
     from kstrata.agents.skills import SkillLibrary
 
     from .config import LLMConfigError, load_config
+    from .kernel import KERNEL_SPACES, KernelLLM
 
-    bad = [s for s in spaces if s not in TASK_SPACES]
+    bad = [s for s in spaces if s not in TASK_SPACES + KERNEL_SPACES]
     if bad:
-        raise LLMConfigError(f"LLM spaces {', '.join(bad)}: one of {', '.join(TASK_SPACES)} (ir and asm answers need "
-                             "the candidate engine of issue 12)")
+        raise LLMConfigError(f"LLM spaces {', '.join(bad)}: each one of {', '.join(TASK_SPACES + KERNEL_SPACES)}")
     cfg = config or load_config(options, config_file=config_file)
     if cfg is None:
         raise LLMConfigError("--llm needs an endpoint: set KSTRATA_LLM_BASE_URL and KSTRATA_LLM_MODEL (and "
                              "OPENAI_API_KEY), or --llm-config FILE")
     client = LLMClient(cfg)
     lib = library if library is not None else SkillLibrary()
-    return [LLMProposer(client, s, library=lib) for s in spaces]
+    kernel_spaces = tuple(s for s in spaces if s in KERNEL_SPACES)
+    return LLMSetup(client, [LLMProposer(client, s, library=lib) for s in spaces if s in TASK_SPACES],
+                    KernelLLM(client, kernel_spaces, library=lib, policy=policy) if kernel_spaces else None)
+
+
+def llm_proposers(spaces: Sequence[str] = ("triton", "graph"), *, config: Any = None,
+                  options: dict[str, Any] | None = None, config_file: str | Path | None = None,
+                  library: Any = None) -> list[LLMProposer]:
+    """The task-level proposers of `llm_setup` (spaces ir and asm are refused here: they are kernel-level)."""
+    from .config import LLMConfigError
+
+    kernel = [s for s in spaces if s not in TASK_SPACES]
+    if kernel:
+        raise LLMConfigError(f"LLM spaces {', '.join(kernel)}: not task-level spaces ({', '.join(TASK_SPACES)}); "
+                             "use llm_setup for ir and asm")
+    return llm_setup(spaces, config=config, options=options, config_file=config_file, library=library).proposers

@@ -148,6 +148,8 @@ class Options:
     #: Where the jobs run (kstrata.agents.workers: this machine's GPUs, or a Ray cluster); None: this machine,
     #: one unpinned GPU worker.
     pool: Any = None
+    #: The model's kernel-level answers for the `ir` space (`kstrata.agents.llm.kernel.KernelLLM`); None: none.
+    kernel_llm: Any = None
 
 
 @dataclass
@@ -836,7 +838,8 @@ class TaskSearch:
         """What a proposer's `prepare` may use (`state.LoopServices`)."""
         return LoopServices(self.ev, self.info.path, self.out / ".work",
                             lambda: self.time_left_s() - self.final_reserve_s(),
-                            max(0, self.opts.budget - self.candidates_judged()), self.opts.timeout_s, self.say)
+                            max(0, self.opts.budget - self.candidates_judged()), self.opts.timeout_s, self.say,
+                            self.opts.kernel_llm)
 
     def _prepare(self, p: Proposer, state: SearchState) -> None:
         """A proposer's optional `prepare` (see `proposers.Proposer`): its run, timed, in the trajectory."""
@@ -1022,7 +1025,8 @@ class TaskSearch:
             v = self.ev.final(self.info.path, path, seed=seed, ceilings=self.opts.ceilings, **_box(_sandboxed(c)))
             return Reproduction(seed, bool(v.accepted), v.speedup, True, "" if v.accepted else v.reason)
 
-        client = next((p.client for p in self.proposers if hasattr(p, "client")), None)
+        client = next((p.client for p in self.proposers if hasattr(p, "client")), None) or \
+            getattr(self.opts.kernel_llm, "client", None)
         gate, how = learn_from_win(SkillLibrary(self.opts.skills_dir), win, remeasure, client=client,
                                    original_seed=self.opts.final_seed)
         self.say(f"skill: {'ADMITTED' if gate.admitted else 'not admitted'} — {gate.reason} ({how})")

@@ -181,3 +181,6 @@ class LoopServices:
     budget: int
     timeout_s: float
     progress: Any  # Callable[[str], None]
+    #: The model's kernel-level answers (`kstrata.agents.llm.kernel.KernelLLM`, with `--llm --llm-spaces ir,asm`):
+    #: the `ir` space's kernel searches hand it each kernel after the passes' singletons; None without a model.
+    kernel_llm: Any = None

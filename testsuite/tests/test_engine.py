@@ -213,6 +213,26 @@ def test_build_is_cached_and_two_edits_with_one_binary_are_deduplicated(add_entr
         assert engine.measure(base, first, [], Budget()).status == "skipped"
 
 
+def test_a_whole_level_of_text_is_an_edit_rebuilt_like_a_pass(add_entry: Path, tmp_path: Path) -> None:
+    """What a generated (LLM) pass writes is the whole text of a level: the engine rebuilds the levels below it,
+    and the same TTGIR by text or by pass is one binary; text that does not parse is a failed build."""
+    from kstrata.agents.engine import IrTextEdit
+
+    with Engine(tmp_path / "engine") as engine:
+        base = engine.add_kernel(add_entry)
+        by_pass = engine.build(Candidate(base, "ttgir", PipelineEdit("ttgir(num-warps{n=8})")))
+        ttgir = next(Path(by_pass.entry or "").glob("*.ttgir")).read_text()
+        by_text = engine.build(Candidate(base, "ttgir", IrTextEdit(ttgir)))
+        assert by_text.status == "changed" and by_text.binary_digest == by_pass.binary_digest, by_text.error
+        assert by_text.duplicate_of == by_pass.key
+        original = next(add_entry.glob("*.ttgir")).read_text()
+        assert engine.build(Candidate(base, "ttgir", IrTextEdit(original))).status == "unchanged"
+        bad = engine.build(Candidate(base, "ttgir", IrTextEdit(original.replace("tt.load", "tt.lod", 1))))
+        assert bad.status == "failed" and "does not rebuild" in (bad.error or "")
+        with pytest.raises(EngineError, match="ir-text edit works at"):
+            Candidate(base, "options", IrTextEdit(original))
+
+
 def test_unknown_base_and_unsupported_edits_are_clear(add_entry: Path, tmp_path: Path) -> None:
     with Engine(tmp_path / "engine") as engine:
         with pytest.raises(EngineError, match="unknown base"):
