@@ -393,9 +393,10 @@ def _result_line(s: KernelSearch) -> str:
         return (f"unmeasured; surrogate best `{ranked[0].pipeline}` (cost {(ranked[0].surrogate or {}).get('cost', 0):.1f} vs "
                 f"{(s.base_surrogate or {}).get('cost', 0):.1f} original, static)")
     passed = sum(1 for t in s.trials if t.status in ("equivalent", "unproven"))
+    stopped = f"; {s.stopped}" if s.stopped else ""
     if s.mode == "measured":
-        return f"no candidate beat the original beyond the noise ({passed} passed the gate)"
-    return f"unmeasured: {passed} candidates passed the gate, none timed"
+        return f"no candidate beat the original beyond the noise ({passed} passed the gate{stopped})"
+    return f"unmeasured: {passed} candidates passed the gate, none timed{stopped}"
 
 
 def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, KernelSearch], engine: Engine,

@@ -117,6 +117,8 @@ class KernelSearch:
     winner: int | None = None
     base_surrogate: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: Why the search stopped before its budget (the kernel's deadline), or None.
+    stopped: str | None = None
 
     @property
     def best(self) -> Trial | None:
@@ -130,7 +132,7 @@ class KernelSearch:
     def to_json(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "entry": self.entry, "target": self.target, "mode": self.mode,
                 "mode_note": self.mode_note, "spaces": self.spaces, "winner": self.winner,
-                "base_surrogate": self.base_surrogate, "seconds": self.seconds,
+                "base_surrogate": self.base_surrogate, "seconds": self.seconds, "stopped": self.stopped,
                 "trials": [t.to_json() for t in self.trials]}
 
 
@@ -281,7 +283,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     if prior:  # what won on the run's other kernels first (a stable sort: the round-robin order otherwise)
         singles.sort(key=lambda a: -max(0.0, prior.get(pipeline_of((a,)), 0.0)))
     n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
-    if cfg.jobs > 1 and hasattr(engine, "build_many"):  # build the singletons in parallel; evaluate finds them cached
+    if cfg.jobs > 1 and hasattr(engine, "build_many") and not cfg.out_of_time():
+        # build the singletons in parallel; evaluate finds them cached
         from kstrata.passes.pipeline import parse_pipeline
 
         def candidate(a: Atom) -> Candidate:
@@ -289,13 +292,17 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             return Candidate(base, first_level((a,)), PipelineEdit(pipeline_of((a,))), tol.spelling() if tol else None)
 
         engine.build_many([candidate(a) for a in singles[:n_single]], env_for=lambda _c: env)
-    for a in singles[:n_single]:
+    for i, a in enumerate(singles[:n_single]):
         if cfg.out_of_time():
+            # the H200 crashed here (KeyError) when a kernel's search began with 6 s of the run left: what was
+            # not tried is not in `tried`; the search returns what it has, and says so
+            result.stopped = (f"the kernel's time ran out after {i} of its {n_single} single edits"
+                              + ("" if i else ": no candidate was tried") + "; no annealing")
             break
         evaluate((a,), "singleton")
 
-    def usable(t: Trial) -> bool:
-        return t.status in ("equivalent", "unproven", "duplicate")
+    def usable(t: Trial | None) -> bool:
+        return t is not None and t.status in ("equivalent", "unproven", "duplicate")
 
     scored = [t for t in result.trials if t.score is not None]
     current: tuple[Atom, ...]
@@ -304,12 +311,15 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         current = next((a,) for a in singles if pipeline_of((a,)) == top.pipeline)
         current_score = top.score or 0.0
     else:
-        ok = [a for a in singles[:n_single] if usable(tried[pipeline_of((a,))])]
+        ok = [a for a in singles[:n_single] if usable(tried.get(pipeline_of((a,))))]
         current = (ok[0],) if ok else (singles[0],)
         current_score = 0.0
     temperature = cfg.temperature
     attempts = 0
-    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget and not cfg.out_of_time():
+    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget and result.stopped is None:
+        if cfg.out_of_time():
+            result.stopped = f"the kernel's time ran out after {len(result.trials)} of its {cfg.budget} trials"
+            break
         attempts += 1
         nxt = _neighbour(current, by_pass, rng, cfg.max_edits)
         if nxt is None or pipeline_of(nxt) in tried:

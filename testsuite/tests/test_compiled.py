@@ -147,9 +147,11 @@ class ScriptedEngine:
         self.verdicts, self.speedups = verdicts, speedups
         self.measured: list[str] = []
         self.checked: list[str] = []
+        self.built: list[str] = []
 
     def build(self, cand: Any, env: Any = None) -> BuildResult:
         spec = cand.edit.spec
+        self.built.append(spec)
         return BuildResult(cand.key, "changed", entry=f"/builds/{spec}", binary_digest=hashlib.sha256(spec.encode()).hexdigest())
 
     def check(self, base: str, built: BuildResult, launches: Any, **kw: Any) -> CheckResult:
@@ -518,6 +520,39 @@ def test_the_runs_winners_are_tried_first_on_the_next_kernel() -> None:
     second = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
                            mode="measured", mode_note="test", prior=prior.scores)
     assert [t.pipeline for t in second.trials] == [cache_hints]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimeRunsOut(SearchConfig):
+    """A search config whose deadline passes once `engine` has built `after` candidates."""
+
+    engine: Any = None
+    after: int = 0
+
+    def out_of_time(self) -> bool:
+        return len(self.engine.built) >= self.after
+
+
+def test_a_search_cut_by_its_deadline_returns_what_it_has_and_says_why() -> None:
+    """On the H200 (2026-12-03) the transformer's gelu kernel began its search with 6 s of the run left: the
+    singleton loop stopped at once, and choosing where annealing starts looked up singletons never tried
+    (`KeyError: 'ttgir(num-warps{n=2})'`, the prior's first); the whole model's row was lost. Cut before or
+    during its singletons, a search returns its trials and the reason."""
+    from kstrata.agents.compiled.run import _result_line
+
+    nw2 = "ttgir(num-warps{n=2})"
+    prior = {nw2: 0.19}  # the run's winner so far: tried first
+    for after in (0, 1):
+        engine = ScriptedEngine({nw2: Verdict.DIFFERENT}, {})  # the one trial run is not scored: no annealing start
+        cfg = _TimeRunsOut(budget=8, device="cuda", engine=engine, after=after)
+        result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
+                               mode="measured", mode_note="test", prior=prior)
+        assert [t.pipeline for t in result.trials] == [nw2][:after]
+        assert result.best is None and result.stopped is not None
+        assert f"the kernel's time ran out after {after} of its 4 single edits" in result.stopped
+        assert ("no candidate was tried" in result.stopped) == (after == 0)
+        assert result.to_json()["stopped"] == result.stopped
+        assert result.stopped in _result_line(result)
 
 
 def test_each_kernel_gets_its_share_of_the_time_left() -> None:
