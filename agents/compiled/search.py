@@ -22,6 +22,13 @@ random generator is seeded: a run is reproducible.
 A winner needs a measured speedup whose every A/B round beats the original, by more than the measured
 noise (half the larger round-to-round spread, at least `MIN_GAIN`), with identical outputs (or the
 tolerance its passes declare) and no suspicion flag (`engine.suspicious_reasons`).
+
+When the kernel has **sibling configs** (`program.Program.siblings`: Inductor autotuned it over several
+block sizes and launch options, and the recording ran one of them), the original it was timed against is
+only the config the recording happened to run; at deployment Inductor's autotuner chooses among all of
+them. The winner is then also timed against each sibling's original binary, each on its own launch record
+(`Engine.measure(..., original_launches=)`), and stays a winner only if it beats every one, the fastest
+included, by the same rule (`KernelSearch.siblings`, `baseline`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kstrata.agents.engine import Budget, BuildResult, Candidate, Engine, PipelineEdit, Provenance, Verdict
+from kstrata.agents.engine import (
+    Budget,
+    BuildResult,
+    Candidate,
+    Engine,
+    Measurement,
+    PipelineEdit,
+    Provenance,
+    Verdict,
+)
 
 from .spaces import Atom, Space, first_level, pipeline_of
 
@@ -103,6 +119,39 @@ class Trial:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Sibling:
+    """Another compiled config of the kernel searched (same code apart from Inductor's autotuned constants and
+    launch options: `program.KernelConfig`), registered with the engine as `base`, with its launch record."""
+
+    base: str
+    record: str
+    #: `KernelConfig.to_json()`: launch options, grid, block constants, launches, and `words`.
+    config: dict[str, Any]
+
+
+@dataclass
+class SiblingTiming:
+    """The winner against one sibling config: the sibling's original on its own record (`time_us`) against
+    the winner on the kernel's (`winner_us`), in interleaved A/B rounds; `speedup` is their ratio."""
+
+    config: dict[str, Any]
+    #: "beaten" (every round faster, by more than the noise), "not beaten", "unmeasured" (`reason` says why).
+    status: str
+    speedup: float | None = None
+    speedup_range: list[float] | None = None
+    noise: float | None = None
+    time_us: float | None = None
+    winner_us: float | None = None
+    #: Whether both wrote the same bytes on the same inputs (information: another config may sum in
+    #: another order; the winner's equivalence is to its own original, checked by the gate).
+    outputs_equal: bool | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class KernelSearch:
     """The search of one kernel: every trial, the winner (a measured one) and the ranking mode."""
@@ -119,6 +168,12 @@ class KernelSearch:
     seconds: float = 0.0
     #: Why the search stopped before its budget (the kernel's deadline), or None.
     stopped: str | None = None
+    #: The config the candidates were timed against (`KernelConfig.to_json()` of the recorded one), when known.
+    baseline: dict[str, Any] | None = None
+    #: The best candidate against each sibling config (`compared`: its trial), and the verdict in words.
+    siblings: list[SiblingTiming] = field(default_factory=list)
+    compared: int | None = None
+    sibling_verdict: str | None = None
 
     @property
     def best(self) -> Trial | None:
@@ -133,6 +188,8 @@ class KernelSearch:
         return {"kernel": self.kernel, "entry": self.entry, "target": self.target, "mode": self.mode,
                 "mode_note": self.mode_note, "spaces": self.spaces, "winner": self.winner,
                 "base_surrogate": self.base_surrogate, "seconds": self.seconds, "stopped": self.stopped,
+                "baseline": self.baseline, "siblings": [t.to_json() for t in self.siblings],
+                "compared": self.compared, "sibling_verdict": self.sibling_verdict,
                 "trials": [t.to_json() for t in self.trials]}
 
 
@@ -168,18 +225,23 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                   surrogate: Callable[[str], dict[str, Any]] | None = None,
                   progress: Callable[[str], None] | None = None,
                   env: Mapping[str, str] | None = None,
-                  prior: Mapping[str, float] | None = None) -> KernelSearch:
+                  prior: Mapping[str, float] | None = None,
+                  siblings: Sequence[Sibling] = (), baseline: Mapping[str, Any] | None = None) -> KernelSearch:
     """Search `spaces` for the kernel `base` (an engine base digest of `entry`); see the module docstring.
 
     `prior`: pipeline spelling -> the log speedup it won on other kernels of the run (`SearchPrior`): those
-    singletons are tried first, best first, the rest round-robin over the spaces as before.
+    singletons are tried first, best first, the rest round-robin over the spaces as before. `siblings`: the
+    kernel's other autotuning configs, which a measured winner must beat too; `baseline`: the recorded
+    config's description (`KernelConfig.to_json()`), reported with them.
 
     `mode`: "measured" (Engine.measure; needs an NVIDIA GPU and a record), "surrogate" (`surrogate(entry)`
     gives the static cost of a built entry; lower is better) or "unranked". `env`: the build workers'
     environment (`engine.tool_env(record)`: the ptxas the recorded program used)."""
     start = time.perf_counter()
     rng = random.Random(cfg.seed)
-    result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces])
+    result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces],
+                          baseline=dict(baseline) if baseline is not None else None)
+    builds: dict[str, BuildResult] = {}
     by_pass: dict[str, list[Atom]] = {}
     for s in spaces:
         for a in s.atoms:
@@ -213,7 +275,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         t0 = time.perf_counter()
         cand = Candidate(base, trial.level, PipelineEdit(spec), trial.tolerance,
                          provenance=Provenance("compiled-search", None, ",".join(trial.spaces)))
-        built = engine.build(cand, env=env)
+        built = builds[spec] = engine.build(cand, env=env)
         trial.phase_seconds["build"] = round(time.perf_counter() - t0, 3)
         trial.key, trial.entry, trial.binary_digest = built.key, built.entry, built.binary_digest
         if built.status != "changed":
@@ -243,8 +305,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                         trial.measured = True
                         trial.speedup, trial.time_before_us, trial.time_after_us = m.speedup, m.time_before_us, m.time_after_us
                         trial.speedup_range = m.detail.get("speedup_range")
-                        spread = max(m.detail.get("spread_before_pct") or 0.0, m.detail.get("spread_after_pct") or 0.0)
-                        trial.noise = max(MIN_GAIN, spread / 200.0)
+                        trial.noise = _noise(m)
                         trial.suspicious = list(m.suspicious)
                         trial.score = math.log(m.speedup)
                         if m.time_after_us is not None:
@@ -335,8 +396,58 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             trial.accepted_move, current, current_score = True, nxt, trial.score
         temperature *= cfg.cooling
     result.winner = _winner(result.trials)
+    if result.winner is not None and siblings and record:
+        _against_siblings(engine, result, builds[result.trials[result.winner].pipeline], record, siblings)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _noise(m: Measurement) -> float:
+    """The gain a timing must show to be more than noise: half the larger round-to-round spread, at least
+    `MIN_GAIN`."""
+    spread = max(m.detail.get("spread_before_pct") or 0.0, m.detail.get("spread_after_pct") or 0.0)
+    return max(MIN_GAIN, spread / 200.0)
+
+
+def _clears(speedup: float | None, speedup_range: Sequence[float] | None, noise: float | None) -> bool:
+    """Faster in every A/B round, and by more than the noise."""
+    if speedup is None:
+        return False
+    low = (speedup_range or [speedup])[0]
+    return low > 1.0 and speedup >= 1.0 + (noise or MIN_GAIN)
+
+
+def _against_siblings(engine: Engine, result: KernelSearch, built: BuildResult, record: str,
+                      siblings: Sequence[Sibling]) -> None:
+    """Time the winner against each sibling config's original, each on its own record; keep it a winner only
+    when it beats every one (the fastest included) as it beat its own config. On the H200 (2026-12-03) the
+    MLP's silu kernel won 1.215x against the 8-warp config the recording ran, while Inductor's autotuner
+    picked the 4-warp config at deployment: end to end the win never ran."""
+    assert result.winner is not None
+    result.compared = result.winner
+    for sib in siblings:
+        m = engine.measure(sib.base, built, [record], Budget(), original_launches=[sib.record])
+        timing = SiblingTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status)
+        if m.status == "timed" and m.speedup:
+            timing = SiblingTiming(dict(sib.config), "not beaten", m.speedup, m.detail.get("speedup_range"), _noise(m),
+                                   m.time_before_us, m.time_after_us, m.detail.get("outputs_equal"),
+                                   "; ".join(m.suspicious))
+            if _clears(timing.speedup, timing.speedup_range, timing.noise) and not m.suspicious:
+                timing.status = "beaten"
+        result.siblings.append(timing)
+    best = result.trials[result.winner]
+    lost = [t for t in result.siblings if t.status != "beaten"]
+    if lost:
+        result.winner = None
+        result.sibling_verdict = (
+            f"`{best.pipeline}` beat the recorded config by {best.speedup:.3f}x but not every config Inductor's "
+            "autotuner chooses among: " + "; ".join(
+                f"{t.config.get('words', '?')}: " + (f"{t.speedup:.3f}x" if t.speedup else f"unmeasured ({t.reason})")
+                for t in lost) + ": not a win")
+    else:
+        fastest = min(result.siblings, key=lambda t: t.time_us or 0.0)
+        result.sibling_verdict = (f"beats all {len(result.siblings)} other configs; against the fastest "
+                                  f"({fastest.config.get('words', '?')}): {fastest.speedup:.3f}x")
 
 
 class SearchPrior:
@@ -385,8 +496,7 @@ def _winner(trials: Sequence[Trial]) -> int | None:
     for i, t in enumerate(trials):
         if not t.measured or t.status != "equivalent" or t.speedup is None or t.suspicious:
             continue
-        low = (t.speedup_range or [t.speedup])[0]
-        if low <= 1.0 or t.speedup < 1.0 + (t.noise or MIN_GAIN):
+        if not _clears(t.speedup, t.speedup_range, t.noise):
             continue
         if best is None or t.speedup > (trials[best].speedup or 0.0):
             best = i

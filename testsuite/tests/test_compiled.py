@@ -143,8 +143,12 @@ def test_shares_measured_skip_small_kernels_and_equal_shares_say_why() -> None:
 class ScriptedEngine:
     """Answers build/check/measure from a table keyed by pipeline spelling; counts what it was asked."""
 
-    def __init__(self, verdicts: dict[str, Verdict], speedups: dict[str, list[float]]) -> None:
+    def __init__(self, verdicts: dict[str, Verdict], speedups: dict[str, list[float]],
+                 siblings: dict[str, list[float]] | None = None) -> None:
         self.verdicts, self.speedups = verdicts, speedups
+        #: sibling base -> the rounds' speedups of any candidate over that sibling's original, on its own record
+        self.siblings = siblings or {}
+        self.sibling_measured: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []
         self.measured: list[str] = []
         self.checked: list[str] = []
         self.built: list[str] = []
@@ -162,10 +166,15 @@ class ScriptedEngine:
         ev = (Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
         return CheckResult(v, v.value, ev)
 
-    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any) -> Measurement:
+    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any,
+                original_launches: Any = ()) -> Measurement:
         spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
-        self.measured.append(spec)
-        rounds = self.speedups.get(spec, [1.0, 1.0])
+        if original_launches:  # another config's original, on its own record
+            self.sibling_measured.append((base, spec, tuple(launches), tuple(original_launches)))
+            rounds = self.siblings[base]
+        else:
+            self.measured.append(spec)
+            rounds = self.speedups.get(spec, [1.0, 1.0])
         s = sorted(rounds)[len(rounds) // 2]
         return Measurement("timed", "", 10.0, 10.0 / s, s, {"speedup_range": [min(rounds), max(rounds)],
                                                              "spread_before_pct": 1.0, "spread_after_pct": 1.0})
@@ -402,12 +411,15 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
     rows = [{"model": "mlp_fp16", "share_source": "measured",
              "kernels": [{"kernel": "triton_red_0", "key": "K" * 12, "share": "61.0%", "trials": 9, "space": "options",
                           "edit": "ttgir(num-warps{n=8})", "speedup": 1.3, "range": [1.25, 1.33], "verdict": "equivalent",
-                          "verdicts": {}},
+                          "verdicts": {}, "baseline": "KKKK: num_warps 4",
+                          "siblings": [{"config": "JJJJ: num_warps 8", "status": "beaten", "speedup": 1.1,
+                                        "range": [1.05, 1.12], "time_us": 11.0, "winner_us": 10.0}]},
                          {"kernel": "triton_poi_1", "key": "L" * 12, "share": "39.0%", "trials": 9,
                           "result": "no candidate beat the original beyond the noise", "verdicts": {}}],
              "recheck": [{"kernel": "triton_red_0", "verdict": "equivalent"}],
              "end_to_end": {"speedup": 1.1, "tuned_kernels": 1, "untouched_kernels": 1, "bitwise_equal": True,
-                            "max_abs_diff": 0.0, "timing": {"speedup_range": [1.05, 1.12]}}},
+                            "max_abs_diff": 0.0, "timing": {"speedup_range": [1.05, 1.12]},
+                            "autotune": [{"name": "triton_red_0", "reason": "restricted to the tuned config"}]}},
             # nothing tuned: the same code timed twice is no speedup, and stays out of the geomean
             {"model": "transformer_block_bf16", "share_source": "measured", "kernels": [], "recheck": [],
              "end_to_end": {"speedup": None, "same_code_ratio": 1.33, "tuned_kernels": 0, "untouched_kernels": 4,
@@ -420,6 +432,10 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
     md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
     assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1.100x (1.050-1.120; 1 tuned / 1" in md
     assert "no kernel tuned: identical code, timed 1.330x" in md
+    # which config the kernel was timed against, the winner against the other configs, and the autotuner's choice
+    assert ("`triton_red_0`: timed against KKKK: num_warps 4; the best against the other configs: JJJJ: num_warps 8: "
+            "1.100x (1.050-1.120) beaten") in md
+    assert "`triton_red_0` Inductor's autotuning: restricted to the tuned config" in md
 
 
 def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path: Path) -> None:
@@ -553,6 +569,164 @@ def test_a_search_cut_by_its_deadline_returns_what_it_has_and_says_why() -> None
         assert ("no candidate was tried" in result.stopped) == (after == 0)
         assert result.to_json()["stopped"] == result.stopped
         assert result.stopped in _result_line(result)
+
+
+def test_a_winner_must_beat_every_autotuning_config_of_its_kernel() -> None:
+    """On the H200 (2026-12-03) `ttgir(num-warps{n=2})` won 1.215x on the MLP's silu kernel against the 8-warp
+    config the recording ran; Inductor's autotuner had also compiled (and benchmarked) a 4-warp config, chose it
+    at deployment, and end to end the win never ran (1.000x). The winner is now timed against each sibling
+    config's original on that config's own record, and is a win only if it beats every one beyond the noise."""
+    from kstrata.agents.compiled.run import _config_lines, _result_line
+    from kstrata.agents.compiled.search import Sibling
+
+    nw2 = "ttgir(num-warps{n=2})"
+    baseline = {"words": "EIGHT: num_warps 8, grid [65536, 1, 1]", "entry": "/c/k8"}
+    sibling = Sibling("s" * 64, "/l/k-1.json", {"words": "FOUR: num_warps 4, grid [32768, 1, 1]", "entry": "/c/k4"})
+    for rounds, win in (([0.97, 0.96, 0.99], False), ([1.1, 1.08, 1.12], True), ([1.3, 0.99, 1.2], False)):
+        engine = ScriptedEngine({}, {nw2: [1.22, 1.2, 1.25]}, siblings={"s" * 64: rounds})
+        result = search_kernel(engine, "b" * 64, "k", "/c/k8", "cuda:90", "/l/k-2.json", _atoms(),  # type: ignore[arg-type]
+                               SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test",
+                               siblings=[sibling], baseline=baseline)
+        # the best against its own config, timed against the 4-warp original on the 4-warp config's record
+        assert result.compared is not None and result.trials[result.compared].pipeline == nw2
+        assert engine.sibling_measured == [("s" * 64, nw2, ("/l/k-2.json",), ("/l/k-1.json",))]
+        [timing] = result.siblings
+        assert timing.speedup == pytest.approx(sorted(rounds)[1]) and timing.speedup_range == [min(rounds), max(rounds)]
+        assert timing.status == ("beaten" if win else "not beaten")
+        assert (result.best is not None) == win and result.baseline == baseline
+        line = _result_line(result)
+        assert ("beats all 1 other configs" in line) if win else ("not a win" in line and "FOUR" in line)
+        shown = "\n".join(_config_lines(result.to_json()))
+        assert "baseline: the recorded config EIGHT" in shown and "against FOUR" in shown
+    # no sibling: as before, and nothing else is timed
+    engine = ScriptedEngine({}, {nw2: [1.22, 1.2, 1.25]})
+    alone = search_kernel(engine, "b" * 64, "k", "/c/k8", "cuda:90", "/l/k-2.json", _atoms(),  # type: ignore[arg-type]
+                          SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test")
+    assert alone.best is not None and alone.best.pipeline == nw2 and not engine.sibling_measured
+
+
+def _scale_by_three() -> Any:
+    """Another kernel named `triton_poi_scale` (other code: `* 3.0`), as a second graph of a program may have."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def triton_poi_scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0 + 1.0, mask=mask)
+
+    return triton_poi_scale
+
+
+def test_the_other_autotuning_configs_of_a_kernel_are_its_siblings(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The siblings a winner must beat: the entries of the same name whose records give the same arguments and
+    whose TTIR is the same apart from integer constants (the block sizes), benchmark-only configs included; not
+    a kernel of the same name with other code or launched with other arguments. The search gets them, each
+    registered with the engine, with the recorded config as its baseline."""
+    import kstrata.agents.compiled.run as run
+    from kstrata.agents.compiled.program import constants_apart, load_program
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+    from kstrata.agents.compiled.search import KernelSearch
+    from kstrata.ir.triton_layout import compile_jit
+
+    from .test_tuned import SIG, autotuned_configs, triton_poi_scale
+
+    entries = autotuned_configs(tmp_path)
+    records = tmp_path / "records"
+    n = 1 << 16
+    for number, (fn, block, size) in enumerate(((_scale_by_three(), 512, n), (triton_poi_scale, 256, n // 2)), start=3):
+        entry = Path(str(compile_jit(fn, SIG, "cuda:90", {"BLOCK": block}, cache_dir=tmp_path / "cache").origin))
+        meta = json.loads((entry / "triton_poi_scale.json").read_text())
+        args = (TensorArg("x_ptr", "float32", (size,), (1,), 0, size, False),
+                TensorArg("out_ptr", "float32", (size,), (1,), 0, size, True), ScalarArg("n", "i32", size))
+        LaunchRecord("triton_poi_scale", "cuda:90", (size // block, 1, 1), args, 4, meta["num_stages"],
+                     meta["hash"]).save(records / f"triton_poi_scale-{number}.json")
+    program = load_program(tmp_path / "cache", records)
+    by_key = {k.key: k for k in program.kernels}
+    w8, w4 = by_key[entries["w8"].name], by_key[entries["w4"].name]
+    assert w4.skip and "only by Inductor's autotuner" in w4.skip and w4.benchmark_launches == 25
+    configs, not_configs = program.siblings(w8)
+    assert [(c.key, c.num_warps, c.grid, c.constants, c.launches) for c in configs] == \
+        [(w4.key, 4, (64, 1, 1), ((512, 1024),), 0)]
+    assert "1024 (searched config: 512)" in configs[0].words()
+    assert sorted(n.split(": ", 1)[1] for n in not_configs) == [
+        "launched with other arguments (another specialization, not a config)",
+        "other code (its TTIR differs beyond integer constants)"]
+    ttir = (entries["w8"] / "triton_poi_scale.ttir").read_text()
+    assert constants_apart(ttir, ttir) == () and constants_apart(ttir, ttir.replace("2.0", "2.5")) is None
+    # the search of the 8-warp config gets the 4-warp one, on its own record, registered with the engine
+    seen: dict[str, Any] = {}
+
+    def fake_search(engine: Any, base: str, name: str, entry: str, target: str, record: Any, spaces: Any, cfg: Any,
+                    **kw: Any) -> KernelSearch:
+        seen[entry] = kw
+        return KernelSearch(name, entry, target, kw["mode"], kw["mode_note"], [], baseline=kw.get("baseline"))
+
+    monkeypatch.setattr(run, "search_kernel", fake_search)
+    report = optimize_cache(tmp_path / "cache", records, tmp_path / "out",
+                            CompiledOptions(budget=1, device="cpu", engine_cache=str(tmp_path / "engine")))
+    [sibling] = seen[str(entries["w8"])]["siblings"]
+    assert sibling.record == w4.record and sibling.config["key"] == w4.key and sibling.config["entry"] == w4.entry
+    assert seen[str(entries["w8"])]["baseline"]["num_warps"] == 8
+    row = next(k for k in report.kernels if k["key"] == w8.key)
+    assert row["search"]["baseline"]["grid"] == [128, 1, 1]
+    assert "baseline: the recorded config" in (tmp_path / "out" / "optimize-compiled.md").read_text()
+
+
+def test_a_sibling_config_is_timed_on_its_own_launch_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Engine.measure(..., original_launches=[R])`: the timing job gets the other config's record for the original
+    side (another grid), the session's memo keeps the two timings apart, and outputs that differ between two
+    configs (another summation order) are no suspicion; they are between a candidate and its own original."""
+    from types import SimpleNamespace
+
+    import kstrata.agents.engine as engine_module
+    from kstrata.agents.engine import Engine, suspicious_reasons
+
+    payloads: list[dict[str, Any]] = []
+
+    def run(target: str, payload: dict[str, Any], **kw: Any) -> Any:
+        payloads.append(payload)
+        return SimpleNamespace(ok=True, value={"time_before_us": 11.0, "time_after_us": 10.0, "speedup": 1.1,
+                                               "outputs_equal": False, "original_record": payload["original_launch"]})
+
+    monkeypatch.setattr(engine_module, "measurement_unavailable", lambda target: None)
+    (tmp_path / "k4").mkdir()
+    for name in ("k8", "k4"):
+        _record(tmp_path, name, None)
+    with Engine(tmp_path / "engine") as engine:
+        monkeypatch.setattr(engine.pool, "run", run)
+        base = engine.add_kernel(tmp_path / "k4")
+        built = BuildResult("c" * 32, "changed", entry=str(tmp_path / "built"), target="cuda:90", binary_digest="d" * 64)
+        own = engine.measure(base, built, [tmp_path / "k8.json"])
+        other = engine.measure(base, built, [tmp_path / "k8.json"], original_launches=[tmp_path / "k4.json"])
+        assert engine.measure(base, built, [tmp_path / "k8.json"], original_launches=[tmp_path / "k4.json"]) is other
+    assert [p["original_launch"] for p in payloads] == [None, str(tmp_path / "k4.json")]
+    assert [p["launch"] for p in payloads] == [str(tmp_path / "k8.json")] * 2
+    assert other.status == "timed" and other.suspicious == ()
+    assert any("wrote different bytes" in r for r in own.suspicious)  # against its own original it stays suspicious
+    assert suspicious_reasons({"outputs_equal": False}) and not suspicious_reasons({"outputs_equal": False,
+                                                                                   "original_record": "k4.json"})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_a_variant_is_timed_against_another_config_on_its_own_record(tmp_path: Path) -> None:
+    """The GPU twin: the num-warps-2 variant of the 8-warp config (grid 128) timed against the 4-warp config's
+    original on the 4-warp record (grid 64); both write the same bytes (a pointwise kernel)."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    from .test_tuned import autotuned_configs
+
+    entries = autotuned_configs(tmp_path)
+    records = {1: tmp_path / "records" / "triton_poi_scale-1.json", 2: tmp_path / "records" / "triton_poi_scale-2.json"}
+    with Engine(tmp_path / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(entries["w8"]), "ttgir", PipelineEdit("ttgir(num-warps{n=2})")))
+        m = engine.measure(engine.add_kernel(entries["w4"]), built, [records[1]], original_launches=[records[2]])
+    assert m.status == "timed", m.reason
+    assert m.detail["grid"] == [128, 1, 1] and m.detail["original_grid"] == [64, 1, 1]
+    assert m.detail["outputs_equal"] is True and m.speedup and m.speedup > 0
 
 
 def test_each_kernel_gets_its_share_of_the_time_left() -> None:

@@ -48,6 +48,33 @@ def _cubin(entry: Path) -> bytes:
     return next(entry.glob("*.cubin")).read_bytes()
 
 
+def autotuned_configs(root: Path) -> dict[str, Path]:
+    """`triton_poi_scale` compiled as Inductor's autotuner compiles a pointwise kernel, in two configs (BLOCK 512
+    with 8 warps, BLOCK 1024 with 4): each a cache entry under `root/cache` with the launch record `kstrata
+    record` writes under `root/records`, and launch counts where the program ran the 8-warp config and the
+    autotuner only benchmarked the 4-warp one (the MLP's silu kernel on the H200, 2026-12-03)."""
+    from kstrata.agents.compiled.program import COUNTS_FILE
+    from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+    from kstrata.ir.triton_layout import compile_jit
+
+    n = 1 << 16
+    args = (TensorArg("x_ptr", "float32", (n,), (1,), 0, n, False),
+            TensorArg("out_ptr", "float32", (n,), (1,), 0, n, True), ScalarArg("n", "i32", n))
+    entries, counts = {}, []
+    for number, (tag, block, warps, launches) in enumerate((("w8", 512, 8, 3), ("w4", 1024, 4, 0)), start=1):
+        bundle = compile_jit(triton_poi_scale, SIG, "cuda:90", {"BLOCK": block}, options={"num_warps": warps},
+                             cache_dir=root / "cache")
+        entries[tag] = entry = Path(str(bundle.origin))
+        meta = json.loads((entry / "triton_poi_scale.json").read_text())
+        LaunchRecord("triton_poi_scale", "cuda:90", (n // block, 1, 1), args, warps, meta["num_stages"],
+                     meta["hash"]).save(root / "records" / f"triton_poi_scale-{number}.json")
+        counts.append({"kernel": "triton_poi_scale", "cache_key": entry.name, "launches": launches,
+                       "benchmark_launches": 25})
+    (root / "records" / COUNTS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / "records" / COUNTS_FILE).write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": counts}))
+    return entries
+
+
 def test_content_digest_ignores_locations_but_not_code_or_options() -> None:
     a = '#loc = loc("/tmp/u1/x.py":3:0)\nmodule {\n  %0 = arith.constant 1 : i32 loc(#loc)\n} loc(#loc)\n'
     b = a.replace("/tmp/u1", "/home/u2")
