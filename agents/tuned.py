@@ -26,7 +26,10 @@ the measured speedup with its spread, the device and when it was measured. `kstr
 A kernel Inductor autotunes over several configs has one record per tuned config; `siblings` holds the
 tuned variant's timing against every other config of the kernel that was recorded (each by its content
 digest), each on its own launch record, and only a variant that beats them all goes in (`beats_siblings`).
-A record without `siblings` (made before they were measured) says nothing about the other configs.
+With such a record the torch.compile backend makes Inductor's autotuner use the tuned config, when every
+other config it compiled for the kernel is one the variant was measured against (`compiled_content_digest`;
+`tools/torch_backend.py`, `_Session.choose_config`). A record without `siblings` (made before they were
+measured) says nothing about the other configs: the autotuner chooses freely, as before.
 """
 
 from __future__ import annotations
@@ -331,9 +334,7 @@ class LaunchCensus:
     def _digest(self, kernel: Any) -> str:
         key = id(kernel)
         if key not in self._digests:
-            asm = getattr(kernel, "asm", {}) or {}
-            binary = asm.get("cubin") or asm.get("hsaco") or b""
-            self._digests[key] = hashlib.sha256(binary if isinstance(binary, bytes) else str(binary).encode()).hexdigest()
+            self._digests[key] = compiled_binary_digest(kernel)
         return self._digests[key]
 
     def __enter__(self) -> LaunchCensus:
@@ -365,15 +366,37 @@ class LaunchCensus:
         return out
 
 
+def compiled_binary_digest(kernel: Any) -> str:
+    """The SHA-256 of a Triton `CompiledKernel`'s binary (its cubin or hsaco), as `TunedRecord.tuned_binary`."""
+    asm = getattr(kernel, "asm", {}) or {}
+    binary = asm.get("cubin") or asm.get("hsaco") or b""
+    return hashlib.sha256(binary if isinstance(binary, bytes) else str(binary).encode()).hexdigest()
+
+
+def compiled_content_digest(kernel: Any) -> str | None:
+    """A Triton `CompiledKernel`'s content digest (its TTIR and lowering options), or None without its TTIR."""
+    ttir = (getattr(kernel, "asm", {}) or {}).get("ttir")
+    if not ttir:
+        return None
+    meta: Any = getattr(kernel, "metadata", None)  # Triton's KernelMetadata, a namedtuple
+    options = meta._asdict() if hasattr(meta, "_asdict") else dict(meta) if isinstance(meta, Mapping) else {}
+    return content_digest(ttir if isinstance(ttir, str) else ttir.decode(), options)
+
+
 class TunedLookup:
     """Matches kernels being compiled to a tuned database (loaded once)."""
 
     def __init__(self, root: str | Path) -> None:
         self.db = TunedDB(root)
         self._index = self.db.index()
+        self._by_binary = {r.tuned_binary: r for _, r in self._index.values()}
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def by_binary(self, digest: str) -> TunedRecord | None:
+        """The record whose tuned binary has this digest (`compiled_binary_digest`), or None."""
+        return self._by_binary.get(digest)
 
     def match(self, name: str, target: str, ttir: str, options: Mapping[str, Any]) -> tuple[TunedVariant | None, str]:
         """The tuned variant of this kernel, or None and why none applies (no guess is ever made)."""
@@ -392,6 +415,12 @@ class TunedLookup:
             same_name = [r for _, r in self._index.values() if r.kernel == name and r.target == target]
             if not same_name:
                 return None, "no tuned variant"
+            measured = next((r for r in same_name if content in r.sibling_contents), None)
+            if measured is not None:
+                against = next(t for t in measured.siblings or () if t.get("content") == content)
+                return None, (f"another autotuning config of a tuned kernel: the tuned variant of the config "
+                              f"{(measured.config or {}).get('words', '?')} beat this one by {against.get('speedup', 0):.3f}x "
+                              "on its own launch record; not applied to this config")
             return None, ("a tuned variant of this name exists, but for other code or options ("
                           + "; ".join(dict.fromkeys(_content_difference(r, ttir, options) for r in same_name))
                           + "): not applied")

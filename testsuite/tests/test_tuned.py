@@ -249,3 +249,150 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     assert expected_end_to_end(row) == pytest.approx(100 / 97)
     row["end_to_end"]["launched"] = [r for r in rows if not r["tuned"]]
     assert expected_end_to_end(row) is None
+
+
+def _compiled(entry: Path, binary_from: Path | None = None) -> Any:
+    """What Inductor's `CachingAutotuner` holds for one compiled config (a `TritonCompileResult`: its Triton
+    `CompiledKernel`, with `asm` and `metadata`, and its `Config`), made from a cache entry; `binary_from`: the
+    entry whose cubin it launches (a deployed tuned variant's)."""
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    meta = json.loads((entry / "triton_poi_scale.json").read_text())
+    kernel = SimpleNamespace(name="triton_poi_scale", asm={"ttir": (entry / "triton_poi_scale.ttir").read_text(),
+                                                           "cubin": _cubin(binary_from or entry)},
+                             metadata=namedtuple("KernelMetadata", sorted(meta))(**meta))
+    return SimpleNamespace(kernel=kernel, config=SimpleNamespace(num_warps=meta["num_warps"]))
+
+
+class FakeAutotuner:
+    """Inductor's `CachingAutotuner` after `precompile`: a compile result and a launcher per config (the
+    launcher's `config` is its result's, as `TritonCompileResult.make_launcher` sets it)."""
+
+    def __init__(self, results: list[Any]) -> None:
+        from types import SimpleNamespace
+
+        self.compile_results = results
+        self.launchers = [SimpleNamespace(config=r.config) for r in results]
+
+
+@pytest.fixture(scope="module")
+def autotuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    """Two autotuning configs of `triton_poi_scale` (`autotuned_configs`) and a num-warps-2 variant of the 8-warp
+    one, built by the engine."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    root = tmp_path_factory.mktemp("autotuned")
+    entries = autotuned_configs(root)
+    with Engine(root / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(entries["w8"]), "ttgir", PipelineEdit("ttgir(num-warps{n=2})")))
+    assert built.status == "changed" and built.entry
+    return entries, Path(built.entry)
+
+
+def _add(db: Path, entries: dict[str, Path], variant: Path, siblings: list[dict[str, Any]] | None) -> Any:
+    # the timings are this test's, not measurements: the database stores what the search measured
+    return TunedDB(db).add(entries["w8"], variant, edit="ttgir(num-warps{n=2})", tolerance=None, spaces=["options"],
+                           verdict="equivalent: test", speedup=1.215, speedup_range=[1.10, 1.31], time_before_us=10.0,
+                           time_after_us=8.2, device="test (constructed record, not a timing)",
+                           config={"words": "w8: num_warps 8"}, siblings=siblings)
+
+
+def _sibling(entries: dict[str, Path], status: str = "beaten") -> dict[str, Any]:
+    return {"config": {"entry": str(entries["w4"]), "words": "w4: num_warps 4"}, "status": status, "speedup": 1.1,
+            "speedup_range": [1.08, 1.12], "noise": 0.02, "time_us": 9.0, "winner_us": 8.2}
+
+
+def test_a_tuned_record_holds_its_timings_against_the_kernels_other_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
+    """Only a variant that beat every other config of its kernel goes in, with each config's content digest
+    (what a deployment matches Inductor's other configs by); the lookup says so of the other config."""
+    entries, variant = autotuned
+    with pytest.raises(TunedError, match="did not beat 1 of the kernel's other configs"):
+        _add(tmp_path / "db", entries, variant, [_sibling(entries, "not beaten")])
+    record = _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    w4_meta = json.loads((entries["w4"] / "triton_poi_scale.json").read_text())
+    w4_content = content_digest((entries["w4"] / "triton_poi_scale.ttir").read_text(), w4_meta)
+    assert record.beats_siblings and record.sibling_contents == {w4_content} and record.config == {"words": "w8: num_warps 8"}
+    again = TunedLookup(tmp_path / "db")
+    assert again.by_binary(record.tuned_binary) == record
+    variant_, why = again.match("triton_poi_scale", "cuda:90", (entries["w4"] / "triton_poi_scale.ttir").read_text(),
+                                w4_meta)
+    assert variant_ is None and why.startswith("another autotuning config of a tuned kernel") and "1.100x" in why
+    assert not _add(tmp_path / "old", entries, variant, None).beats_siblings  # not compared: never restricted
+
+
+def test_inductors_autotuner_uses_a_tuned_config_that_beat_its_other_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
+    """On the H200 (2026-12-03) the MLP's silu kernel, tuned 1.215x in its 8-warp config, was compiled in beside
+    the 4-warp config, and Inductor's autotuner chose the 4-warp one: end to end 1.000x. After Inductor's
+    autotuner compiled its configs, the backend keeps only the tuned config when the record shows it beat every
+    other config compiled here; it never guesses: a record not compared with the configs, or a config it was not
+    measured against, leaves the autotuner's choice, and the report says which."""
+    from kstrata.tools.torch_backend import BackendConfig, _Session
+
+    entries, variant = autotuned
+    _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    _add(tmp_path / "old", entries, variant, None)
+
+    def session(db: str) -> _Session:
+        return _Session(BackendConfig.from_options({"tuned": str(tmp_path / db), "cache_dir": str(tmp_path / "bk")}))
+
+    def configs(*extra: Path) -> FakeAutotuner:
+        return FakeAutotuner([_compiled(entries["w4"]), _compiled(variant), *(_compiled(e) for e in extra)])
+
+    s = session("db")
+    tuner = configs()
+    tuned_result = tuner.compile_results[1]
+    s.choose_config(tuner)
+    assert tuner.compile_results == [tuned_result] and [lc.config for lc in tuner.launchers] == [tuned_result.config]
+    [rec] = s.records
+    assert (rec.name, rec.status, rec.passes) == ("triton_poi_scale", "autotune", ["ttgir(num-warps{n=2})"])
+    assert "restricted to the tuned config (w8: num_warps 8)" in rec.reason and "w4: num_warps 4: 1.100x" in rec.reason
+    # a third config it was not measured against (BLOCK 256): the autotuner chooses, and the report says why
+    from kstrata.ir.triton_layout import compile_jit
+
+    other = Path(str(compile_jit(triton_poi_scale, SIG, "cuda:90", {"BLOCK": 256}, cache_dir=tmp_path / "c").origin))
+    s = session("db")
+    tuner = configs(other)
+    s.choose_config(tuner)
+    assert len(tuner.compile_results) == len(tuner.launchers) == 3
+    assert "1 of the other configs compiled here were not among those it was measured against" in s.records[0].reason
+    # a record made before configs were compared: never restricted
+    s = session("old")
+    tuner = configs()
+    s.choose_config(tuner)
+    assert len(tuner.launchers) == 2 and "not measured against the kernel's other configs" in s.records[0].reason
+    # no tuned binary among the configs: nothing changes, nothing said
+    s = session("db")
+    tuner = FakeAutotuner([_compiled(entries["w4"]), _compiled(entries["w8"])])
+    s.choose_config(tuner)
+    assert len(tuner.launchers) == 2 and s.records == []
+
+
+def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the backend compiles with a tuned database, `CachingAutotuner.precompile` (it compiles every config
+    and makes their launchers, in torch 2.11 and 2.13) is followed by the choice; it is restored afterwards."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from kstrata.tools.torch_backend import BackendConfig, _installed
+
+    entries, variant = autotuned
+    _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    tuner = FakeAutotuner([])
+
+    def precompile(self: Any, warm_cache_only: bool = False, **kw: Any) -> None:  # Inductor compiling both configs
+        self.compile_results = [_compiled(entries["w4"]), _compiled(variant)]
+        self.launchers = [] if warm_cache_only else FakeAutotuner(self.compile_results).launchers
+
+    monkeypatch.setattr(CachingAutotuner, "precompile", precompile)
+    config = BackendConfig.from_options({"tuned": str(tmp_path / "db"), "cache_dir": str(tmp_path / "bk")})
+    with _installed(config) as session:
+        assert CachingAutotuner.precompile is not precompile
+        CachingAutotuner.precompile(tuner, warm_cache_only=True)  # a compile worker's warm-up: nothing to choose
+        assert len(tuner.compile_results) == 2 and session.records == []
+        CachingAutotuner.precompile(tuner)
+    assert CachingAutotuner.precompile is precompile
+    assert len(tuner.launchers) == 1 and tuner.compile_results[0].kernel.asm["cubin"] == _cubin(variant)
+    assert [r.status for r in session.records] == ["autotune"]
