@@ -5,8 +5,9 @@ the first step that fails:
 
 1. `Engine.build` (a worker process; lower levels rebuilt; signature and launch ABI checked);
 2. the **gate**, `Engine.check` on the kernel's launch record (`device="cuda"` on an NVIDIA GPU: redzones,
-   the differential run of both binaries on identical launches, a determinism re-run and the sanitizer;
-   on the CPU the interpreter or the symbolic checker for TTIR/TTGIR). A candidate that edits LLVM IR,
+   the differential run of both binaries on identical launches and a determinism re-run; compute-sanitizer
+   runs on the candidate about to win, before it is accepted (`SearchConfig.sanitize`); on the CPU the
+   interpreter or the symbolic checker for TTIR/TTGIR). A candidate that edits LLVM IR,
    PTX or AMDGCN counts as proven only with GPU evidence: on the CPU it is `unproven` whatever the other
    checks said, and is never timed; AMDGCN candidates also pass the `s_waitcnt` hazard check;
 3. the **score**: on an NVIDIA GPU `Engine.measure` (interleaved A/B rounds against the original on the
@@ -29,6 +30,12 @@ only the config the recording happened to run; at deployment Inductor's autotune
 them. The winner is then also timed against each sibling's original binary, each on its own launch record
 (`Engine.measure(..., original_launches=)`), and stays a winner only if it beats every one, the fastest
 included, by the same rule (`KernelSearch.siblings`, `baseline`).
+
+Before a winner is accepted it is checked again with compute-sanitizer (memcheck, one launch, every buffer
+its own allocation); one that fails it is `different`, and the next best is considered. Candidates that
+never win are not sanitized: a trial took 20-50 s on the H200, a sanitizer run being one of its child
+processes (python, torch and Triton started under memcheck), and only a winner is deployed. The gate's
+redzones, differential and determinism runs stay on every candidate before any timing.
 """
 
 from __future__ import annotations
@@ -75,6 +82,9 @@ class SearchConfig:
     #: `time.perf_counter()` after which no further candidate is started (a caller's deadline: the optimizer's
     #: `ir` space searches within the task's time); None: the budget alone bounds the search.
     deadline: float | None = None
+    #: On the GPU, when compute-sanitizer runs: "winner" (on the candidate about to win, before it is accepted;
+    #: the gate of every candidate runs without it) or "every" (in every candidate's gate).
+    sanitize: str = "winner"
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -114,6 +124,9 @@ class Trial:
     #: The windows its edits are confined to and where each came from (`spaces.WindowUse.to_json`, with
     #: the pass): sampled on a GPU or static.
     windows: list[dict[str, Any]] = field(default_factory=list)
+    #: compute-sanitizer on the GPU: "in the gate", "deferred" (it runs only on a candidate about to win),
+    #: "passed: …", "failed: …", or None (not a GPU gate).
+    sanitizer: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,8 +211,15 @@ Scorer = Callable[[BuildResult, Trial], None]
 
 def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, trial: Trial, atoms: Sequence[Atom],
           cfg: SearchConfig) -> None:
+    verify = None
+    if cfg.device == "cuda":  # the sanitizer waits for a candidate about to win (`_sanitized`)
+        from kstrata.agents.engine import VerifyOptions
+
+        deferred = cfg.sanitize == "winner"
+        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto")
+        trial.sanitizer = "deferred" if deferred else "in the gate"
     result = engine.check(base, built, [record] if record else [], device=cfg.device, seeds=1,
-                          tolerance=trial.tolerance, timeout=cfg.check_timeout)
+                          tolerance=trial.tolerance, timeout=cfg.check_timeout, verify=verify)
     trial.verdict = result.verdict.value
     trial.reason = result.reason
     if result.verdict is Verdict.DIFFERENT:
@@ -395,11 +415,46 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         if delta >= 0 or rng.random() < math.exp(delta / max(temperature, 1e-9)):
             trial.accepted_move, current, current_score = True, nxt, trial.score
         temperature *= cfg.cooling
-    result.winner = _winner(result.trials)
-    if result.winner is not None and siblings and record:
-        _against_siblings(engine, result, builds[result.trials[result.winner].pipeline], record, siblings)
+    result.winner = _accepted(engine, base, result, builds, record, siblings, cfg)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[str, BuildResult], record: str | None,
+              siblings: Sequence[Sibling], cfg: SearchConfig) -> int | None:
+    """The winner: the best trial that clears the guard, beats every sibling config (`_against_siblings`) and
+    passes compute-sanitizer when the gate deferred it (`_sanitized`); a trial that fails the sanitizer is
+    `different` and the next best is considered. None when there is none."""
+    while (w := _winner(result.trials)) is not None:
+        trial, built = result.trials[w], builds[result.trials[w].pipeline]
+        if siblings and record and not _against_siblings(engine, result, w, built, record, siblings):
+            return None  # the fastest candidate lost to another config: a slower one would too
+        if trial.sanitizer == "deferred" and record and not _sanitized(engine, base, built, record, trial, cfg):
+            continue
+        return w
+    return None
+
+
+def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial: Trial, cfg: SearchConfig) -> bool:
+    """The gate again with compute-sanitizer, for a candidate about to win; False (and the trial `different`
+    or `error`) when it does not pass."""
+    from kstrata.agents.engine import VerifyOptions
+
+    t0 = time.perf_counter()
+    check = engine.check(base, built, [record], device="cuda", seeds=1, tolerance=trial.tolerance,
+                         timeout=cfg.check_timeout, verify=VerifyOptions(seeds=1, device="cuda", sanitizer="auto"))
+    trial.phase_seconds["sanitize"] = round(time.perf_counter() - t0, 3)
+    ran = [e for e in check.evidence if e.name.startswith("compute-sanitizer")]
+    words = "; ".join(f"{e.name} {e.verdict}" + (f" ({e.detail})" if e.detail else "") for e in ran) or \
+        "compute-sanitizer did not run (not found here)"
+    if check.verdict is Verdict.EQUIVALENT:
+        trial.sanitizer = f"passed: {words}"
+        trial.reason = f"{trial.reason}; before it was accepted: {words}"
+        return True
+    trial.sanitizer = f"failed: {words}"
+    trial.status = "different" if check.verdict is Verdict.DIFFERENT else "error"
+    trial.verdict, trial.reason = check.verdict.value, f"before it was accepted: {words}; {check.reason}"
+    return False
 
 
 def _noise(m: Measurement) -> float:
@@ -417,14 +472,13 @@ def _clears(speedup: float | None, speedup_range: Sequence[float] | None, noise:
     return low > 1.0 and speedup >= 1.0 + (noise or MIN_GAIN)
 
 
-def _against_siblings(engine: Engine, result: KernelSearch, built: BuildResult, record: str,
-                      siblings: Sequence[Sibling]) -> None:
-    """Time the winner against each sibling config's original, each on its own record; keep it a winner only
-    when it beats every one (the fastest included) as it beat its own config. On the H200 (2026-12-03) the
-    MLP's silu kernel won 1.215x against the 8-warp config the recording ran, while Inductor's autotuner
-    picked the 4-warp config at deployment: end to end the win never ran."""
-    assert result.winner is not None
-    result.compared = result.winner
+def _against_siblings(engine: Engine, result: KernelSearch, winner: int, built: BuildResult, record: str,
+                      siblings: Sequence[Sibling]) -> bool:
+    """Time the trial `winner` against each sibling config's original, each on its own record; True only when
+    it beats every one (the fastest included) as it beat its own config. On the H200 (2026-12-03) the MLP's
+    silu kernel won 1.215x against the 8-warp config the recording ran, while Inductor's autotuner picked the
+    4-warp config at deployment: end to end the win never ran."""
+    result.compared, result.siblings = winner, []
     for sib in siblings:
         m = engine.measure(sib.base, built, [record], Budget(), original_launches=[sib.record])
         timing = SiblingTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status)
@@ -435,10 +489,9 @@ def _against_siblings(engine: Engine, result: KernelSearch, built: BuildResult, 
             if _clears(timing.speedup, timing.speedup_range, timing.noise) and not m.suspicious:
                 timing.status = "beaten"
         result.siblings.append(timing)
-    best = result.trials[result.winner]
+    best = result.trials[winner]
     lost = [t for t in result.siblings if t.status != "beaten"]
     if lost:
-        result.winner = None
         result.sibling_verdict = (
             f"`{best.pipeline}` beat the recorded config by {best.speedup:.3f}x but not every config Inductor's "
             "autotuner chooses among: " + "; ".join(
@@ -448,6 +501,7 @@ def _against_siblings(engine: Engine, result: KernelSearch, built: BuildResult, 
         fastest = min(result.siblings, key=lambda t: t.time_us or 0.0)
         result.sibling_verdict = (f"beats all {len(result.siblings)} other configs; against the fastest "
                                   f"({fastest.config.get('words', '?')}): {fastest.speedup:.3f}x")
+    return not lost
 
 
 class SearchPrior:

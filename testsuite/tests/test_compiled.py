@@ -152,6 +152,10 @@ class ScriptedEngine:
         self.measured: list[str] = []
         self.checked: list[str] = []
         self.built: list[str] = []
+        #: (pipeline, the compute-sanitizer tool its check asked for: None = verify's default, "auto")
+        self.sanitizer: list[tuple[str, str | None]] = []
+        #: pipelines whose binary compute-sanitizer finds at fault
+        self.sanitizer_fails: set[str] = set()
 
     def build(self, cand: Any, env: Any = None) -> BuildResult:
         spec = cand.edit.spec
@@ -161,9 +165,16 @@ class ScriptedEngine:
     def check(self, base: str, built: BuildResult, launches: Any, **kw: Any) -> CheckResult:
         spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
         self.checked.append(spec)
+        tool = kw["verify"].sanitizer if kw.get("verify") is not None else None
+        self.sanitizer.append((spec, tool))
         v = self.verdicts.get(spec, Verdict.EQUIVALENT)
         # the name the real GPU differential run gives its evidence (backends/verify.py)
         ev = (Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
+        if tool != "none" and kw.get("device") == "cuda":
+            fails = spec in self.sanitizer_fails
+            ev += (Evidence("compute-sanitizer memcheck", "cubin", "fail" if fails else "pass",
+                            "Invalid __global__ read of size 4" if fails else ""),)
+            v = Verdict.DIFFERENT if fails else v
         return CheckResult(v, v.value, ev)
 
     def measure(self, base: str, built: BuildResult, launches: Any, budget: Any,
@@ -211,8 +222,11 @@ def test_search_gates_before_timing_and_the_guard_needs_every_round_faster() -> 
     assert ptx.status == "equivalent" and ptx.measured
     assert len(result.trials) <= cfg.budget
     assert any(t.phase == "anneal" and "," in t.pipeline for t in result.trials)  # sequences of edits were tried
-    # where each trial's time went: build always, the gate when built, the timing when it passed
-    assert set(by[nw8].phase_seconds) == {"build", "gate", "measure"} and set(by[ev].phase_seconds) == {"build", "gate"}
+    # where each trial's time went: build always, the gate when built, the timing when it passed, the sanitizer for
+    # the winner
+    assert set(by[nw8].phase_seconds) == {"build", "gate", "measure", "sanitize"}
+    assert set(by[ev].phase_seconds) == {"build", "gate"}
+    assert set(by["ttgir(num-warps{n=2})"].phase_seconds) == {"build", "gate", "measure"}
     again = search_kernel(ScriptedEngine(engine.verdicts, engine.speedups), "b" * 64, "k", "/c/k", "cuda:90",  # type: ignore[arg-type]
                           "/l/k.json", spaces, cfg, mode="measured", mode_note="test")
     assert [t.pipeline for t in again.trials] == [t.pipeline for t in result.trials]  # seeded: reproducible
@@ -464,10 +478,13 @@ def test_on_a_gpu_candidates_are_gated_by_the_differential_run_then_timed(suite_
     timed = [t for t in s["trials"] if t["measured"]]
     assert timed, s["trials"]
     assert all(t["status"] == "equivalent" and t["speedup"] > 0 and t["speedup_range"] for t in timed)
-    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("different", "unproven", "failed"))
+    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("unproven", "failed"))
+    # timed and then `different`: only by compute-sanitizer, which runs on a candidate about to win
+    assert all(t["sanitizer"].startswith("failed") for t in s["trials"] if t["measured"] and t["status"] == "different")
     if s["winner"] is not None:  # a winner is deployed: an override (the suite cache knows the key) and tuned
         assert report.outputs["overrides"] and report.outputs["tuned"]
         assert min(s["trials"][s["winner"]]["speedup_range"]) > 1.0
+        assert s["trials"][s["winner"]]["sanitizer"].startswith("passed")
     assert kernel["hot_window"]["level"] == "ptx"
 
 
@@ -727,6 +744,39 @@ def test_on_a_gpu_a_variant_is_timed_against_another_config_on_its_own_record(tm
     assert m.status == "timed", m.reason
     assert m.detail["grid"] == [128, 1, 1] and m.detail["original_grid"] == [64, 1, 1]
     assert m.detail["outputs_equal"] is True and m.speedup and m.speedup > 0
+
+
+def test_compute_sanitizer_runs_on_the_candidate_about_to_win_before_it_is_accepted() -> None:
+    """A compiled trial took 20-50 s on the H200 (build, gate, timing), and most kernels got one or two. The gate of
+    every candidate keeps redzones, the differential and determinism runs; compute-sanitizer (a child process
+    started under memcheck) runs on the candidate about to win, before it is accepted, never skipped for it: one
+    that fails is `different`, and the next best is considered (and sanitized). `sanitize="every"` keeps it in
+    every gate."""
+    nw8, nw2 = "ttgir(num-warps{n=8})", "ttgir(num-warps{n=2})"
+    speedups = {nw8: [1.30, 1.25, 1.32], nw2: [1.20, 1.15, 1.22]}
+    engine = ScriptedEngine({}, speedups)
+    engine.sanitizer_fails = {nw8}
+    result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
+                           SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test")
+    by = {t.pipeline: t for t in result.trials}
+    gates = engine.sanitizer[:len(result.trials)]
+    assert gates == [(t.pipeline, "none") for t in result.trials]  # every gate without the sanitizer
+    # then the best (nw8) under the sanitizer: it fails; then the next best, which passes and wins
+    assert engine.sanitizer[len(result.trials):] == [(nw8, "auto"), (nw2, "auto")]
+    assert by[nw8].status == "different" and by[nw8].sanitizer and by[nw8].sanitizer.startswith("failed")
+    assert "Invalid __global__ read" in by[nw8].reason and result.best is by[nw2]
+    assert by[nw2].sanitizer and by[nw2].sanitizer.startswith("passed") and "sanitize" in by[nw2].phase_seconds
+    assert all(t.sanitizer == "deferred" for t in result.trials if t.pipeline not in (nw8, nw2))
+    # in every gate, as before: the winner is not checked again
+    every = ScriptedEngine({}, speedups)
+    again = search_kernel(every, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
+                          SearchConfig(budget=4, device="cuda", sanitize="every"), mode="measured", mode_note="test")
+    assert every.sanitizer == [(t.pipeline, "auto") for t in again.trials] and again.best is not None
+    # on the CPU nothing changes: no GPU run, no sanitizer
+    cpu = ScriptedEngine({}, {})
+    search_kernel(cpu, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), SearchConfig(budget=3),  # type: ignore[arg-type]
+                  mode="unranked", mode_note="test")
+    assert {tool for _, tool in cpu.sanitizer} == {None}
 
 
 def test_each_kernel_gets_its_share_of_the_time_left() -> None:
