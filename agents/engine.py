@@ -1353,10 +1353,12 @@ def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.synchronize()
         outputs.append({a.name: args[a.name].clone() for a in rec.args if isinstance(a, TensorArg) and a.written})
         replays.append(args)
-    first = compare_outputs(outputs[0], outputs[1], list(outputs[0]))  # bytes; any NaN matches any NaN
+    # another config's record may mark other tensors written (poisoned): compare what both wrote
+    written = [n for n in outputs[0] if n in outputs[1]]
+    first = compare_outputs(outputs[0], outputs[1], written)  # bytes; any NaN matches any NaN
     difference: dict[str, float] = {}
-    for n, a in outputs[0].items():  # how far apart, when not bit-identical (floating outputs)
-        b = outputs[1][n]
+    for n in written:  # how far apart, when not bit-identical (floating outputs)
+        a, b = outputs[0][n], outputs[1][n]
         if a.dtype.is_floating_point and not torch.equal(a, b):
             x, y = a.double(), b.double()
             both = torch.isfinite(x) & torch.isfinite(y)
