@@ -251,18 +251,23 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     assert expected_end_to_end(row) is None
 
 
-def _compiled(entry: Path, binary_from: Path | None = None) -> Any:
-    """What Inductor's `CachingAutotuner` holds for one compiled config (a `TritonCompileResult`: its Triton
-    `CompiledKernel`, with `asm` and `metadata`, and its `Config`), made from a cache entry; `binary_from`: the
-    entry whose cubin it launches (a deployed tuned variant's)."""
-    from collections import namedtuple
+def _compile_config(cache: Path, block: int, warps: int, hook: Any = None) -> Any:
+    """What Inductor's `CachingAutotuner` holds for one config it compiled (a `TritonCompileResult`: Triton's
+    `CompiledKernel` and its `Config`), compiled here for cuda:90 into the Triton cache `cache`, through the
+    backend's stages hook when given (as the backend compiles every config)."""
     from types import SimpleNamespace
 
-    meta = json.loads((entry / "triton_poi_scale.json").read_text())
-    kernel = SimpleNamespace(name="triton_poi_scale", asm={"ttir": (entry / "triton_poi_scale.ttir").read_text(),
-                                                           "cubin": _cubin(binary_from or entry)},
-                             metadata=namedtuple("KernelMetadata", sorted(meta))(**meta))
-    return SimpleNamespace(kernel=kernel, config=SimpleNamespace(num_warps=meta["num_warps"]))
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    from kstrata.ir.target import Target
+
+    with knobs.cache.scope(), knobs.runtime.scope():
+        knobs.cache.dir = str(cache)
+        knobs.runtime.add_stages_inspection_hook = hook
+        kernel = triton.compile(ASTSource(triton_poi_scale, SIG, {"BLOCK": block}),
+                                target=Target.parse("cuda:90").to_triton(), options={"num_warps": warps})
+    return SimpleNamespace(kernel=kernel, config=SimpleNamespace(kwargs={"BLOCK": block}, num_warps=warps))
 
 
 class FakeAutotuner:
@@ -338,34 +343,34 @@ def test_inductors_autotuner_uses_a_tuned_config_that_beat_its_other_configs(
     def session(db: str) -> _Session:
         return _Session(BackendConfig.from_options({"tuned": str(tmp_path / db), "cache_dir": str(tmp_path / "bk")}))
 
-    def configs(*extra: Path) -> FakeAutotuner:
-        return FakeAutotuner([_compiled(entries["w4"]), _compiled(variant), *(_compiled(e) for e in extra)])
-
+    # both configs compiled through the backend's hook, as Inductor compiles them under the backend: the 8-warp
+    # one becomes the tuned variant; the 4-warp one is Triton's own, and the report says what it lost to
     s = session("db")
-    tuner = configs()
-    tuned_result = tuner.compile_results[1]
+    w4, w8 = (_compile_config(tmp_path / "deploy", block, warps, s.hook) for block, warps in ((1024, 4), (512, 8)))
+    assert w8.kernel.asm["cubin"] == _cubin(variant) and w4.kernel.asm["cubin"] == _cubin(entries["w4"])
+    assert [r.status for r in s.records] == ["unchanged", "tuned"]
+    assert s.records[0].reason.startswith("another autotuning config of a tuned kernel: the tuned variant of the config "
+                                          "w8: num_warps 8 beat this one by 1.100x")
+    tuner = FakeAutotuner([w4, w8])
     s.choose_config(tuner)
-    assert tuner.compile_results == [tuned_result] and [lc.config for lc in tuner.launchers] == [tuned_result.config]
-    [rec] = s.records
+    assert tuner.compile_results == [w8] and [lc.config for lc in tuner.launchers] == [w8.config]
+    rec = s.records[-1]
     assert (rec.name, rec.status, rec.passes) == ("triton_poi_scale", "autotune", ["ttgir(num-warps{n=2})"])
     assert "restricted to the tuned config (w8: num_warps 8)" in rec.reason and "w4: num_warps 4: 1.100x" in rec.reason
     # a third config it was not measured against (BLOCK 256): the autotuner chooses, and the report says why
-    from kstrata.ir.triton_layout import compile_jit
-
-    other = Path(str(compile_jit(triton_poi_scale, SIG, "cuda:90", {"BLOCK": 256}, cache_dir=tmp_path / "c").origin))
     s = session("db")
-    tuner = configs(other)
+    tuner = FakeAutotuner([w4, w8, _compile_config(tmp_path / "deploy", 256, 4)])
     s.choose_config(tuner)
     assert len(tuner.compile_results) == len(tuner.launchers) == 3
     assert "1 of the other configs compiled here were not among those it was measured against" in s.records[0].reason
     # a record made before configs were compared: never restricted
     s = session("old")
-    tuner = configs()
+    tuner = FakeAutotuner([w4, w8])
     s.choose_config(tuner)
     assert len(tuner.launchers) == 2 and "not measured against the kernel's other configs" in s.records[0].reason
-    # no tuned binary among the configs: nothing changes, nothing said
+    # no tuned binary among the configs (compiled without the backend): nothing changes, nothing said
     s = session("db")
-    tuner = FakeAutotuner([_compiled(entries["w4"]), _compiled(entries["w8"])])
+    tuner = FakeAutotuner([w4, _compile_config(tmp_path / "plain", 512, 8)])
     s.choose_config(tuner)
     assert len(tuner.launchers) == 2 and s.records == []
 
@@ -383,7 +388,11 @@ def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
     tuner = FakeAutotuner([])
 
     def precompile(self: Any, warm_cache_only: bool = False, **kw: Any) -> None:  # Inductor compiling both configs
-        self.compile_results = [_compiled(entries["w4"]), _compiled(variant)]
+        from triton import knobs
+
+        hook = knobs.runtime.add_stages_inspection_hook  # the backend's, while it compiles
+        self.compile_results = [_compile_config(tmp_path / "deploy", block, warps, hook)
+                                for block, warps in ((1024, 4), (512, 8))]
         self.launchers = [] if warm_cache_only else FakeAutotuner(self.compile_results).launchers
 
     monkeypatch.setattr(CachingAutotuner, "precompile", precompile)
@@ -391,8 +400,8 @@ def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
     with _installed(config) as session:
         assert CachingAutotuner.precompile is not precompile
         CachingAutotuner.precompile(tuner, warm_cache_only=True)  # a compile worker's warm-up: nothing to choose
-        assert len(tuner.compile_results) == 2 and session.records == []
+        assert len(tuner.compile_results) == 2 and [r.status for r in session.records] == ["unchanged", "tuned"]
         CachingAutotuner.precompile(tuner)
     assert CachingAutotuner.precompile is precompile
     assert len(tuner.launchers) == 1 and tuner.compile_results[0].kernel.asm["cubin"] == _cubin(variant)
-    assert [r.status for r in session.records] == ["autotune"]
+    assert [r.status for r in session.records][-1:] == ["autotune"]
