@@ -378,11 +378,21 @@ def test_inductors_autotuner_uses_a_tuned_config_that_beat_its_other_configs(
 def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
         autotuned: tuple[dict[str, Path], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While the backend compiles with a tuned database, `CachingAutotuner.precompile` (it compiles every config
-    and makes their launchers, in torch 2.11 and 2.13) is followed by the choice; it is restored afterwards."""
+    and makes their launchers, in torch 2.11 and 2.13) is followed by the choice; it is restored afterwards.
+    What the choice reads of this torch's Inductor (2.13 here; the H200 has 2.11) is checked first: a torch that
+    renames it fails here, not silently at deployment (where the backend warns and lets the autotuner choose)."""
+    import inspect
+
+    from torch._inductor.runtime import triton_heuristics as th
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     from kstrata.tools.torch_backend import BackendConfig, _installed
 
+    init = inspect.getsource(th.CachingAutotuner.__init__)
+    assert "self.compile_results" in init and "self.launchers" in init
+    assert "warm_cache_only" in inspect.signature(th.CachingAutotuner.precompile).parameters
+    assert "self.kernel = kernel" in inspect.getsource(th.CompileResult.__init__)
+    assert "launcher.config = cfg" in inspect.getsource(th.TritonCompileResult.make_launcher)
     entries, variant = autotuned
     _add(tmp_path / "db", entries, variant, [_sibling(entries)])
     tuner = FakeAutotuner([])
@@ -405,3 +415,4 @@ def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
     assert CachingAutotuner.precompile is precompile
     assert len(tuner.launchers) == 1 and tuner.compile_results[0].kernel.asm["cubin"] == _cubin(variant)
     assert [r.status for r in session.records][-1:] == ["autotune"]
+
