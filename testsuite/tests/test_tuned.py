@@ -247,6 +247,9 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     row = {"kernels": [{"kernel": "triton_poi_scale", "edit": "ttgir(num-warps{n=8})", "time_before_us": 10.0,
                         "time_after_us": 8.0}], "end_to_end": {"inductor_us": 100.0, "launched": rows}}
     assert expected_end_to_end(row) == pytest.approx(100 / 97)
+    # autotuned over two configs: it saves at most what it saved against the faster one (1 us a launch here)
+    row["kernels"][0]["siblings"] = [{"time_us": 9.0, "winner_us": 8.0}]
+    assert expected_end_to_end(row) == pytest.approx(100 / 98.5)
     row["end_to_end"]["launched"] = [r for r in rows if not r["tuned"]]
     assert expected_end_to_end(row) is None
 
