@@ -3,7 +3,8 @@ program launched, largest share of its GPU time first, until the time budget. Ea
 its share of the time left among the kernels left (`kernel_deadline`), and tries first the edits that won
 on the kernels before it (`search.SearchPrior`).
 
-Per kernel: its spaces (`spaces.py`), the search (`search.py`), and then
+Per kernel: its spaces (`spaces.py`), the search (`search.py`; a winner must also beat the kernel's other
+autotuning configs, `program.Program.siblings`, each timed on its own launch record), and then
 
 - on an NVIDIA GPU, a **winner** (measured, guarded) is written as a Triton override entry
   (`OUT/<target>/<override key>/`, with `kstrata-candidate.json`) when the override key is known, and into
