@@ -59,7 +59,8 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   median with spread) that stop early when the candidate is clearly slower than `budget.best_us`; task
   candidates through the evaluator's timing. Every measurement carries the device and versions, and
   `suspicious` reasons (beyond 10x either way, faster than writing the outputs once at peak bandwidth).
-  GPU work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
+  `original_launches=[R]` times against another config of the kernel (Inductor's autotuning: other block
+  sizes, another grid): each binary on its own record. GPU work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
 - `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
   caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU
@@ -666,8 +667,9 @@ class Engine:
         self.stats = EngineStats()
         self._bases: dict[str, BaseRef] = {}
         self._lock = threading.Lock()
-        #: Timings of this session by (original, binary, launches): a duplicate binary is timed once.
-        self._timings: dict[tuple[str, str, tuple[str, ...]], Measurement] = {}
+        #: Timings of this session by (original, binary, launches, the original's own launches): a duplicate
+        #: binary is timed once.
+        self._timings: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Measurement] = {}
         #: Kernels loaded by the caller (`add_bundle`) and candidates made outside the engine (`adopt`).
         self._bundles: dict[str, Any] = {}
         self._adopted: dict[str, tuple[Any, list[str] | None]] = {}
@@ -1048,7 +1050,7 @@ class Engine:
         from kstrata.agents.evaluate import evaluate
 
         start = time.perf_counter()
-        memo = (original, built.binary_digest or "", ())
+        memo = (original, built.binary_digest or "", (), ())
         kept = self._kept_evaluation(original, built, device, options) if options.keep else None
         data = _read_json(kept) if kept is not None and use_cache else None
         if isinstance(data, dict) and isinstance(data.get("report"), dict):
@@ -1092,20 +1094,26 @@ class Engine:
 
     # -- measure ----------------------------------------------------------------------------------
     def measure(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (),
-                budget: Budget | None = None) -> Measurement:
-        """Time `built` against `original` on the GPU (see the module docstring)."""
+                budget: Budget | None = None, *, original_launches: Sequence[str | Path] = ()) -> Measurement:
+        """Time `built` against `original` on the GPU (see the module docstring). `original_launches`: the
+        original's own launch record, when it is another config of the kernel (other block sizes and grid,
+        Inductor's autotuning): each binary then runs on its own record, and outputs need not be identical
+        (the candidate's equivalence to its own original is the gate's business); by default both run on
+        `launches[0]`."""
         budget = budget or Budget()
         if built.status != "changed":
             return Measurement("skipped", f"nothing to time: the build is {built.status}")
-        memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches))
+        memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches),
+                tuple(str(Path(p).resolve()) for p in original_launches))
         if memo in self._timings:
             return self._timings[memo]
-        result = self._measure(original, built, launches, budget)
+        result = self._measure(original, built, launches, budget, original_launches)
         if result.status == "timed":
             self._timings[memo] = result
         return result
 
-    def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget) -> Measurement:
+    def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget,
+                 original_launches: Sequence[str | Path] = ()) -> Measurement:
         base = self.base(original)
         if base.kind == "task":
             return self._measure_task(base, self.built_entry(built), budget)
@@ -1116,7 +1124,8 @@ class Engine:
             return Measurement("skipped", reason)
         launch = str(Path(launches[0]).resolve())
         payload = {"original": base.path, "candidate": self.built_entry(built), "launch": launch,
-                   "rounds": budget.rounds, "runs": budget.runs, "best_us": budget.best_us, "margin": budget.margin}
+                   "rounds": budget.rounds, "runs": budget.runs, "best_us": budget.best_us, "margin": budget.margin,
+                   "original_launch": str(Path(original_launches[0]).resolve()) if original_launches else None}
         run = self.pool.run("kstrata.agents.engine:measure_kernel_job", payload, timeout=budget.timeout_s,
                             kind="gpu", env=tool_env(launch))
         with self._lock:
@@ -1346,7 +1355,8 @@ def symbolic_check_job(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
-    """Worker (on one GPU): both binaries on identical replays of the launch record, outputs compared byte
+    """Worker (on one GPU): both binaries on identical replays of the launch record (or, with
+    `original_launch`, the original on its own record: another config of the kernel), outputs compared byte
     for byte, then interleaved A/B rounds (`backends/timing.py`)."""
     import torch
 
@@ -1356,23 +1366,26 @@ def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     from kstrata.ir.launch import LaunchRecord, TensorArg
 
     record = LaunchRecord.load(p["launch"])
+    records = (LaunchRecord.load(p["original_launch"]) if p.get("original_launch") else record, record)
     kernels = []
-    for entry in (p["original"], p["candidate"]):
+    for entry, rec in zip((p["original"], p["candidate"]), records, strict=True):
         bundle = _load_one(entry)
-        record.check_against(bundle.params)
+        rec.check_against(bundle.params)
         kernels.append(LoadedKernel(bundle))
     outputs = []
     replays = []
-    for kernel in kernels:
-        args = replay_args(record, "cuda", 0)  # identical contents for both: the same seed
-        kernel.call_by_name(record.grid, args)
+    for kernel, rec in zip(kernels, records, strict=True):
+        args = replay_args(rec, "cuda", 0)  # identical contents for both: the same seed (and the same arguments)
+        kernel.call_by_name(rec.grid, args)
         torch.cuda.synchronize()
-        outputs.append({a.name: args[a.name].clone() for a in record.args if isinstance(a, TensorArg) and a.written})
+        outputs.append({a.name: args[a.name].clone() for a in rec.args if isinstance(a, TensorArg) and a.written})
         replays.append(args)
-    first = compare_outputs(outputs[0], outputs[1], list(outputs[0]))  # bytes; any NaN matches any NaN
+    # another config's record may mark other tensors written (poisoned): compare what both wrote
+    written = [n for n in outputs[0] if n in outputs[1]]
+    first = compare_outputs(outputs[0], outputs[1], written)  # bytes; any NaN matches any NaN
     difference: dict[str, float] = {}
-    for n, a in outputs[0].items():  # how far apart, when not bit-identical (floating outputs)
-        b = outputs[1][n]
+    for n in written:  # how far apart, when not bit-identical (floating outputs)
+        a, b = outputs[0][n], outputs[1][n]
         if a.dtype.is_floating_point and not torch.equal(a, b):
             x, y = a.double(), b.double()
             both = torch.isfinite(x) & torch.isfinite(y)
@@ -1380,12 +1393,15 @@ def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
             rel = err / y.abs()[both].clamp_min(torch.finfo(a.dtype).tiny)
             difference[n] = float(err.max()) if err.numel() else 0.0
             difference[f"{n}.rel"] = float(rel.max()) if rel.numel() else 0.0
-    calls = [functools.partial(k.call_by_name, record.grid, args) for k, args in zip(kernels, replays, strict=True)]
+    calls = [functools.partial(k.call_by_name, rec.grid, args)
+             for k, rec, args in zip(kernels, records, replays, strict=True)]
     ab = interleaved_ab(calls[0], calls[1], rounds=p["rounds"], runs=p["runs"], best_us=p.get("best_us"),
                         margin=p.get("margin", 0.10))
     env = device_and_versions()
     return {**ab.to_json(), "outputs_equal": first is None, "first_difference": first, "max_difference": difference,
             "grid": list(record.grid), "record": p["launch"], **env,
+            **({"original_record": p["original_launch"], "original_grid": list(records[0].grid)}
+               if p.get("original_launch") else {}),
             "write_bound_us": output_write_bound_us(record, env.get("device", ""))}
 
 
@@ -1421,7 +1437,8 @@ def suspicious_reasons(timing: Mapping[str, Any]) -> list[str]:
         if bound and t is not None and t < bound:
             reasons.append(f"{which} {t:.2f} us is below the time to write the outputs once at peak bandwidth "
                            f"({bound:.2f} us)")
-    if timing.get("outputs_equal") is False and not timing.get("declared_tolerance"):
+    if timing.get("outputs_equal") is False and not timing.get("declared_tolerance") and \
+            not timing.get("original_record"):  # another config of the kernel may sum in another order
         reasons.append("the rewritten binary wrote different bytes than the original on the same replay, and "
                        "no pass of the pipeline declares a tolerance")
     return reasons

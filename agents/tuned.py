@@ -22,6 +22,14 @@ parameter list to be the tuned variant's: an unknown or mismatching kernel is ne
 
 Only measured variants go in: a record holds the winning edit, its verdict (the gate's evidence summary),
 the measured speedup with its spread, the device and when it was measured. `kstrata tuned list|show|prune`.
+
+A kernel Inductor autotunes over several configs has one record per tuned config; `siblings` holds the
+tuned variant's timing against every other config of the kernel that was recorded (each by its content
+digest), each on its own launch record, and only a variant that beats them all goes in (`beats_siblings`).
+With such a record the torch.compile backend makes Inductor's autotuner use the tuned config, when every
+other config it compiled for the kernel is one the variant was measured against (`compiled_content_digest`;
+`tools/torch_backend.py`, `_Session.choose_config`). A record without `siblings` (made before they were
+measured) says nothing about the other configs: the autotuner chooses freely, as before.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +104,23 @@ class TunedRecord:
     measured_at: str
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The config the speedup was measured against (the one the recorded program ran: launch options, grid),
+    #: when known.
+    config: dict[str, Any] | None = None
+    #: The tuned variant against each other autotuning config of the kernel, on that config's own launch
+    #: record (`search.SiblingTiming` with the config's `content` digest); [] when it has none; None when not
+    #: compared (a record made before configs were).
+    siblings: list[dict[str, Any]] | None = None
+
+    @property
+    def beats_siblings(self) -> bool:
+        """Whether the variant was timed against every recorded config of its kernel and beat each."""
+        return self.siblings is not None and all(t.get("status") == "beaten" and t.get("content")
+                                                 for t in self.siblings)
+
+    @property
+    def sibling_contents(self) -> set[str]:
+        return {str(t["content"]) for t in self.siblings or () if t.get("content")}
 
     @property
     def slug(self) -> str:
@@ -157,15 +182,28 @@ class TunedDB:
     def add(self, original_entry: str | Path, tuned_entry: str | Path, *, edit: str, tolerance: str | None,
             spaces: list[str], verdict: str, speedup: float, speedup_range: list[float] | None,
             time_before_us: float | None, time_after_us: float | None, device: str, source: str = "",
-            extra: Mapping[str, Any] | None = None, ptxas: str | None = None) -> TunedRecord:
+            extra: Mapping[str, Any] | None = None, ptxas: str | None = None,
+            config: Mapping[str, Any] | None = None,
+            siblings: Sequence[Mapping[str, Any]] | None = None) -> TunedRecord:
         """Record `tuned_entry` as the tuned variant of `original_entry` (both cache entries); `ptxas`: the
         assembler both were built with when it is not this process's (`TRITON_PTXAS_PATH` of the recorded
-        program: `engine.tool_env(record)`)."""
+        program: `engine.tool_env(record)`). `config`: the config it was measured against; `siblings`: its
+        timings against the kernel's other configs (`SiblingTiming.to_json()`, each `config` with its
+        cache `entry`), every one beaten; None: not compared."""
         from kstrata.agents.engine import tool_versions
         from kstrata.ir.candidate import changed_metadata
 
         if not speedup or speedup <= 1.0:
             raise TunedError(f"only measured speedups go in a tuned database, not {speedup!r}")
+        lost = [t for t in siblings or () if t.get("status") != "beaten"]
+        if lost:
+            raise TunedError(f"the variant did not beat {len(lost)} of the kernel's other configs: not a win there")
+        compared = None
+        if siblings is not None:
+            compared = []
+            for t in siblings:
+                _, sttir, smeta, _ = _kernel_files(Path(str(t["config"]["entry"])))
+                compared.append({**t, "content": content_digest(sttir, smeta)})
         name, ttir, meta, original_bin = _kernel_files(Path(original_entry))
         tname, tttir, tmeta, tuned_bin = _kernel_files(Path(tuned_entry))
         if tname != name or _params(tttir) != _params(ttir):
@@ -177,7 +215,8 @@ class TunedDB:
                              hashlib.sha256(original_bin).hexdigest(), hashlib.sha256(tuned_bin).hexdigest(),
                              _params(ttir), changed_metadata(meta, tmeta), verdict, speedup, speedup_range,
                              time_before_us, time_after_us, device, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             source, {**dict(extra or {}), **_content_parts(ttir, meta)})
+                             source, {**dict(extra or {}), **_content_parts(ttir, meta)},
+                             dict(config) if config is not None else None, compared)
         self.create()
         final = self.root / record.slug
         tmp = self.root / f".{record.slug}.tmp.{os.getpid()}"
@@ -295,9 +334,7 @@ class LaunchCensus:
     def _digest(self, kernel: Any) -> str:
         key = id(kernel)
         if key not in self._digests:
-            asm = getattr(kernel, "asm", {}) or {}
-            binary = asm.get("cubin") or asm.get("hsaco") or b""
-            self._digests[key] = hashlib.sha256(binary if isinstance(binary, bytes) else str(binary).encode()).hexdigest()
+            self._digests[key] = compiled_binary_digest(kernel)
         return self._digests[key]
 
     def __enter__(self) -> LaunchCensus:
@@ -329,15 +366,37 @@ class LaunchCensus:
         return out
 
 
+def compiled_binary_digest(kernel: Any) -> str:
+    """The SHA-256 of a Triton `CompiledKernel`'s binary (its cubin or hsaco), as `TunedRecord.tuned_binary`."""
+    asm = getattr(kernel, "asm", {}) or {}
+    binary = asm.get("cubin") or asm.get("hsaco") or b""
+    return hashlib.sha256(binary if isinstance(binary, bytes) else str(binary).encode()).hexdigest()
+
+
+def compiled_content_digest(kernel: Any) -> str | None:
+    """A Triton `CompiledKernel`'s content digest (its TTIR and lowering options), or None without its TTIR."""
+    ttir = (getattr(kernel, "asm", {}) or {}).get("ttir")
+    if not ttir:
+        return None
+    meta: Any = getattr(kernel, "metadata", None)  # Triton's KernelMetadata, a namedtuple
+    options = meta._asdict() if hasattr(meta, "_asdict") else dict(meta) if isinstance(meta, Mapping) else {}
+    return content_digest(ttir if isinstance(ttir, str) else ttir.decode(), options)
+
+
 class TunedLookup:
     """Matches kernels being compiled to a tuned database (loaded once)."""
 
     def __init__(self, root: str | Path) -> None:
         self.db = TunedDB(root)
         self._index = self.db.index()
+        self._by_binary = {r.tuned_binary: r for _, r in self._index.values()}
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def by_binary(self, digest: str) -> TunedRecord | None:
+        """The record whose tuned binary has this digest (`compiled_binary_digest`), or None."""
+        return self._by_binary.get(digest)
 
     def match(self, name: str, target: str, ttir: str, options: Mapping[str, Any]) -> tuple[TunedVariant | None, str]:
         """The tuned variant of this kernel, or None and why none applies (no guess is ever made)."""
@@ -356,6 +415,12 @@ class TunedLookup:
             same_name = [r for _, r in self._index.values() if r.kernel == name and r.target == target]
             if not same_name:
                 return None, "no tuned variant"
+            measured = next((r for r in same_name if content in r.sibling_contents), None)
+            if measured is not None:
+                against = next(t for t in measured.siblings or () if t.get("content") == content)
+                return None, (f"another autotuning config of a tuned kernel: the tuned variant of the config "
+                              f"{(measured.config or {}).get('words', '?')} beat this one by {against.get('speedup', 0):.3f}x "
+                              "on its own launch record; not applied to this config")
             return None, ("a tuned variant of this name exists, but for other code or options ("
                           + "; ".join(dict.fromkeys(_content_difference(r, ttir, options) for r in same_name))
                           + "): not applied")

@@ -158,7 +158,8 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             for _ in range(CENSUS_CALLS):
                 ours(*inputs)
             torch.cuda.synchronize()
-    kernels = tb.report()[before:]
+    records = tb.report()[before:]
+    kernels = [k for k in records if k["status"] != "autotune"]  # one per compiled kernel
     tuned_n = sum(k["status"] == "tuned" for k in kernels)
     pairs = list(zip(_flat(ref), _flat(out), strict=True))
     return {"bitwise_equal": all(torch.equal(a, b) for a, b in pairs),
@@ -167,6 +168,9 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             "tuned_kernels": tuned_n,
             "kernels": [{"name": k["name"], "status": k["status"], "reason": k.get("reason", "")[:300]} for k in kernels],
             "untouched_kernels": sum(k["status"] != "tuned" for k in kernels),
+            # whether Inductor's autotuner was made to use each tuned config, or chose freely and why
+            "autotune": [{"name": k["name"], "reason": k.get("reason", "")[:400]} for k in records
+                         if k["status"] == "autotune"],
             "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
             "launched": census.rows(CENSUS_CALLS),
             # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
@@ -180,11 +184,14 @@ CENSUS_CALLS = 3
 def expected_end_to_end(row: dict[str, Any]) -> float | None:
     """What the kernels' own measurements predict end to end: Inductor's time per call less, for every tuned
     binary that ran, its launches per call times the time it saved per launch in the kernel-level A/B (with
-    an L2 flush, in isolation: inside the model a kernel may find its inputs in L2). None without a tuned
-    binary that ran."""
+    an L2 flush, in isolation: inside the model a kernel may find its inputs in L2). A kernel autotuned over
+    several configs saves at most what it saved against the fastest of them (plain Inductor's autotuner may
+    run any). None without a tuned binary that ran."""
     e = row.get("end_to_end") or {}
-    saved = {(k["kernel"], k.get("edit")): k["time_before_us"] - k["time_after_us"] for k in row.get("kernels", [])
-             if k.get("time_before_us") and k.get("time_after_us")}
+    saved = {(k["kernel"], k.get("edit")): min([k["time_before_us"] - k["time_after_us"]]
+                                               + [t["time_us"] - t["winner_us"] for t in k.get("siblings") or ()
+                                                  if t.get("time_us") and t.get("winner_us")])
+             for k in row.get("kernels", []) if k.get("time_before_us") and k.get("time_after_us")}
     total = float(sum(r["launches_per_call"] * saved.get((r["kernel"], r["edit"]), 0.0) for r in e.get("launched", [])
                       if r.get("tuned")))
     if not total or not e.get("inductor_us"):
@@ -253,10 +260,20 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
                          + (f"; the kernels' own A/B predicts {e['expected']:.3f}x" if e.get("expected") else ""))
         elif names and "launched" in e:
             lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
+    for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
+        for k in r.get("kernels", []):
+            if k.get("siblings"):
+                lines.append(f"- {r['model']} `{k['kernel']}`: timed against {k.get('baseline')}; the best against "
+                             "the other configs: " + "; ".join(
+                                 f"{t['config']}: " + (f"{t['speedup']:.3f}x ({t['range'][0]:.3f}-{t['range'][1]:.3f}) "
+                                                       if t.get("speedup") and t.get("range") else "")
+                                 + t["status"] for t in k["siblings"]))
     for r in rows:  # why the tuned backend left a kernel as Inductor made it (a winner it did not deploy shows here)
         for k in r.get("end_to_end", {}).get("kernels", []):
             if k["status"] != "tuned":
                 lines.append(f"- {r['model']} end to end: `{k['name']}` {k['status']}: {k['reason']}")
+        for a in r.get("end_to_end", {}).get("autotune", []):
+            lines.append(f"- {r['model']} end to end: `{a['name']}` Inductor's autotuning: {a['reason']}")
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     return summary
 
@@ -326,6 +343,13 @@ def command(
                         "range": best["speedup_range"], "verdict": best["verdict"],
                         "time_before_us": best.get("time_before_us"), "time_after_us": best.get("time_after_us")}
                        if best else {}),
+                    # the config the candidates were timed against, and the best one against the kernel's other
+                    # autotuning configs (a win must beat those too)
+                    "baseline": (s.get("baseline") or {}).get("words"),
+                    "siblings": [{"config": t["config"].get("words"), "status": t["status"], "speedup": t["speedup"],
+                                  "range": t["speedup_range"], "time_us": t["time_us"], "winner_us": t["winner_us"]}
+                                 for t in s.get("siblings") or ()],
+                    "sibling_verdict": s.get("sibling_verdict"),
                     "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
                                  for st in ("equivalent", "unproven", "different", "failed", "error")}})
             row["recheck"] = _recheck(report)

@@ -46,12 +46,19 @@ Options (`options={...}` or environment variables):
   and tool versions match a record gets the tuned variant's levels and binary (and its launch metadata);
   every other kernel is left exactly as Inductor made it: with `tuned` the pipeline is off unless
   `pipeline` is given too. The report says, per kernel, `tuned` (with the edit) or why none applied.
+  Inductor autotunes a kernel over a few configs and the tuned variant is one of them; when its record shows
+  it beat every other config Inductor compiled for that kernel here (`TunedRecord.beats_siblings`, each
+  config matched by content digest), Inductor's autotuner is made to use it: after `CachingAutotuner.
+  precompile` only the tuned config's launcher is kept (`_Session.choose_config`). Otherwise (a record made
+  before configs were compared, or a config here it was not measured against) the autotuner chooses among
+  all of them as before. Either way the report has an `autotune` line for the kernel saying which.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -145,7 +152,9 @@ class BackendConfig:
 class KernelRecord:
     name: str
     target: str
-    status: str  # "rewritten", "unchanged", "fallback", "tuned"
+    #: "rewritten", "unchanged", "fallback", "tuned"; "autotune": what became of Inductor's autotuning of a kernel
+    #: with a tuned config (restricted to it, or why not)
+    status: str
     passes: list[str] = field(default_factory=list)
     reason: str = ""
     #: The engine's side of a rewrite: the candidate's key, its base digest and level, whether the build came
@@ -183,6 +192,7 @@ class _Session:
         self.tuned = TunedLookup(config.tuned) if config.tuned else None
         self.records: list[KernelRecord] = []
         self.lock = threading.Lock()
+        self._said: set[str] = set()
         self._engine: Any = None
         self._engine_lock = threading.Lock()
         if config.verify == "none" and self.pipeline is not None:
@@ -212,6 +222,57 @@ class _Session:
             path.parent.mkdir(parents=True, exist_ok=True)
             with self.lock, path.open("a") as f:
                 f.write(json.dumps(dataclasses.asdict(rec)) + "\n")
+
+    def choose_config(self, autotuner: Any) -> None:
+        """After Inductor's `CachingAutotuner` compiled its configs: when one is a tuned variant whose record shows
+        it beat each of the other configs compiled here (matched by content digest), keep only its launcher, so
+        the autotuner uses it; otherwise leave the choice to the autotuner. Either way the report says which.
+        On the H200 (2026-12-03) the MLP's silu kernel, tuned 1.215x in its 8-warp config, was compiled in and
+        never ran: Inductor's autotuner chose the 4-warp config, and end to end was 1.000x."""
+        from kstrata.agents.tuned import compiled_binary_digest, compiled_content_digest
+
+        if self.tuned is None:
+            return
+        results, launchers = getattr(autotuner, "compile_results", None), getattr(autotuner, "launchers", None)
+        if not isinstance(results, list) or not isinstance(launchers, list):
+            self._say_once("autotuner-api", "kstrata: this torch's Inductor CachingAutotuner has no compile_results "
+                           "and launchers lists: tuned configs are compiled in, but its autotuner chooses freely")
+            return
+        tuned = [(r, rec) for r in results
+                 if (rec := self.tuned.by_binary(compiled_binary_digest(getattr(r, "kernel", None)))) is not None]
+        if not tuned or len(results) < 2:
+            return  # no tuned config, or nothing to choose between
+        first = tuned[0][1]
+        words = f"{first.kernel}: the tuned variant is one of the {len(results)} configs Inductor's autotuner compiled"
+        chosen = [(r, rec) for r, rec in tuned if rec.beats_siblings]
+        others = [r for r in results if all(r is not c for c, _ in chosen)]
+        uncovered = [o for o in others if any(compiled_content_digest(getattr(o, "kernel", None)) not in rec.sibling_contents
+                                              for _, rec in chosen)]
+        keep = [launcher for launcher in launchers if any(getattr(launcher, "config", None) is r.config for r, _ in chosen)]
+        why = ("its record was not measured against the kernel's other configs (a record made before they were "
+               "compared)" if not chosen else
+               f"{len(uncovered)} of the other configs compiled here were not among those it was measured against"
+               if uncovered else
+               "no launcher of the tuned config was found" if len(keep) != len(chosen) else None)
+        if why is not None:
+            self.record(KernelRecord(first.kernel, first.target, "autotune", [first.edit],
+                                     f"{words}; the autotuner chooses among them: {why}"))
+            return
+        autotuner.compile_results = [r for r, _ in chosen]
+        autotuner.launchers = keep
+        rec = chosen[0][1]
+        beaten = "; ".join(f"{t.get('config', {}).get('words', '?')}: {t.get('speedup') or 0:.3f}x"
+                           for t in rec.siblings or ())
+        self.record(KernelRecord(rec.kernel, rec.target, "autotune", [rec.edit],
+                                 f"{words}; restricted to the tuned config ({(rec.config or {}).get('words', '?')}): "
+                                 f"on their own launch records it beat each other config ({beaten})"))
+
+    def _say_once(self, key: str, message: str) -> None:
+        with self.lock:
+            if key in self._said:
+                return
+            self._said.add(key)
+        log.warning(message)
 
     def hook(self, backend: Any, stages: dict[str, Callable[..., Any]], options: Any, language: Any,
              capability: Any) -> None:
@@ -355,8 +416,42 @@ _said_no_triton = False
 
 
 @contextlib.contextmanager
+def _autotuner_choice(session: _Session) -> Iterator[None]:
+    """While compiling with a tuned database: `CachingAutotuner.precompile` (compile every config, make their
+    launchers; in torch 2.11 and 2.13) followed by `session.choose_config`, then restore it."""
+    if session.tuned is None:
+        yield
+        return
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+        original = CachingAutotuner.precompile
+    except (ImportError, AttributeError) as exc:
+        import torch
+
+        session._say_once("autotuner-api", f"kstrata: Inductor's CachingAutotuner.precompile is not there in torch "
+                          f"{torch.__version__} ({exc}): tuned configs are compiled in, but its autotuner chooses freely")
+        yield
+        return
+
+    @functools.wraps(original)
+    def precompile(autotuner: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(autotuner, *args, **kwargs)
+        if not kwargs.get("warm_cache_only", args[0] if args else False):  # a compile worker's warm-up: no launchers
+            session.choose_config(autotuner)
+        return out
+
+    CachingAutotuner.precompile = precompile  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        CachingAutotuner.precompile = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def _installed(config: BackendConfig) -> Iterator[_Session]:
-    """While compiling: the stages hook and the pipeline-keyed Triton cache directory, then restore both.
+    """While compiling: the stages hook and the pipeline-keyed Triton cache directory (and, with a tuned
+    database, the autotuner's choice of a tuned config: `_autotuner_choice`), then restore them.
 
     Inductor keeps compiled kernels in process-wide caches keyed by their source; they are cleared
     before (so the kernels are compiled here, under the hook) and after (so a later plain Inductor
@@ -374,7 +469,7 @@ def _installed(config: BackendConfig) -> Iterator[_Session]:
     cache.mkdir(parents=True, exist_ok=True)
     CompiledTritonKernels.cache_clear()  # type: ignore[no-untyped-call]
     PyCodeCache.cache_clear()
-    with knobs.cache.scope(), knobs.runtime.scope():
+    with knobs.cache.scope(), knobs.runtime.scope(), _autotuner_choice(session):
         knobs.cache.dir = str(cache)
         knobs.runtime.add_stages_inspection_hook = session.hook
         try:

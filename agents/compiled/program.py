@@ -11,11 +11,19 @@ Launches by Inductor's autotuner benchmarking its configs are counted apart (`be
 launched only there is skipped, as one the program never ran. A kernel of the cache that the recorded
 program never launched is skipped with that reason; with no
 launch records at all every kernel is kept, with equal shares. A kernel under `MIN_SHARE` is skipped.
+
+**Sibling configs** (`Program.siblings`): Inductor autotunes a kernel over a few configs (block sizes,
+num_warps, num_stages), each its own binary and cache entry; `kstrata record` records the configs its
+autotuner only benchmarked as well. A kernel's siblings are the other entries of the same name and target
+whose launch records give the same arguments (apart from the grid and launch options) and whose TTIR is the
+same apart from integer constants (the block sizes). A win measured against the config the recording ran is
+a win at deployment only if it beats those too: Inductor's autotuner chooses freely among them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,8 @@ class ProgramKernel:
     record: str | None = None
     override_key: str | None = None
     launches: int | None = None
+    #: Launches by Inductor's autotuner benchmarking this config (`benchmark_launches`), when counted.
+    benchmark_launches: int | None = None
     #: The original's time per launch on its record (us), when measured.
     time_us: float | None = None
     share: float | None = None
@@ -63,6 +73,107 @@ class Program:
         """Kernels to optimize, largest share first (ties keep the cache's order)."""
         kept = [k for k in self.kernels if k.skip is None]
         return sorted(kept, key=lambda k: -(k.share or 0.0))
+
+    def siblings(self, k: ProgramKernel) -> tuple[list[KernelConfig], list[str]]:
+        """The other compiled configs of `k` (see the module docstring) with a launch record each, benchmark-only
+        ones included, as `KernelConfig`s; and why other entries of its name are not siblings."""
+        configs: list[KernelConfig] = []
+        notes: list[str] = []
+        same_name = [j for j in self.kernels if j is not k and j.name == k.name and j.target == k.target]
+        if not same_name or k.record is None:
+            return configs, notes
+        from kstrata.ir.launch import LaunchRecord
+
+        mine = LaunchRecord.load(k.record)
+        ttir = _ttir(k.entry)
+        for j in same_name:
+            if j.record is None:
+                notes.append(f"{j.key[:12]}: no launch record (neither the program nor Inductor's autotuner launched it)")
+                continue
+            theirs = LaunchRecord.load(j.record)
+            if _launch_args(theirs) != _launch_args(mine):
+                notes.append(f"{j.key[:12]}: launched with other arguments (another specialization, not a config)")
+                continue
+            constants = constants_apart(ttir, _ttir(j.entry))
+            if constants is None:
+                notes.append(f"{j.key[:12]}: other code (its TTIR differs beyond integer constants)")
+                continue
+            configs.append(KernelConfig.of(j, theirs, constants))
+        return configs, notes
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compiled config of a kernel: its entry and launch record, its launch options and grid, the integer
+    constants where its TTIR differs from the searched config's (Inductor's block sizes, as (the searched
+    config's, this config's) pairs), and how often the program and Inductor's autotuner launched it."""
+
+    entry: str
+    key: str
+    record: str | None
+    override_key: str | None
+    num_warps: int | None
+    num_stages: int | None
+    grid: tuple[int, ...]
+    constants: tuple[tuple[int, int], ...] = ()
+    launches: int | None = None
+    benchmark_launches: int | None = None
+
+    @classmethod
+    def of(cls, k: ProgramKernel, record: Any, constants: tuple[tuple[int, int], ...] = ()) -> KernelConfig:
+        return cls(k.entry, k.key, k.record, k.override_key, record.num_warps, record.num_stages, tuple(record.grid),
+                   constants, k.launches, k.benchmark_launches)
+
+    def words(self) -> str:
+        consts = ", ".join(f"{mine} (searched config: {searched})" for searched, mine in self.constants)
+        return (f"{self.key[:12]}: num_warps {self.num_warps}, num_stages {self.num_stages}, grid "
+                f"{list(self.grid)}" + (f", block constants {consts}" if consts else "")
+                + f"; launches: {self.launches or 0} by the program, {self.benchmark_launches or 0} by the autotuner")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "grid": list(self.grid), "constants": [list(c) for c in self.constants],
+                "words": self.words()}
+
+
+def _ttir(entry: str) -> str:
+    from kstrata.agents.run_passes import entry_kernel_name
+
+    path = Path(entry) / f"{entry_kernel_name(Path(entry))}.ttir"
+    return path.read_text() if path.is_file() else ""
+
+
+def _launch_args(record: Any) -> list[tuple[Any, ...]]:
+    """A record's arguments without what differs between configs of one kernel (storage placement)."""
+    from kstrata.ir.launch import TensorArg
+
+    return [(a.name, a.dtype, a.shape, a.stride) if isinstance(a, TensorArg) else (a.name, a.type, a.value)
+            for a in record.args]
+
+
+#: An integer literal where a block size shows in TTIR: after `<`, `(`, `[`, `{`, `,`, `=`, a space, `%c`
+#: (`%c512_i32`), or an `x` between dimensions (`tensor<8x256xf32>`); not inside a float, hex or name.
+_INTEGER = re.compile(r"(?:(?<=[<(\[{,= ])|(?<=%c)|(?<=\dx))(\d+)(?![\d.eE])")
+
+
+def constants_apart(a: str, b: str) -> tuple[tuple[int, int], ...] | None:
+    """Whether two TTIR texts are the same apart from integer constants (and source locations), and the
+    differing (a, b) pairs; None when they differ otherwise (an empty tuple: identical)."""
+    from kstrata.agents.optimize.deployer import strip_locations
+
+    ta, tb = strip_locations(a), strip_locations(b)
+    if not ta.strip() or not tb.strip():
+        return None
+    pieces_a, pieces_b = _INTEGER.split(ta), _INTEGER.split(tb)
+    if len(pieces_a) != len(pieces_b):
+        return None
+    pairs: dict[tuple[int, int], None] = {}
+    for i, (x, y) in enumerate(zip(pieces_a, pieces_b, strict=True)):
+        if i % 2 == 0:  # text between integers: must be equal
+            if x != y:
+                return None
+        elif x != y:
+            pairs[int(x), int(y)] = None
+    return tuple(pairs)
 
 
 def is_triton_cache(path: Path) -> bool:
@@ -151,8 +262,10 @@ def load_program(cache_dir: str | Path, launches: str | Path | None, only: tuple
         elif counts.get(key) == 0 and benchmarked.get(key):
             k.skip = (f"launched only by Inductor's autotuner ({benchmarked[key]} benchmark launches), never by the "
                       "program: a config it did not choose")
+            k.launches = 0
         else:
             k.launches = counts.get(key) or (1 if record else None)
+        k.benchmark_launches = benchmarked.get(key)
         kernels.append(k)
     return Program(str(src), str(launches) if launches is not None else None, kernels,
                    unreadable_records=unreadable)

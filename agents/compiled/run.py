@@ -3,7 +3,8 @@ program launched, largest share of its GPU time first, until the time budget. Ea
 its share of the time left among the kernels left (`kernel_deadline`), and tries first the edits that won
 on the kernels before it (`search.SearchPrior`).
 
-Per kernel: its spaces (`spaces.py`), the search (`search.py`), and then
+Per kernel: its spaces (`spaces.py`), the search (`search.py`; a winner must also beat the kernel's other
+autotuning configs, `program.Program.siblings`, each timed on its own launch record), and then
 
 - on an NVIDIA GPU, a **winner** (measured, guarded) is written as a Triton override entry
   (`OUT/<target>/<override key>/`, with `kstrata-candidate.json`) when the override key is known, and into
@@ -121,7 +122,7 @@ class CompiledReport:
                       + (f"; {w['why_static']}" if w.get("why_static") else "") + ")") if "level" in w else \
                 f"hot window: {w.get('error', 'none')}"
             lines += [f"### {k['name']} ({k['target']}, {k['key'][:12]})", "", f"{k['search']['mode_note']}", "",
-                      window, "",
+                      window, "", *_config_lines(k["search"]),
                       "| # | phase | edit | window | status | score | speedup | why / unmeasured |",
                       "|---|---|---|---|---|---|---|---|"]
             for i, t in enumerate(k["search"]["trials"]):
@@ -136,6 +137,23 @@ class CompiledReport:
 
 def _pct(x: float | None) -> str:
     return f"{x:.1%}" if x is not None else "?"
+
+
+def _config_lines(s: dict[str, Any]) -> list[str]:
+    """The config the candidates were timed against, and the best one against each sibling config."""
+    base = s.get("baseline")
+    if not base:
+        return []
+    lines = [f"baseline: the recorded config {base.get('words')}"]
+    lines += [f"- not another config of it: {n}" for n in base.get("not_configs") or ()]
+    for t in s.get("siblings") or ():
+        figure = (f"{t['speedup']:.3f}x ({t['speedup_range'][0]:.3f}-{t['speedup_range'][1]:.3f}; its original "
+                  f"{t['time_us']:.2f} us, the winner {t['winner_us']:.2f} us)"
+                  if t.get("speedup") and t.get("speedup_range") else f"unmeasured: {t.get('reason')}")
+        lines.append(f"- against {t['config'].get('words')}: {figure}, {t['status']}")
+    if s.get("sibling_verdict"):
+        lines.append(f"- {s['sibling_verdict']}")
+    return [*lines, ""]
 
 
 def time_original_job(p: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +250,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                     f"{until - now:.0f} s of the run's {deadline - now:.0f} s left)")
                 try:
                     searches[k.entry] = search_one(engine, k, device, opts, say, deadline=until,
-                                                   window=windows[k.entry], prior=prior.scores)
+                                                   window=windows[k.entry], prior=prior.scores, program=program)
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue
@@ -352,11 +370,17 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWin
 
 def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
                say: Callable[[str], None], deadline: float | None = None,
-               window: KernelWindow | None = None, prior: Mapping[str, float] | None = None) -> KernelSearch:
+               window: KernelWindow | None = None, prior: Mapping[str, float] | None = None,
+               program: Program | None = None) -> KernelSearch:
     """One kernel's spaces and search (`deadline`: a `time.perf_counter()` after which no candidate starts;
     `window`: its hot window, sampled or static; without one the passes' own static window is used; `prior`:
-    the run's winners so far, tried first)."""
+    the run's winners so far, tried first; `program`: where its sibling configs are found, which a winner must
+    beat too)."""
     from kstrata.agents.engine import _load_one
+    from kstrata.ir.launch import LaunchRecord
+
+    from .program import KernelConfig
+    from .search import Sibling
 
     bundle = _load_one(k.entry, k.override_key)
     records = [k.record] if k.record else []
@@ -379,23 +403,35 @@ def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpti
             f"unmeasured: {why}"
     cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
                        check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline)
+    configs, not_configs = program.siblings(k) if program is not None else ([], [])
+    baseline = None
+    if k.record:
+        baseline = {**KernelConfig.of(k, LaunchRecord.load(k.record)).to_json(), "not_configs": not_configs}
+    siblings = [Sibling(engine.add_kernel(c.entry, c.override_key), c.record, c.to_json()) for c in configs if c.record]
+    if siblings:
+        say(f"  {k.name}: {len(siblings)} other autotuning configs recorded; a winner is timed against each")
     return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
-                         surrogate=surrogate, progress=say, env=tool_env(k.record), prior=prior)
+                         surrogate=surrogate, progress=say, env=tool_env(k.record), prior=prior, siblings=siblings,
+                         baseline=baseline)
 
 
 def _result_line(s: KernelSearch) -> str:
     best = s.best
     if best is not None and best.speedup is not None:
         lo, hi = best.speedup_range or [best.speedup, best.speedup]
-        return f"{best.speedup:.3f}x ({lo:.3f}-{hi:.3f} over rounds) with `{best.pipeline}` [{','.join(best.spaces)}]"
+        return (f"{best.speedup:.3f}x ({lo:.3f}-{hi:.3f} over rounds) with `{best.pipeline}` [{','.join(best.spaces)}]"
+                + (f"; {s.sibling_verdict}" if s.sibling_verdict else ""))
+    if s.sibling_verdict:  # the best beat its own config, not every config Inductor's autotuner chooses among
+        return s.sibling_verdict
     ranked = s.ranked_unmeasured()
     if s.mode == "surrogate" and ranked:
         return (f"unmeasured; surrogate best `{ranked[0].pipeline}` (cost {(ranked[0].surrogate or {}).get('cost', 0):.1f} vs "
                 f"{(s.base_surrogate or {}).get('cost', 0):.1f} original, static)")
     passed = sum(1 for t in s.trials if t.status in ("equivalent", "unproven"))
+    stopped = f"; {s.stopped}" if s.stopped else ""
     if s.mode == "measured":
-        return f"no candidate beat the original beyond the noise ({passed} passed the gate)"
-    return f"unmeasured: {passed} candidates passed the gate, none timed"
+        return f"no candidate beat the original beyond the noise ({passed} passed the gate{stopped})"
+    return f"unmeasured: {passed} candidates passed the gate, none timed{stopped}"
 
 
 def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, KernelSearch], engine: Engine,
@@ -430,7 +466,8 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
                                              speedup=float(best.speedup or 0), speedup_range=best.speedup_range,
                                              time_before_us=best.time_before_us, time_after_us=best.time_after_us,
                                              device=str(opts.device or "cuda"), source=str(k.record),
-                                             ptxas=(tool_env(k.record) or os.environ).get("TRITON_PTXAS_PATH"))
+                                             ptxas=(tool_env(k.record) or os.environ).get("TRITON_PTXAS_PATH"),
+                                             config=s.baseline, siblings=[t.to_json() for t in s.siblings])
             outputs["tuned"].append(rec.slug)
         elif s.mode == "surrogate":
             for rank, t in enumerate(s.ranked_unmeasured()[: opts.write_top], start=1):

@@ -5,8 +5,9 @@ the first step that fails:
 
 1. `Engine.build` (a worker process; lower levels rebuilt; signature and launch ABI checked);
 2. the **gate**, `Engine.check` on the kernel's launch record (`device="cuda"` on an NVIDIA GPU: redzones,
-   the differential run of both binaries on identical launches, a determinism re-run and the sanitizer;
-   on the CPU the interpreter or the symbolic checker for TTIR/TTGIR). A candidate that edits LLVM IR,
+   the differential run of both binaries on identical launches and a determinism re-run; compute-sanitizer
+   runs on the candidate about to win, before it is accepted (`SearchConfig.sanitize`); on the CPU the
+   interpreter or the symbolic checker for TTIR/TTGIR). A candidate that edits LLVM IR,
    PTX or AMDGCN counts as proven only with GPU evidence: on the CPU it is `unproven` whatever the other
    checks said, and is never timed; AMDGCN candidates also pass the `s_waitcnt` hazard check;
 3. the **score**: on an NVIDIA GPU `Engine.measure` (interleaved A/B rounds against the original on the
@@ -22,6 +23,19 @@ random generator is seeded: a run is reproducible.
 A winner needs a measured speedup whose every A/B round beats the original, by more than the measured
 noise (half the larger round-to-round spread, at least `MIN_GAIN`), with identical outputs (or the
 tolerance its passes declare) and no suspicion flag (`engine.suspicious_reasons`).
+
+When the kernel has **sibling configs** (`program.Program.siblings`: Inductor autotuned it over several
+block sizes and launch options, and the recording ran one of them), the original it was timed against is
+only the config the recording happened to run; at deployment Inductor's autotuner chooses among all of
+them. The winner is then also timed against each sibling's original binary, each on its own launch record
+(`Engine.measure(..., original_launches=)`), and stays a winner only if it beats every one, the fastest
+included, by the same rule (`KernelSearch.siblings`, `baseline`).
+
+Before a winner is accepted it is checked again with compute-sanitizer (memcheck, one launch, every buffer
+its own allocation); one that fails it is `different`, and the next best is considered. Candidates that
+never win are not sanitized: a trial took 20-50 s on the H200, a sanitizer run being one of its child
+processes (python, torch and Triton started under memcheck), and only a winner is deployed. The gate's
+redzones, differential and determinism runs stay on every candidate before any timing.
 """
 
 from __future__ import annotations
@@ -33,7 +47,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kstrata.agents.engine import Budget, BuildResult, Candidate, Engine, PipelineEdit, Provenance, Verdict
+from kstrata.agents.engine import (
+    Budget,
+    BuildResult,
+    Candidate,
+    Engine,
+    Measurement,
+    PipelineEdit,
+    Provenance,
+    Verdict,
+)
 
 from .spaces import Atom, Space, first_level, pipeline_of
 
@@ -59,6 +82,9 @@ class SearchConfig:
     #: `time.perf_counter()` after which no further candidate is started (a caller's deadline: the optimizer's
     #: `ir` space searches within the task's time); None: the budget alone bounds the search.
     deadline: float | None = None
+    #: On the GPU, when compute-sanitizer runs: "winner" (on the candidate about to win, before it is accepted;
+    #: the gate of every candidate runs without it) or "every" (in every candidate's gate).
+    sanitize: str = "winner"
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -98,6 +124,42 @@ class Trial:
     #: The windows its edits are confined to and where each came from (`spaces.WindowUse.to_json`, with
     #: the pass): sampled on a GPU or static.
     windows: list[dict[str, Any]] = field(default_factory=list)
+    #: compute-sanitizer on the GPU: "in the gate", "deferred" (it runs only on a candidate about to win),
+    #: "passed: …", "failed: …", or None (not a GPU gate).
+    sanitizer: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """Another compiled config of the kernel searched (same code apart from Inductor's autotuned constants and
+    launch options: `program.KernelConfig`), registered with the engine as `base`, with its launch record."""
+
+    base: str
+    record: str
+    #: `KernelConfig.to_json()`: launch options, grid, block constants, launches, and `words`.
+    config: dict[str, Any]
+
+
+@dataclass
+class SiblingTiming:
+    """The winner against one sibling config: the sibling's original on its own record (`time_us`) against
+    the winner on the kernel's (`winner_us`), in interleaved A/B rounds; `speedup` is their ratio."""
+
+    config: dict[str, Any]
+    #: "beaten" (every round faster, by more than the noise), "not beaten", "unmeasured" (`reason` says why).
+    status: str
+    speedup: float | None = None
+    speedup_range: list[float] | None = None
+    noise: float | None = None
+    time_us: float | None = None
+    winner_us: float | None = None
+    #: Whether both wrote the same bytes on the same inputs (information: another config may sum in
+    #: another order; the winner's equivalence is to its own original, checked by the gate).
+    outputs_equal: bool | None = None
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +179,14 @@ class KernelSearch:
     winner: int | None = None
     base_surrogate: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: Why the search stopped before its budget (the kernel's deadline), or None.
+    stopped: str | None = None
+    #: The config the candidates were timed against (`KernelConfig.to_json()` of the recorded one), when known.
+    baseline: dict[str, Any] | None = None
+    #: The best candidate against each sibling config (`compared`: its trial), and the verdict in words.
+    siblings: list[SiblingTiming] = field(default_factory=list)
+    compared: int | None = None
+    sibling_verdict: str | None = None
 
     @property
     def best(self) -> Trial | None:
@@ -130,7 +200,9 @@ class KernelSearch:
     def to_json(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "entry": self.entry, "target": self.target, "mode": self.mode,
                 "mode_note": self.mode_note, "spaces": self.spaces, "winner": self.winner,
-                "base_surrogate": self.base_surrogate, "seconds": self.seconds,
+                "base_surrogate": self.base_surrogate, "seconds": self.seconds, "stopped": self.stopped,
+                "baseline": self.baseline, "siblings": [t.to_json() for t in self.siblings],
+                "compared": self.compared, "sibling_verdict": self.sibling_verdict,
                 "trials": [t.to_json() for t in self.trials]}
 
 
@@ -139,8 +211,15 @@ Scorer = Callable[[BuildResult, Trial], None]
 
 def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, trial: Trial, atoms: Sequence[Atom],
           cfg: SearchConfig) -> None:
+    verify = None
+    if cfg.device == "cuda":  # the sanitizer waits for a candidate about to win (`_sanitized`)
+        from kstrata.agents.engine import VerifyOptions
+
+        deferred = cfg.sanitize == "winner"
+        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto")
+        trial.sanitizer = "deferred" if deferred else "in the gate"
     result = engine.check(base, built, [record] if record else [], device=cfg.device, seeds=1,
-                          tolerance=trial.tolerance, timeout=cfg.check_timeout)
+                          tolerance=trial.tolerance, timeout=cfg.check_timeout, verify=verify)
     trial.verdict = result.verdict.value
     trial.reason = result.reason
     if result.verdict is Verdict.DIFFERENT:
@@ -166,18 +245,23 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                   surrogate: Callable[[str], dict[str, Any]] | None = None,
                   progress: Callable[[str], None] | None = None,
                   env: Mapping[str, str] | None = None,
-                  prior: Mapping[str, float] | None = None) -> KernelSearch:
+                  prior: Mapping[str, float] | None = None,
+                  siblings: Sequence[Sibling] = (), baseline: Mapping[str, Any] | None = None) -> KernelSearch:
     """Search `spaces` for the kernel `base` (an engine base digest of `entry`); see the module docstring.
 
     `prior`: pipeline spelling -> the log speedup it won on other kernels of the run (`SearchPrior`): those
-    singletons are tried first, best first, the rest round-robin over the spaces as before.
+    singletons are tried first, best first, the rest round-robin over the spaces as before. `siblings`: the
+    kernel's other autotuning configs, which a measured winner must beat too; `baseline`: the recorded
+    config's description (`KernelConfig.to_json()`), reported with them.
 
     `mode`: "measured" (Engine.measure; needs an NVIDIA GPU and a record), "surrogate" (`surrogate(entry)`
     gives the static cost of a built entry; lower is better) or "unranked". `env`: the build workers'
     environment (`engine.tool_env(record)`: the ptxas the recorded program used)."""
     start = time.perf_counter()
     rng = random.Random(cfg.seed)
-    result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces])
+    result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces],
+                          baseline=dict(baseline) if baseline is not None else None)
+    builds: dict[str, BuildResult] = {}
     by_pass: dict[str, list[Atom]] = {}
     for s in spaces:
         for a in s.atoms:
@@ -211,7 +295,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         t0 = time.perf_counter()
         cand = Candidate(base, trial.level, PipelineEdit(spec), trial.tolerance,
                          provenance=Provenance("compiled-search", None, ",".join(trial.spaces)))
-        built = engine.build(cand, env=env)
+        built = builds[spec] = engine.build(cand, env=env)
         trial.phase_seconds["build"] = round(time.perf_counter() - t0, 3)
         trial.key, trial.entry, trial.binary_digest = built.key, built.entry, built.binary_digest
         if built.status != "changed":
@@ -241,8 +325,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                         trial.measured = True
                         trial.speedup, trial.time_before_us, trial.time_after_us = m.speedup, m.time_before_us, m.time_after_us
                         trial.speedup_range = m.detail.get("speedup_range")
-                        spread = max(m.detail.get("spread_before_pct") or 0.0, m.detail.get("spread_after_pct") or 0.0)
-                        trial.noise = max(MIN_GAIN, spread / 200.0)
+                        trial.noise = _noise(m)
                         trial.suspicious = list(m.suspicious)
                         trial.score = math.log(m.speedup)
                         if m.time_after_us is not None:
@@ -281,7 +364,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     if prior:  # what won on the run's other kernels first (a stable sort: the round-robin order otherwise)
         singles.sort(key=lambda a: -max(0.0, prior.get(pipeline_of((a,)), 0.0)))
     n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
-    if cfg.jobs > 1 and hasattr(engine, "build_many"):  # build the singletons in parallel; evaluate finds them cached
+    if cfg.jobs > 1 and hasattr(engine, "build_many") and not cfg.out_of_time():
+        # build the singletons in parallel; evaluate finds them cached
         from kstrata.passes.pipeline import parse_pipeline
 
         def candidate(a: Atom) -> Candidate:
@@ -289,13 +373,17 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             return Candidate(base, first_level((a,)), PipelineEdit(pipeline_of((a,))), tol.spelling() if tol else None)
 
         engine.build_many([candidate(a) for a in singles[:n_single]], env_for=lambda _c: env)
-    for a in singles[:n_single]:
+    for i, a in enumerate(singles[:n_single]):
         if cfg.out_of_time():
+            # the H200 crashed here (KeyError) when a kernel's search began with 6 s of the run left: what was
+            # not tried is not in `tried`; the search returns what it has, and says so
+            result.stopped = (f"the kernel's time ran out after {i} of its {n_single} single edits"
+                              + ("" if i else ": no candidate was tried") + "; no annealing")
             break
         evaluate((a,), "singleton")
 
-    def usable(t: Trial) -> bool:
-        return t.status in ("equivalent", "unproven", "duplicate")
+    def usable(t: Trial | None) -> bool:
+        return t is not None and t.status in ("equivalent", "unproven", "duplicate")
 
     scored = [t for t in result.trials if t.score is not None]
     current: tuple[Atom, ...]
@@ -304,12 +392,15 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         current = next((a,) for a in singles if pipeline_of((a,)) == top.pipeline)
         current_score = top.score or 0.0
     else:
-        ok = [a for a in singles[:n_single] if usable(tried[pipeline_of((a,))])]
+        ok = [a for a in singles[:n_single] if usable(tried.get(pipeline_of((a,))))]
         current = (ok[0],) if ok else (singles[0],)
         current_score = 0.0
     temperature = cfg.temperature
     attempts = 0
-    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget and not cfg.out_of_time():
+    while len(result.trials) < cfg.budget and attempts < 20 * cfg.budget and result.stopped is None:
+        if cfg.out_of_time():
+            result.stopped = f"the kernel's time ran out after {len(result.trials)} of its {cfg.budget} trials"
+            break
         attempts += 1
         nxt = _neighbour(current, by_pass, rng, cfg.max_edits)
         if nxt is None or pipeline_of(nxt) in tried:
@@ -324,9 +415,93 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         if delta >= 0 or rng.random() < math.exp(delta / max(temperature, 1e-9)):
             trial.accepted_move, current, current_score = True, nxt, trial.score
         temperature *= cfg.cooling
-    result.winner = _winner(result.trials)
+    result.winner = _accepted(engine, base, result, builds, record, siblings, cfg)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[str, BuildResult], record: str | None,
+              siblings: Sequence[Sibling], cfg: SearchConfig) -> int | None:
+    """The winner: the best trial that clears the guard, beats every sibling config (`_against_siblings`) and
+    passes compute-sanitizer when the gate deferred it (`_sanitized`); a trial that fails the sanitizer is
+    `different` and the next best is considered. None when there is none."""
+    while (w := _winner(result.trials)) is not None:
+        trial, built = result.trials[w], builds[result.trials[w].pipeline]
+        if siblings and record and not _against_siblings(engine, result, w, built, record, siblings):
+            return None  # the fastest candidate lost to another config: a slower one would too
+        if trial.sanitizer == "deferred" and record and not _sanitized(engine, base, built, record, trial, cfg):
+            continue
+        return w
+    return None
+
+
+def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial: Trial, cfg: SearchConfig) -> bool:
+    """The gate again with compute-sanitizer, for a candidate about to win; False (and the trial `different`
+    or `error`) when it does not pass."""
+    from kstrata.agents.engine import VerifyOptions
+
+    t0 = time.perf_counter()
+    check = engine.check(base, built, [record], device="cuda", seeds=1, tolerance=trial.tolerance,
+                         timeout=cfg.check_timeout, verify=VerifyOptions(seeds=1, device="cuda", sanitizer="auto"))
+    trial.phase_seconds["sanitize"] = round(time.perf_counter() - t0, 3)
+    ran = [e for e in check.evidence if e.name.startswith("compute-sanitizer")]
+    words = "; ".join(f"{e.name} {e.verdict}" + (f" ({e.detail})" if e.detail else "") for e in ran) or \
+        "compute-sanitizer did not run (not found here)"
+    if check.verdict is Verdict.EQUIVALENT:
+        trial.sanitizer = f"passed: {words}"
+        trial.reason = f"{trial.reason}; before it was accepted: {words}"
+        return True
+    trial.sanitizer = f"failed: {words}"
+    trial.status = "different" if check.verdict is Verdict.DIFFERENT else "error"
+    trial.verdict, trial.reason = check.verdict.value, f"before it was accepted: {words}; {check.reason}"
+    return False
+
+
+def _noise(m: Measurement) -> float:
+    """The gain a timing must show to be more than noise: half the larger round-to-round spread, at least
+    `MIN_GAIN`."""
+    spread = max(m.detail.get("spread_before_pct") or 0.0, m.detail.get("spread_after_pct") or 0.0)
+    return max(MIN_GAIN, spread / 200.0)
+
+
+def _clears(speedup: float | None, speedup_range: Sequence[float] | None, noise: float | None) -> bool:
+    """Faster in every A/B round, and by more than the noise."""
+    if speedup is None:
+        return False
+    low = (speedup_range or [speedup])[0]
+    return low > 1.0 and speedup >= 1.0 + (noise or MIN_GAIN)
+
+
+def _against_siblings(engine: Engine, result: KernelSearch, winner: int, built: BuildResult, record: str,
+                      siblings: Sequence[Sibling]) -> bool:
+    """Time the trial `winner` against each sibling config's original, each on its own record; True only when
+    it beats every one (the fastest included) as it beat its own config. On the H200 (2026-12-03) the MLP's
+    silu kernel won 1.215x against the 8-warp config the recording ran, while Inductor's autotuner picked the
+    4-warp config at deployment: end to end the win never ran."""
+    result.compared, result.siblings = winner, []
+    for sib in siblings:
+        m = engine.measure(sib.base, built, [record], Budget(), original_launches=[sib.record])
+        timing = SiblingTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status)
+        if m.status == "timed" and m.speedup:
+            timing = SiblingTiming(dict(sib.config), "not beaten", m.speedup, m.detail.get("speedup_range"), _noise(m),
+                                   m.time_before_us, m.time_after_us, m.detail.get("outputs_equal"),
+                                   "; ".join(m.suspicious))
+            if _clears(timing.speedup, timing.speedup_range, timing.noise) and not m.suspicious:
+                timing.status = "beaten"
+        result.siblings.append(timing)
+    best = result.trials[winner]
+    lost = [t for t in result.siblings if t.status != "beaten"]
+    if lost:
+        result.sibling_verdict = (
+            f"`{best.pipeline}` beat the recorded config by {best.speedup:.3f}x but not every config Inductor's "
+            "autotuner chooses among: " + "; ".join(
+                f"{t.config.get('words', '?')}: " + (f"{t.speedup:.3f}x" if t.speedup else f"unmeasured ({t.reason})")
+                for t in lost) + ": not a win")
+    else:
+        fastest = min(result.siblings, key=lambda t: t.time_us or 0.0)
+        result.sibling_verdict = (f"beats all {len(result.siblings)} other configs; against the fastest "
+                                  f"({fastest.config.get('words', '?')}): {fastest.speedup:.3f}x")
+    return not lost
 
 
 class SearchPrior:
@@ -375,8 +550,7 @@ def _winner(trials: Sequence[Trial]) -> int | None:
     for i, t in enumerate(trials):
         if not t.measured or t.status != "equivalent" or t.speedup is None or t.suspicious:
             continue
-        low = (t.speedup_range or [t.speedup])[0]
-        if low <= 1.0 or t.speedup < 1.0 + (t.noise or MIN_GAIN):
+        if not _clears(t.speedup, t.speedup_range, t.noise):
             continue
         if best is None or t.speedup > (trials[best].speedup or 0.0):
             best = i

@@ -143,27 +143,49 @@ def test_shares_measured_skip_small_kernels_and_equal_shares_say_why() -> None:
 class ScriptedEngine:
     """Answers build/check/measure from a table keyed by pipeline spelling; counts what it was asked."""
 
-    def __init__(self, verdicts: dict[str, Verdict], speedups: dict[str, list[float]]) -> None:
+    def __init__(self, verdicts: dict[str, Verdict], speedups: dict[str, list[float]],
+                 siblings: dict[str, list[float]] | None = None) -> None:
         self.verdicts, self.speedups = verdicts, speedups
+        #: sibling base -> the rounds' speedups of any candidate over that sibling's original, on its own record
+        self.siblings = siblings or {}
+        self.sibling_measured: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []
         self.measured: list[str] = []
         self.checked: list[str] = []
+        self.built: list[str] = []
+        #: (pipeline, the compute-sanitizer tool its check asked for: None = verify's default, "auto")
+        self.sanitizer: list[tuple[str, str | None]] = []
+        #: pipelines whose binary compute-sanitizer finds at fault
+        self.sanitizer_fails: set[str] = set()
 
     def build(self, cand: Any, env: Any = None) -> BuildResult:
         spec = cand.edit.spec
+        self.built.append(spec)
         return BuildResult(cand.key, "changed", entry=f"/builds/{spec}", binary_digest=hashlib.sha256(spec.encode()).hexdigest())
 
     def check(self, base: str, built: BuildResult, launches: Any, **kw: Any) -> CheckResult:
         spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
         self.checked.append(spec)
+        tool = kw["verify"].sanitizer if kw.get("verify") is not None else None
+        self.sanitizer.append((spec, tool))
         v = self.verdicts.get(spec, Verdict.EQUIVALENT)
         # the name the real GPU differential run gives its evidence (backends/verify.py)
         ev = (Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
+        if tool != "none" and kw.get("device") == "cuda":
+            fails = spec in self.sanitizer_fails
+            ev += (Evidence("compute-sanitizer memcheck", "cubin", "fail" if fails else "pass",
+                            "Invalid __global__ read of size 4" if fails else ""),)
+            v = Verdict.DIFFERENT if fails else v
         return CheckResult(v, v.value, ev)
 
-    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any) -> Measurement:
+    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any,
+                original_launches: Any = ()) -> Measurement:
         spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
-        self.measured.append(spec)
-        rounds = self.speedups.get(spec, [1.0, 1.0])
+        if original_launches:  # another config's original, on its own record
+            self.sibling_measured.append((base, spec, tuple(launches), tuple(original_launches)))
+            rounds = self.siblings[base]
+        else:
+            self.measured.append(spec)
+            rounds = self.speedups.get(spec, [1.0, 1.0])
         s = sorted(rounds)[len(rounds) // 2]
         return Measurement("timed", "", 10.0, 10.0 / s, s, {"speedup_range": [min(rounds), max(rounds)],
                                                              "spread_before_pct": 1.0, "spread_after_pct": 1.0})
@@ -200,8 +222,11 @@ def test_search_gates_before_timing_and_the_guard_needs_every_round_faster() -> 
     assert ptx.status == "equivalent" and ptx.measured
     assert len(result.trials) <= cfg.budget
     assert any(t.phase == "anneal" and "," in t.pipeline for t in result.trials)  # sequences of edits were tried
-    # where each trial's time went: build always, the gate when built, the timing when it passed
-    assert set(by[nw8].phase_seconds) == {"build", "gate", "measure"} and set(by[ev].phase_seconds) == {"build", "gate"}
+    # where each trial's time went: build always, the gate when built, the timing when it passed, the sanitizer for
+    # the winner
+    assert set(by[nw8].phase_seconds) == {"build", "gate", "measure", "sanitize"}
+    assert set(by[ev].phase_seconds) == {"build", "gate"}
+    assert set(by["ttgir(num-warps{n=2})"].phase_seconds) == {"build", "gate", "measure"}
     again = search_kernel(ScriptedEngine(engine.verdicts, engine.speedups), "b" * 64, "k", "/c/k", "cuda:90",  # type: ignore[arg-type]
                           "/l/k.json", spaces, cfg, mode="measured", mode_note="test")
     assert [t.pipeline for t in again.trials] == [t.pipeline for t in result.trials]  # seeded: reproducible
@@ -400,12 +425,15 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
     rows = [{"model": "mlp_fp16", "share_source": "measured",
              "kernels": [{"kernel": "triton_red_0", "key": "K" * 12, "share": "61.0%", "trials": 9, "space": "options",
                           "edit": "ttgir(num-warps{n=8})", "speedup": 1.3, "range": [1.25, 1.33], "verdict": "equivalent",
-                          "verdicts": {}},
+                          "verdicts": {}, "baseline": "KKKK: num_warps 4",
+                          "siblings": [{"config": "JJJJ: num_warps 8", "status": "beaten", "speedup": 1.1,
+                                        "range": [1.05, 1.12], "time_us": 11.0, "winner_us": 10.0}]},
                          {"kernel": "triton_poi_1", "key": "L" * 12, "share": "39.0%", "trials": 9,
                           "result": "no candidate beat the original beyond the noise", "verdicts": {}}],
              "recheck": [{"kernel": "triton_red_0", "verdict": "equivalent"}],
              "end_to_end": {"speedup": 1.1, "tuned_kernels": 1, "untouched_kernels": 1, "bitwise_equal": True,
-                            "max_abs_diff": 0.0, "timing": {"speedup_range": [1.05, 1.12]}}},
+                            "max_abs_diff": 0.0, "timing": {"speedup_range": [1.05, 1.12]},
+                            "autotune": [{"name": "triton_red_0", "reason": "restricted to the tuned config"}]}},
             # nothing tuned: the same code timed twice is no speedup, and stays out of the geomean
             {"model": "transformer_block_bf16", "share_source": "measured", "kernels": [], "recheck": [],
              "end_to_end": {"speedup": None, "same_code_ratio": 1.33, "tuned_kernels": 0, "untouched_kernels": 4,
@@ -418,6 +446,10 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_renders_its_tables(tmp_path: 
     md = (tmp_path / "compiled-bench-2026-12-01.md").read_text()
     assert "1.300x (1.250-1.330)" in md and "error: RuntimeError: boom" in md and "1.100x (1.050-1.120; 1 tuned / 1" in md
     assert "no kernel tuned: identical code, timed 1.330x" in md
+    # which config the kernel was timed against, the winner against the other configs, and the autotuner's choice
+    assert ("`triton_red_0`: timed against KKKK: num_warps 4; the best against the other configs: JJJJ: num_warps 8: "
+            "1.100x (1.050-1.120) beaten") in md
+    assert "`triton_red_0` Inductor's autotuning: restricted to the tuned config" in md
 
 
 def test_optimize_a_command_records_it_first_and_says_when_nothing_ran(tmp_path: Path) -> None:
@@ -446,10 +478,13 @@ def test_on_a_gpu_candidates_are_gated_by_the_differential_run_then_timed(suite_
     timed = [t for t in s["trials"] if t["measured"]]
     assert timed, s["trials"]
     assert all(t["status"] == "equivalent" and t["speedup"] > 0 and t["speedup_range"] for t in timed)
-    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("different", "unproven", "failed"))
+    assert not any(t["measured"] for t in s["trials"] if t["status"] in ("unproven", "failed"))
+    # timed and then `different`: only by compute-sanitizer, which runs on a candidate about to win
+    assert all(t["sanitizer"].startswith("failed") for t in s["trials"] if t["measured"] and t["status"] == "different")
     if s["winner"] is not None:  # a winner is deployed: an override (the suite cache knows the key) and tuned
         assert report.outputs["overrides"] and report.outputs["tuned"]
         assert min(s["trials"][s["winner"]]["speedup_range"]) > 1.0
+        assert s["trials"][s["winner"]]["sanitizer"].startswith("passed")
     assert kernel["hot_window"]["level"] == "ptx"
 
 
@@ -518,6 +553,230 @@ def test_the_runs_winners_are_tried_first_on_the_next_kernel() -> None:
     second = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
                            mode="measured", mode_note="test", prior=prior.scores)
     assert [t.pipeline for t in second.trials] == [cache_hints]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimeRunsOut(SearchConfig):
+    """A search config whose deadline passes once `engine` has built `after` candidates."""
+
+    engine: Any = None
+    after: int = 0
+
+    def out_of_time(self) -> bool:
+        return len(self.engine.built) >= self.after
+
+
+def test_a_search_cut_by_its_deadline_returns_what_it_has_and_says_why() -> None:
+    """On the H200 (2026-12-03) the transformer's gelu kernel began its search with 6 s of the run left: the
+    singleton loop stopped at once, and choosing where annealing starts looked up singletons never tried
+    (`KeyError: 'ttgir(num-warps{n=2})'`, the prior's first); the whole model's row was lost. Cut before or
+    during its singletons, a search returns its trials and the reason."""
+    from kstrata.agents.compiled.run import _result_line
+
+    nw2 = "ttgir(num-warps{n=2})"
+    prior = {nw2: 0.19}  # the run's winner so far: tried first
+    for after in (0, 1):
+        engine = ScriptedEngine({nw2: Verdict.DIFFERENT}, {})  # the one trial run is not scored: no annealing start
+        cfg = _TimeRunsOut(budget=8, device="cuda", engine=engine, after=after)
+        result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
+                               mode="measured", mode_note="test", prior=prior)
+        assert [t.pipeline for t in result.trials] == [nw2][:after]
+        assert result.best is None and result.stopped is not None
+        assert f"the kernel's time ran out after {after} of its 4 single edits" in result.stopped
+        assert ("no candidate was tried" in result.stopped) == (after == 0)
+        assert result.to_json()["stopped"] == result.stopped
+        assert result.stopped in _result_line(result)
+
+
+def test_a_winner_must_beat_every_autotuning_config_of_its_kernel() -> None:
+    """On the H200 (2026-12-03) `ttgir(num-warps{n=2})` won 1.215x on the MLP's silu kernel against the 8-warp
+    config the recording ran; Inductor's autotuner had also compiled (and benchmarked) a 4-warp config, chose it
+    at deployment, and end to end the win never ran (1.000x). The winner is now timed against each sibling
+    config's original on that config's own record, and is a win only if it beats every one beyond the noise."""
+    from kstrata.agents.compiled.run import _config_lines, _result_line
+    from kstrata.agents.compiled.search import Sibling
+
+    nw2 = "ttgir(num-warps{n=2})"
+    baseline = {"words": "EIGHT: num_warps 8, grid [65536, 1, 1]", "entry": "/c/k8"}
+    sibling = Sibling("s" * 64, "/l/k-1.json", {"words": "FOUR: num_warps 4, grid [32768, 1, 1]", "entry": "/c/k4"})
+    for rounds, win in (([0.97, 0.96, 0.99], False), ([1.1, 1.08, 1.12], True), ([1.3, 0.99, 1.2], False)):
+        engine = ScriptedEngine({}, {nw2: [1.22, 1.2, 1.25]}, siblings={"s" * 64: rounds})
+        result = search_kernel(engine, "b" * 64, "k", "/c/k8", "cuda:90", "/l/k-2.json", _atoms(),  # type: ignore[arg-type]
+                               SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test",
+                               siblings=[sibling], baseline=baseline)
+        # the best against its own config, timed against the 4-warp original on the 4-warp config's record
+        assert result.compared is not None and result.trials[result.compared].pipeline == nw2
+        assert engine.sibling_measured == [("s" * 64, nw2, ("/l/k-2.json",), ("/l/k-1.json",))]
+        [timing] = result.siblings
+        assert timing.speedup == pytest.approx(sorted(rounds)[1]) and timing.speedup_range == [min(rounds), max(rounds)]
+        assert timing.status == ("beaten" if win else "not beaten")
+        assert (result.best is not None) == win and result.baseline == baseline
+        line = _result_line(result)
+        assert ("beats all 1 other configs" in line) if win else ("not a win" in line and "FOUR" in line)
+        shown = "\n".join(_config_lines(result.to_json()))
+        assert "baseline: the recorded config EIGHT" in shown and "against FOUR" in shown
+    # no sibling: as before, and nothing else is timed
+    engine = ScriptedEngine({}, {nw2: [1.22, 1.2, 1.25]})
+    alone = search_kernel(engine, "b" * 64, "k", "/c/k8", "cuda:90", "/l/k-2.json", _atoms(),  # type: ignore[arg-type]
+                          SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test")
+    assert alone.best is not None and alone.best.pipeline == nw2 and not engine.sibling_measured
+
+
+def _scale_by_three() -> Any:
+    """Another kernel named `triton_poi_scale` (other code: `* 3.0`), as a second graph of a program may have."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def triton_poi_scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0 + 1.0, mask=mask)
+
+    return triton_poi_scale
+
+
+def test_the_other_autotuning_configs_of_a_kernel_are_its_siblings(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The siblings a winner must beat: the entries of the same name whose records give the same arguments and
+    whose TTIR is the same apart from integer constants (the block sizes), benchmark-only configs included; not
+    a kernel of the same name with other code or launched with other arguments. The search gets them, each
+    registered with the engine, with the recorded config as its baseline."""
+    import kstrata.agents.compiled.run as run
+    from kstrata.agents.compiled.program import constants_apart, load_program
+    from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+    from kstrata.agents.compiled.search import KernelSearch
+    from kstrata.ir.triton_layout import compile_jit
+
+    from .test_tuned import SIG, autotuned_configs, triton_poi_scale
+
+    entries = autotuned_configs(tmp_path)
+    records = tmp_path / "records"
+    n = 1 << 16
+    for number, (fn, block, size) in enumerate(((_scale_by_three(), 512, n), (triton_poi_scale, 256, n // 2)), start=3):
+        entry = Path(str(compile_jit(fn, SIG, "cuda:90", {"BLOCK": block}, cache_dir=tmp_path / "cache").origin))
+        meta = json.loads((entry / "triton_poi_scale.json").read_text())
+        args = (TensorArg("x_ptr", "float32", (size,), (1,), 0, size, False),
+                TensorArg("out_ptr", "float32", (size,), (1,), 0, size, True), ScalarArg("n", "i32", size))
+        LaunchRecord("triton_poi_scale", "cuda:90", (size // block, 1, 1), args, 4, meta["num_stages"],
+                     meta["hash"]).save(records / f"triton_poi_scale-{number}.json")
+    program = load_program(tmp_path / "cache", records)
+    by_key = {k.key: k for k in program.kernels}
+    w8, w4 = by_key[entries["w8"].name], by_key[entries["w4"].name]
+    assert w4.skip and "only by Inductor's autotuner" in w4.skip and w4.benchmark_launches == 25
+    configs, not_configs = program.siblings(w8)
+    assert [(c.key, c.num_warps, c.grid, c.constants, c.launches) for c in configs] == \
+        [(w4.key, 4, (64, 1, 1), ((512, 1024),), 0)]
+    assert "1024 (searched config: 512)" in configs[0].words()
+    assert sorted(n.split(": ", 1)[1] for n in not_configs) == [
+        "launched with other arguments (another specialization, not a config)",
+        "other code (its TTIR differs beyond integer constants)"]
+    ttir = (entries["w8"] / "triton_poi_scale.ttir").read_text()
+    assert constants_apart(ttir, ttir) == () and constants_apart(ttir, ttir.replace("2.0", "2.5")) is None
+    # the search of the 8-warp config gets the 4-warp one, on its own record, registered with the engine
+    seen: dict[str, Any] = {}
+
+    def fake_search(engine: Any, base: str, name: str, entry: str, target: str, record: Any, spaces: Any, cfg: Any,
+                    **kw: Any) -> KernelSearch:
+        seen[entry] = kw
+        return KernelSearch(name, entry, target, kw["mode"], kw["mode_note"], [], baseline=kw.get("baseline"))
+
+    monkeypatch.setattr(run, "search_kernel", fake_search)
+    report = optimize_cache(tmp_path / "cache", records, tmp_path / "out",
+                            CompiledOptions(budget=1, device="cpu", engine_cache=str(tmp_path / "engine")))
+    [sibling] = seen[str(entries["w8"])]["siblings"]
+    assert sibling.record == w4.record and sibling.config["key"] == w4.key and sibling.config["entry"] == w4.entry
+    assert seen[str(entries["w8"])]["baseline"]["num_warps"] == 8
+    row = next(k for k in report.kernels if k["key"] == w8.key)
+    assert row["search"]["baseline"]["grid"] == [128, 1, 1]
+    assert "baseline: the recorded config" in (tmp_path / "out" / "optimize-compiled.md").read_text()
+
+
+def test_a_sibling_config_is_timed_on_its_own_launch_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Engine.measure(..., original_launches=[R])`: the timing job gets the other config's record for the original
+    side (another grid), the session's memo keeps the two timings apart, and outputs that differ between two
+    configs (another summation order) are no suspicion; they are between a candidate and its own original."""
+    from types import SimpleNamespace
+
+    import kstrata.agents.engine as engine_module
+    from kstrata.agents.engine import Engine, suspicious_reasons
+
+    payloads: list[dict[str, Any]] = []
+
+    def run(target: str, payload: dict[str, Any], **kw: Any) -> Any:
+        payloads.append(payload)
+        return SimpleNamespace(ok=True, value={"time_before_us": 11.0, "time_after_us": 10.0, "speedup": 1.1,
+                                               "outputs_equal": False, "original_record": payload["original_launch"]})
+
+    monkeypatch.setattr(engine_module, "measurement_unavailable", lambda target: None)
+    (tmp_path / "k4").mkdir()
+    for name in ("k8", "k4"):
+        _record(tmp_path, name, None)
+    with Engine(tmp_path / "engine") as engine:
+        monkeypatch.setattr(engine.pool, "run", run)
+        base = engine.add_kernel(tmp_path / "k4")
+        built = BuildResult("c" * 32, "changed", entry=str(tmp_path / "built"), target="cuda:90", binary_digest="d" * 64)
+        own = engine.measure(base, built, [tmp_path / "k8.json"])
+        other = engine.measure(base, built, [tmp_path / "k8.json"], original_launches=[tmp_path / "k4.json"])
+        assert engine.measure(base, built, [tmp_path / "k8.json"], original_launches=[tmp_path / "k4.json"]) is other
+    assert [p["original_launch"] for p in payloads] == [None, str(tmp_path / "k4.json")]
+    assert [p["launch"] for p in payloads] == [str(tmp_path / "k8.json")] * 2
+    assert other.status == "timed" and other.suspicious == ()
+    assert any("wrote different bytes" in r for r in own.suspicious)  # against its own original it stays suspicious
+    assert suspicious_reasons({"outputs_equal": False}) and not suspicious_reasons({"outputs_equal": False,
+                                                                                   "original_record": "k4.json"})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_a_variant_is_timed_against_another_config_on_its_own_record(tmp_path: Path) -> None:
+    """The GPU twin: the num-warps-2 variant of the 8-warp config (grid 128) timed against the 4-warp config's
+    original on the 4-warp record (grid 64); both write the same bytes (a pointwise kernel)."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    from .test_tuned import autotuned_configs
+
+    entries = autotuned_configs(tmp_path)
+    records = {1: tmp_path / "records" / "triton_poi_scale-1.json", 2: tmp_path / "records" / "triton_poi_scale-2.json"}
+    with Engine(tmp_path / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(entries["w8"]), "ttgir", PipelineEdit("ttgir(num-warps{n=2})")))
+        m = engine.measure(engine.add_kernel(entries["w4"]), built, [records[1]], original_launches=[records[2]])
+    assert m.status == "timed", m.reason
+    assert m.detail["grid"] == [128, 1, 1] and m.detail["original_grid"] == [64, 1, 1]
+    assert m.detail["outputs_equal"] is True and m.speedup and m.speedup > 0
+
+
+def test_compute_sanitizer_runs_on_the_candidate_about_to_win_before_it_is_accepted() -> None:
+    """A compiled trial took 20-50 s on the H200 (build, gate, timing), and most kernels got one or two. The gate of
+    every candidate keeps redzones, the differential and determinism runs; compute-sanitizer (a child process
+    started under memcheck) runs on the candidate about to win, before it is accepted, never skipped for it: one
+    that fails is `different`, and the next best is considered (and sanitized). `sanitize="every"` keeps it in
+    every gate."""
+    nw8, nw2 = "ttgir(num-warps{n=8})", "ttgir(num-warps{n=2})"
+    speedups = {nw8: [1.30, 1.25, 1.32], nw2: [1.20, 1.15, 1.22]}
+    engine = ScriptedEngine({}, speedups)
+    engine.sanitizer_fails = {nw8}
+    result = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
+                           SearchConfig(budget=4, device="cuda"), mode="measured", mode_note="test")
+    by = {t.pipeline: t for t in result.trials}
+    gates = engine.sanitizer[:len(result.trials)]
+    assert gates == [(t.pipeline, "none") for t in result.trials]  # every gate without the sanitizer
+    # then the best (nw8) under the sanitizer: it fails; then the next best, which passes and wins
+    assert engine.sanitizer[len(result.trials):] == [(nw8, "auto"), (nw2, "auto")]
+    assert by[nw8].status == "different" and by[nw8].sanitizer and by[nw8].sanitizer.startswith("failed")
+    assert "Invalid __global__ read" in by[nw8].reason and result.best is by[nw2]
+    assert by[nw2].sanitizer and by[nw2].sanitizer.startswith("passed") and "sanitize" in by[nw2].phase_seconds
+    assert all(t.sanitizer == "deferred" for t in result.trials if t.pipeline not in (nw8, nw2))
+    # in every gate, as before: the winner is not checked again
+    every = ScriptedEngine({}, speedups)
+    again = search_kernel(every, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
+                          SearchConfig(budget=4, device="cuda", sanitize="every"), mode="measured", mode_note="test")
+    assert every.sanitizer == [(t.pipeline, "auto") for t in again.trials] and again.best is not None
+    # on the CPU nothing changes: no GPU run, no sanitizer
+    cpu = ScriptedEngine({}, {})
+    search_kernel(cpu, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), SearchConfig(budget=3),  # type: ignore[arg-type]
+                  mode="unranked", mode_note="test")
+    assert {tool for _, tool in cpu.sanitizer} == {None}
 
 
 def test_each_kernel_gets_its_share_of_the_time_left() -> None:

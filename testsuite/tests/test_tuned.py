@@ -48,6 +48,33 @@ def _cubin(entry: Path) -> bytes:
     return next(entry.glob("*.cubin")).read_bytes()
 
 
+def autotuned_configs(root: Path) -> dict[str, Path]:
+    """`triton_poi_scale` compiled as Inductor's autotuner compiles a pointwise kernel, in two configs (BLOCK 512
+    with 8 warps, BLOCK 1024 with 4): each a cache entry under `root/cache` with the launch record `kstrata
+    record` writes under `root/records`, and launch counts where the program ran the 8-warp config and the
+    autotuner only benchmarked the 4-warp one (the MLP's silu kernel on the H200, 2026-12-03)."""
+    from kstrata.agents.compiled.program import COUNTS_FILE
+    from kstrata.ir.launch import LaunchRecord, ScalarArg, TensorArg
+    from kstrata.ir.triton_layout import compile_jit
+
+    n = 1 << 16
+    args = (TensorArg("x_ptr", "float32", (n,), (1,), 0, n, False),
+            TensorArg("out_ptr", "float32", (n,), (1,), 0, n, True), ScalarArg("n", "i32", n))
+    entries, counts = {}, []
+    for number, (tag, block, warps, launches) in enumerate((("w8", 512, 8, 3), ("w4", 1024, 4, 0)), start=1):
+        bundle = compile_jit(triton_poi_scale, SIG, "cuda:90", {"BLOCK": block}, options={"num_warps": warps},
+                             cache_dir=root / "cache")
+        entries[tag] = entry = Path(str(bundle.origin))
+        meta = json.loads((entry / "triton_poi_scale.json").read_text())
+        LaunchRecord("triton_poi_scale", "cuda:90", (n // block, 1, 1), args, warps, meta["num_stages"],
+                     meta["hash"]).save(root / "records" / f"triton_poi_scale-{number}.json")
+        counts.append({"kernel": "triton_poi_scale", "cache_key": entry.name, "launches": launches,
+                       "benchmark_launches": 25})
+    (root / "records" / COUNTS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / "records" / COUNTS_FILE).write_text(json.dumps({"schema": "kstrata.launch-counts/1", "kernels": counts}))
+    return entries
+
+
 def test_content_digest_ignores_locations_but_not_code_or_options() -> None:
     a = '#loc = loc("/tmp/u1/x.py":3:0)\nmodule {\n  %0 = arith.constant 1 : i32 loc(#loc)\n} loc(#loc)\n'
     b = a.replace("/tmp/u1", "/home/u2")
@@ -220,5 +247,175 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     row = {"kernels": [{"kernel": "triton_poi_scale", "edit": "ttgir(num-warps{n=8})", "time_before_us": 10.0,
                         "time_after_us": 8.0}], "end_to_end": {"inductor_us": 100.0, "launched": rows}}
     assert expected_end_to_end(row) == pytest.approx(100 / 97)
+    # autotuned over two configs: it saves at most what it saved against the faster one (1 us a launch here)
+    row["kernels"][0]["siblings"] = [{"time_us": 9.0, "winner_us": 8.0}]
+    assert expected_end_to_end(row) == pytest.approx(100 / 98.5)
     row["end_to_end"]["launched"] = [r for r in rows if not r["tuned"]]
     assert expected_end_to_end(row) is None
+
+
+def _compile_config(cache: Path, block: int, warps: int, hook: Any = None) -> Any:
+    """What Inductor's `CachingAutotuner` holds for one config it compiled (a `TritonCompileResult`: Triton's
+    `CompiledKernel` and its `Config`), compiled here for cuda:90 into the Triton cache `cache`, through the
+    backend's stages hook when given (as the backend compiles every config)."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    from kstrata.ir.target import Target
+
+    with knobs.cache.scope(), knobs.runtime.scope():
+        knobs.cache.dir = str(cache)
+        knobs.runtime.add_stages_inspection_hook = hook
+        kernel = triton.compile(ASTSource(triton_poi_scale, SIG, {"BLOCK": block}),
+                                target=Target.parse("cuda:90").to_triton(), options={"num_warps": warps})
+    return SimpleNamespace(kernel=kernel, config=SimpleNamespace(kwargs={"BLOCK": block}, num_warps=warps))
+
+
+class FakeAutotuner:
+    """Inductor's `CachingAutotuner` after `precompile`: a compile result and a launcher per config (the
+    launcher's `config` is its result's, as `TritonCompileResult.make_launcher` sets it)."""
+
+    def __init__(self, results: list[Any]) -> None:
+        from types import SimpleNamespace
+
+        self.compile_results = results
+        self.launchers = [SimpleNamespace(config=r.config) for r in results]
+
+
+@pytest.fixture(scope="module")
+def autotuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    """Two autotuning configs of `triton_poi_scale` (`autotuned_configs`) and a num-warps-2 variant of the 8-warp
+    one, built by the engine."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+
+    root = tmp_path_factory.mktemp("autotuned")
+    entries = autotuned_configs(root)
+    with Engine(root / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(entries["w8"]), "ttgir", PipelineEdit("ttgir(num-warps{n=2})")))
+    assert built.status == "changed" and built.entry
+    return entries, Path(built.entry)
+
+
+def _add(db: Path, entries: dict[str, Path], variant: Path, siblings: list[dict[str, Any]] | None) -> Any:
+    # the timings are this test's, not measurements: the database stores what the search measured
+    return TunedDB(db).add(entries["w8"], variant, edit="ttgir(num-warps{n=2})", tolerance=None, spaces=["options"],
+                           verdict="equivalent: test", speedup=1.215, speedup_range=[1.10, 1.31], time_before_us=10.0,
+                           time_after_us=8.2, device="test (constructed record, not a timing)",
+                           config={"words": "w8: num_warps 8"}, siblings=siblings)
+
+
+def _sibling(entries: dict[str, Path], status: str = "beaten") -> dict[str, Any]:
+    return {"config": {"entry": str(entries["w4"]), "words": "w4: num_warps 4"}, "status": status, "speedup": 1.1,
+            "speedup_range": [1.08, 1.12], "noise": 0.02, "time_us": 9.0, "winner_us": 8.2}
+
+
+def test_a_tuned_record_holds_its_timings_against_the_kernels_other_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
+    """Only a variant that beat every other config of its kernel goes in, with each config's content digest
+    (what a deployment matches Inductor's other configs by); the lookup says so of the other config."""
+    entries, variant = autotuned
+    with pytest.raises(TunedError, match="did not beat 1 of the kernel's other configs"):
+        _add(tmp_path / "db", entries, variant, [_sibling(entries, "not beaten")])
+    record = _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    w4_meta = json.loads((entries["w4"] / "triton_poi_scale.json").read_text())
+    w4_content = content_digest((entries["w4"] / "triton_poi_scale.ttir").read_text(), w4_meta)
+    assert record.beats_siblings and record.sibling_contents == {w4_content} and record.config == {"words": "w8: num_warps 8"}
+    again = TunedLookup(tmp_path / "db")
+    assert again.by_binary(record.tuned_binary) == record
+    variant_, why = again.match("triton_poi_scale", "cuda:90", (entries["w4"] / "triton_poi_scale.ttir").read_text(),
+                                w4_meta)
+    assert variant_ is None and why.startswith("another autotuning config of a tuned kernel") and "1.100x" in why
+    assert not _add(tmp_path / "old", entries, variant, None).beats_siblings  # not compared: never restricted
+
+
+def test_inductors_autotuner_uses_a_tuned_config_that_beat_its_other_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
+    """On the H200 (2026-12-03) the MLP's silu kernel, tuned 1.215x in its 8-warp config, was compiled in beside
+    the 4-warp config, and Inductor's autotuner chose the 4-warp one: end to end 1.000x. After Inductor's
+    autotuner compiled its configs, the backend keeps only the tuned config when the record shows it beat every
+    other config compiled here; it never guesses: a record not compared with the configs, or a config it was not
+    measured against, leaves the autotuner's choice, and the report says which."""
+    from kstrata.tools.torch_backend import BackendConfig, _Session
+
+    entries, variant = autotuned
+    _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    _add(tmp_path / "old", entries, variant, None)
+
+    def session(db: str) -> _Session:
+        return _Session(BackendConfig.from_options({"tuned": str(tmp_path / db), "cache_dir": str(tmp_path / "bk")}))
+
+    # both configs compiled through the backend's hook, as Inductor compiles them under the backend: the 8-warp
+    # one becomes the tuned variant; the 4-warp one is Triton's own, and the report says what it lost to
+    s = session("db")
+    w4, w8 = (_compile_config(tmp_path / "deploy", block, warps, s.hook) for block, warps in ((1024, 4), (512, 8)))
+    assert w8.kernel.asm["cubin"] == _cubin(variant) and w4.kernel.asm["cubin"] == _cubin(entries["w4"])
+    assert [r.status for r in s.records] == ["unchanged", "tuned"]
+    assert s.records[0].reason.startswith("another autotuning config of a tuned kernel: the tuned variant of the config "
+                                          "w8: num_warps 8 beat this one by 1.100x")
+    tuner = FakeAutotuner([w4, w8])
+    s.choose_config(tuner)
+    assert tuner.compile_results == [w8] and [lc.config for lc in tuner.launchers] == [w8.config]
+    rec = s.records[-1]
+    assert (rec.name, rec.status, rec.passes) == ("triton_poi_scale", "autotune", ["ttgir(num-warps{n=2})"])
+    assert "restricted to the tuned config (w8: num_warps 8)" in rec.reason and "w4: num_warps 4: 1.100x" in rec.reason
+    # a third config it was not measured against (BLOCK 256): the autotuner chooses, and the report says why
+    s = session("db")
+    tuner = FakeAutotuner([w4, w8, _compile_config(tmp_path / "deploy", 256, 4)])
+    s.choose_config(tuner)
+    assert len(tuner.compile_results) == len(tuner.launchers) == 3
+    assert "1 of the other configs compiled here were not among those it was measured against" in s.records[0].reason
+    # a record made before configs were compared: never restricted
+    s = session("old")
+    tuner = FakeAutotuner([w4, w8])
+    s.choose_config(tuner)
+    assert len(tuner.launchers) == 2 and "not measured against the kernel's other configs" in s.records[0].reason
+    # no tuned binary among the configs (compiled without the backend): nothing changes, nothing said
+    s = session("db")
+    tuner = FakeAutotuner([w4, _compile_config(tmp_path / "plain", 512, 8)])
+    s.choose_config(tuner)
+    assert len(tuner.launchers) == 2 and s.records == []
+
+
+def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the backend compiles with a tuned database, `CachingAutotuner.precompile` (it compiles every config
+    and makes their launchers, in torch 2.11 and 2.13) is followed by the choice; it is restored afterwards.
+    What the choice reads of this torch's Inductor (2.13 here; the H200 has 2.11) is checked first: a torch that
+    renames it fails here, not silently at deployment (where the backend warns and lets the autotuner choose)."""
+    import inspect
+
+    from torch._inductor.runtime import triton_heuristics as th
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from kstrata.tools.torch_backend import BackendConfig, _installed
+
+    init = inspect.getsource(th.CachingAutotuner.__init__)
+    assert "self.compile_results" in init and "self.launchers" in init
+    assert "warm_cache_only" in inspect.signature(th.CachingAutotuner.precompile).parameters
+    assert "self.kernel = kernel" in inspect.getsource(th.CompileResult.__init__)
+    assert "launcher.config = cfg" in inspect.getsource(th.TritonCompileResult.make_launcher)
+    entries, variant = autotuned
+    _add(tmp_path / "db", entries, variant, [_sibling(entries)])
+    tuner = FakeAutotuner([])
+
+    def precompile(self: Any, warm_cache_only: bool = False, **kw: Any) -> None:  # Inductor compiling both configs
+        from triton import knobs
+
+        hook = knobs.runtime.add_stages_inspection_hook  # the backend's, while it compiles
+        self.compile_results = [_compile_config(tmp_path / "deploy", block, warps, hook)
+                                for block, warps in ((1024, 4), (512, 8))]
+        self.launchers = [] if warm_cache_only else FakeAutotuner(self.compile_results).launchers
+
+    monkeypatch.setattr(CachingAutotuner, "precompile", precompile)
+    config = BackendConfig.from_options({"tuned": str(tmp_path / "db"), "cache_dir": str(tmp_path / "bk")})
+    with _installed(config) as session:
+        assert CachingAutotuner.precompile is not precompile
+        CachingAutotuner.precompile(tuner, warm_cache_only=True)  # a compile worker's warm-up: nothing to choose
+        assert len(tuner.compile_results) == 2 and [r.status for r in session.records] == ["unchanged", "tuned"]
+        CachingAutotuner.precompile(tuner)
+    assert CachingAutotuner.precompile is precompile
+    assert len(tuner.launchers) == 1 and tuner.compile_results[0].kernel.asm["cubin"] == _cubin(variant)
+    assert [r.status for r in session.records][-1:] == ["autotune"]
+
