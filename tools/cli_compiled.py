@@ -19,7 +19,8 @@ from kstrata.tools.console import emit_json, err, out
 
 def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budget: int, minutes: float, device: str,
                  spaces: str, exact: bool, seed: int, jobs: int, engine_cache: Path | None, only: list[str] | None,
-                 max_edits: int, timeout: float, as_json: bool) -> None:
+                 max_edits: int, timeout: float, as_json: bool, llm: Any = None) -> None:
+    """`llm`: an `llm.proposer.LLMSetup` whose kernel-level answers join each kernel's search (`--llm`)."""
     from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
     from kstrata.ir.errors import KstrataError
 
@@ -36,9 +37,13 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
     opts = CompiledOptions(budget=budget, minutes=minutes, device=device, exact=exact,
                            spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None, seed=seed,
                            jobs=jobs, engine_cache=str(engine_cache) if engine_cache else None,
-                           only=tuple(only or ()), max_edits=max_edits, timeout_s=timeout, progress=progress)
+                           only=tuple(only or ()), max_edits=max_edits, timeout_s=timeout, progress=progress,
+                           llm=llm.kernel if llm is not None else None)
     report = optimize_cache(cache_dir, launches, out_dir, opts)
     payload: dict[str, Any] = report.to_json()
+    if llm is not None:  # tokens and cost of the model's answers; never the key
+        payload["llm"] = {"config": llm.client.config.to_json(), "usage": llm.client.ledger.to_json(),
+                          "kernel_attempts": llm.kernel.attempts if llm.kernel else []}
     if as_json:
         emit_json(payload)
         return
@@ -48,6 +53,11 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
         out.print(k.get("skip") or k.get("result", ""), highlight=False, markup=False)
     for note in report.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
+    if llm is not None:
+        u = payload["llm"]["usage"]
+        answers = payload["llm"]["kernel_attempts"]
+        out.print(f"LLM: {len(answers)} kernel-level answers ({sum(a['outcome'] == 'accepted' for a in answers)} "
+                  f"accepted), {u['requests']} requests, {u['tokens']} tokens", highlight=False, markup=False)
     out.print(f"report: {Path(report.out) / 'optimize-compiled.md'}", highlight=False, markup=False)
 
 

@@ -114,6 +114,15 @@ def optimize_cmd(
     compiled: dict[str, Any] = dict(budget=budget, minutes=minutes, device=device, spaces=spaces, exact=exact, seed=seed,
                     jobs=jobs, engine_cache=engine_cache, only=only, max_edits=max_edits, timeout=timeout,
                     as_json=as_json)
+    if llm and (len(targets) > 1 or is_triton_cache(Path(targets[0]))):
+        from kstrata.agents.llm.kernel import KERNEL_SPACES
+        from kstrata.agents.llm.proposer import llm_setup
+
+        asked = tuple(x.strip() for x in llm_spaces.split(",") if x.strip())
+        # compiled kernels take kernel-level answers only: the default task spaces mean "ir" here
+        kernel_spaces = tuple(x for x in asked if x in KERNEL_SPACES) or ("ir",)
+        compiled["llm"] = llm_setup(kernel_spaces, options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},
+                                    config_file=llm_config, policy=precision)
     if len(targets) > 1:  # `-- CMD ...`: record the program's kernels into its own cache, then optimize them
         from kstrata.tools.cli_compiled import record_and_optimize
 

@@ -1,13 +1,15 @@
 """Run the GPU tests one pytest process per test, each under its own time limit, and say each outcome as it ends.
 
-    python -m kstrata.tools.gpu_tests [--per-test-s 150] [--marker gpu] [--log FILE] [--json] TEST_FILE ...
+    python -m kstrata.tools.gpu_tests [--per-test-s 150] [--slow-test-s 480] [--marker gpu] [--log FILE] [--json]
+        TEST_FILE ...
 
 One pytest session for every GPU test loses what matters on a machine reached a command at a time: pytest
 prints a failure's traceback only when the session ends, so a session killed at its limit brings back the
 names of its failures and not why (the H200, 2026-12-03: `test_optimize_ir` FAILED with no message), and one
 hanging test takes the limit of all the tests after it (`test_compiled_window`'s Nsight Compute test ran
 past 200 s there). Here each test is collected first (`--collect-only -m MARKER`), then run alone in its own
-process group under `--per-test-s`, killed with everything it started when it runs past it; its outcome,
+process group under `--per-test-s` (`--slow-test-s` for those also marked `slow`, such as a task optimized for
+minutes), killed with everything it started when it runs past it; its outcome,
 seconds and, for a failure, the end of its short traceback are printed (and appended to `--log`) the moment it
 ends. Exit 0 when every test passed or was skipped, 1 otherwise, 2 for bad arguments.
 """
@@ -85,24 +87,28 @@ def run_one(test: str, per_test_s: float, *, python: str = sys.executable) -> Te
 def main(
     files: Annotated[list[str], typer.Argument(help="Test files (or node ids) to take the marked tests from.")],
     per_test_s: Annotated[float, typer.Option("--per-test-s", help="Time limit of each test's process.")] = 150.0,
+    slow_test_s: Annotated[float, typer.Option("--slow-test-s", help="... of a test also marked slow.")] = 480.0,
     marker: Annotated[str, typer.Option("--marker", help="The pytest marker that selects the tests.")] = "gpu",
     log: Annotated[Path | None, typer.Option("--log", help="Append each outcome and failure here too.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The outcomes as JSON on stdout at the end.")] = False,
 ) -> None:
-    if per_test_s <= 0:
-        print("error: --per-test-s must be positive", file=sys.stderr)
+    if per_test_s <= 0 or slow_test_s <= 0:
+        print("error: --per-test-s and --slow-test-s must be positive", file=sys.stderr)
         raise SystemExit(2)
     missing = [f for f in files if not Path(f.split("::")[0]).exists()]
     if missing:
         print(f"error: no such test file: {missing[0]}", file=sys.stderr)
         raise SystemExit(2)
     tests = collect(files, marker)
-    say = (lambda s: print(s, flush=True)) if not as_json else (lambda s: print(s, file=sys.stderr, flush=True))
+    slow = set(collect(files, f"({marker}) and slow"))
+    def say(text: str) -> None:  # with --json, stdout holds the JSON alone
+        print(text, file=sys.stderr if as_json else sys.stdout, flush=True)
+
     say(f"{len(tests)} tests marked {marker!r} in {len(files)} files, one process each, {per_test_s:g} s each at most")
     outcomes: list[TestOutcome] = []
     start = time.monotonic()
     for t in tests:
-        o = run_one(t, per_test_s)
+        o = run_one(t, slow_test_s if t in slow else per_test_s)
         outcomes.append(o)
         line = f"{o.outcome.upper():8} {o.seconds:7.1f} s  {o.test}"
         say(line)

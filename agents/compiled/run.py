@@ -42,7 +42,7 @@ from kstrata.agents.engine import Engine, measurement_unavailable, tool_env
 from kstrata.ir.errors import KstrataError
 
 from .program import Program, ProgramKernel, assign_shares, load_program
-from .search import KernelSearch, SearchConfig, SearchPrior, search_kernel
+from .search import KernelSearch, SearchConfig, SearchPrior, pipeline_spec, search_kernel
 from .spaces import SampledWindow, kernel_spaces
 
 if TYPE_CHECKING:
@@ -73,6 +73,11 @@ class CompiledOptions:
     #: The winners of earlier runs to try first (`search.SearchPrior`; this run adds its own): a benchmark over
     #: several programs passes one to all of them. None: a fresh one per run.
     prior: SearchPrior | None = None
+    #: The model's kernel-level answers (`kstrata.agents.llm.kernel.KernelLLM`, `--llm`): each kernel's search
+    #: hands it the kernel after the passes' singletons. None: no model.
+    llm: Any = None
+    #: What the model is told the profile found (the task optimizer passes its findings).
+    llm_findings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -401,8 +406,11 @@ def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpti
         why = unavailable if unavailable else ("--device cpu" if device != "cuda" else "no launch record to time on")
         mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
             f"unmeasured: {why}"
+    hot = window.window if window is not None else None
     cfg = SearchConfig(opts.budget, opts.seed, opts.max_edits, device="cuda" if mode == "measured" else "cpu",
-                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline)
+                       check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline,
+                       llm=opts.llm, llm_findings=tuple(opts.llm_findings),
+                       llm_window=(hot.first_line, hot.last_line) if hot is not None else None)
     configs, not_configs = program.siblings(k) if program is not None else ([], [])
     baseline = None
     if k.record:
@@ -450,7 +458,7 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
         best = s.best
         if best is not None and best.entry:
             built = best.entry
-            info = CandidateInfo(k.name, best.pipeline, best.tolerance, None, {})
+            info = CandidateInfo(k.name, pipeline_spec(best), best.tolerance, None, {})
             if k.override_key:
                 bundles, errors = load_any(built)
                 if errors:
@@ -481,7 +489,7 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
                     group.write_text(json.dumps({"child_paths": {f.name: str(dest / f.name) for f in sorted(tmp.iterdir())
                                                                  if f.is_file() and not f.name.startswith("__grp__")
                                                                  and f.name not in (CANDIDATE_FILE, "surrogate.json")}}))
-                (tmp / CANDIDATE_FILE).write_bytes(CandidateInfo(k.name, t.pipeline, t.tolerance, None, {}).encode())
+                (tmp / CANDIDATE_FILE).write_bytes(CandidateInfo(k.name, pipeline_spec(t), t.tolerance, None, {}).encode())
                 (tmp / "surrogate.json").write_text(json.dumps(
                     {"status": "unmeasured", "reason": t.unmeasured, "verdict": t.verdict, "gate": t.reason,
                      "candidate": t.surrogate, "original": s.base_surrogate, "score": t.score}, indent=1) + "\n")

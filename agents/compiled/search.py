@@ -85,6 +85,13 @@ class SearchConfig:
     #: On the GPU, when compute-sanitizer runs: "winner" (on the candidate about to win, before it is accepted;
     #: the gate of every candidate runs without it) or "every" (in every candidate's gate).
     sanitize: str = "winner"
+    #: The model's kernel-level answers (`kstrata.agents.llm.kernel.KernelLLM`, or a callable of its shape):
+    #: after the singletons, its conversation's answers are trials of this search; None: no model.
+    llm: Any = None
+    #: What the model is told the profile found (the task optimizer's findings).
+    llm_findings: tuple[str, ...] = ()
+    #: The hot window's lines in the kernel's assembly (first, last), shown to the model's asm space.
+    llm_window: tuple[int, int] | None = None
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -179,6 +186,8 @@ class KernelSearch:
     winner: int | None = None
     base_surrogate: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: The model's attempts on this kernel (`kstrata.agents.llm.kernel`: turn, outcome, stage, reason, the trial)
+    llm: list[dict[str, Any]] = field(default_factory=list)
     #: Why the search stopped before its budget (the kernel's deadline), or None.
     stopped: str | None = None
     #: The config the candidates were timed against (`KernelConfig.to_json()` of the recorded one), when known.
@@ -203,14 +212,15 @@ class KernelSearch:
                 "base_surrogate": self.base_surrogate, "seconds": self.seconds, "stopped": self.stopped,
                 "baseline": self.baseline, "siblings": [t.to_json() for t in self.siblings],
                 "compared": self.compared, "sibling_verdict": self.sibling_verdict,
-                "trials": [t.to_json() for t in self.trials]}
+                "trials": [t.to_json() for t in self.trials], "llm": self.llm}
 
 
 Scorer = Callable[[BuildResult, Trial], None]
 
 
-def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, trial: Trial, atoms: Sequence[Atom],
+def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, trial: Trial, levels: Sequence[str],
           cfg: SearchConfig) -> None:
+    """`levels`: the levels the edit wrote itself (the ones below are Triton's or the assembler's rebuild)."""
     verify = None
     if cfg.device == "cuda":  # the sanitizer waits for a candidate about to win (`_sanitized`)
         from kstrata.agents.engine import VerifyOptions
@@ -228,7 +238,7 @@ def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, tri
     if result.verdict is Verdict.ERROR:
         trial.status = "error"
         return
-    low = [a.level for a in atoms if a.level in _LOW_LEVELS]
+    low = [lv for lv in levels if lv in _LOW_LEVELS]
     from kstrata.backends.verify import ran_on_gpu
 
     gpu_evidence = ran_on_gpu(result.evidence)
@@ -281,20 +291,27 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             progress(msg)
 
     def evaluate(atoms: tuple[Atom, ...], phase: str) -> Trial:
-        nonlocal best_us
         spec = pipeline_of(atoms)
         if spec in tried:
             return tried[spec]
         from kstrata.passes.pipeline import parse_pipeline
 
         tol = parse_pipeline(spec).tolerance()
-        trial = Trial(spec, sorted({a.space for a in atoms}), first_level(atoms), tol.spelling() if tol else None, phase,
-                      windows=[{"pass": a.pass_name, **a.window.to_json()} for a in atoms if a.window is not None])
+        return run_trial(spec, PipelineEdit(spec), first_level(atoms), tol.spelling() if tol else None,
+                         sorted({a.space for a in atoms}), phase, [a.level for a in atoms],
+                         [{"pass": a.pass_name, **a.window.to_json()} for a in atoms if a.window is not None])
+
+    def run_trial(spec: str, edit: Any, level: str, tolerance: str | None, spaces_: list[str], phase: str,
+                  levels: Sequence[str], windows: Sequence[dict[str, Any]] = (), proposer: str = "compiled-search"
+                  ) -> Trial:
+        """One engine candidate (`edit` at `level`, named `spec` in the report) built, gated and scored."""
+        nonlocal best_us
+        trial = Trial(spec, spaces_, level, tolerance, phase, windows=list(windows))
         tried[spec] = trial
         result.trials.append(trial)
         t0 = time.perf_counter()
-        cand = Candidate(base, trial.level, PipelineEdit(spec), trial.tolerance,
-                         provenance=Provenance("compiled-search", None, ",".join(trial.spaces)))
+        cand = Candidate(base, trial.level, edit, trial.tolerance,
+                         provenance=Provenance(proposer, None, ",".join(trial.spaces)))
         built = builds[spec] = engine.build(cand, env=env)
         trial.phase_seconds["build"] = round(time.perf_counter() - t0, 3)
         trial.key, trial.entry, trial.binary_digest = built.key, built.entry, built.binary_digest
@@ -312,7 +329,7 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                     trial.seconds = time.perf_counter() - t0
                     return trial
             t_gate = time.perf_counter()
-            _gate(engine, base, built, record, trial, atoms, cfg)
+            _gate(engine, base, built, record, trial, levels, cfg)
             trial.phase_seconds["gate"] = round(time.perf_counter() - t_gate, 3)
             if trial.status in ("equivalent", "unproven") and target.startswith("hip"):
                 _hazards(engine, entry, built, trial)
@@ -382,15 +399,21 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             break
         evaluate((a,), "singleton")
 
+    if cfg.llm is not None and result.stopped is None and not cfg.out_of_time():
+        _llm_turns(cfg, result, run_trial, tried, kernel_name, entry, target, say)
+
     def usable(t: Trial | None) -> bool:
         return t is not None and t.status in ("equivalent", "unproven", "duplicate")
 
     scored = [t for t in result.trials if t.score is not None]
     current: tuple[Atom, ...]
     if scored:
+        # annealing walks over the passes' atoms: it starts from the best of those (an LLM answer is no atom)
         top = max(scored, key=lambda t: t.score or 0.0)
-        current = next((a,) for a in singles if pipeline_of((a,)) == top.pipeline)
-        current_score = top.score or 0.0
+        from_atoms = [t for t in scored if any(pipeline_of((a,)) == t.pipeline for a in singles)]
+        top = max(from_atoms, key=lambda t: t.score or 0.0) if from_atoms else top
+        current = next(((a,) for a in singles if pipeline_of((a,)) == top.pipeline), (singles[0],))
+        current_score = (top.score or 0.0) if from_atoms else 0.0
     else:
         ok = [a for a in singles[:n_single] if usable(tried.get(pipeline_of((a,))))]
         current = (ok[0],) if ok else (singles[0],)
@@ -418,6 +441,40 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     result.winner = _accepted(engine, base, result, builds, record, siblings, cfg)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def pipeline_spec(trial: Trial) -> str | None:
+    """The pass pipeline that rebuilds `trial` (None for a model's generated pass or assembly patch, whose
+    trial is named `llm:FORMAT:DIGEST`: its built entry is all there is)."""
+    return None if trial.pipeline.startswith("llm:") else trial.pipeline
+
+
+def _llm_turns(cfg: SearchConfig, result: KernelSearch, run_trial: Callable[..., Trial], tried: Mapping[str, Trial],
+               kernel_name: str, entry: str, target: str, say: Callable[[str], None]) -> None:
+    """The model's conversation on this kernel (`kstrata.agents.llm.kernel`): each answer an engine edit, run
+    as a trial of this search (phase "llm"), its fate the next turn's feedback."""
+    from kstrata.agents.llm.kernel import KernelView
+
+    def evaluate(edit: Any, level: str, label: str, tolerance: str | None) -> Trial:
+        if label in tried:  # the same answer again: the same trial (the model hears the same verdict)
+            return tried[label]
+        from kstrata.passes.pipeline import parse_pipeline
+
+        levels = [st.level for st in parse_pipeline(edit.spec).stages] if isinstance(edit, PipelineEdit) else [level]
+        return run_trial(label, edit, level, tolerance, ["llm"], "llm", levels, proposer="llm")
+
+    tried_lines = tuple(f"{t.pipeline}: {t.status}" + (f" {t.speedup:.3f}x" if t.speedup else "")
+                        + (f" ({t.reason[:120]})" if t.status in ("failed", "different") and t.reason else "")
+                        for t in result.trials)
+    view = KernelView(kernel_name, target, entry, findings=tuple(cfg.llm_findings), window=cfg.llm_window,
+                      tried=tried_lines)
+    try:
+        tries = cfg.llm(view, evaluate, lambda t: _winner([t]) is not None, device=cfg.device,
+                        out_of_time=cfg.out_of_time, say=say)
+    except Exception as exc:  # the model's side failing costs its answers, not the search
+        result.llm.append({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    result.llm.extend({**t.attempt.to_json(), "trial": getattr(t.trial, "pipeline", None)} for t in tries)
 
 
 def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[str, BuildResult], record: str | None,

@@ -36,6 +36,8 @@ from .parse import AsmPatchEdit, Edit, ParseFailure, PassSourceEdit, PipelineEdi
 from .prompts import Feedback, PromptContext
 from .proposer import Attempt, Conversation, ask, run_generated_pass
 
+#: The prefix of a trial named after a model's answer that is not a pipeline.
+LLM_LABEL = "llm:"
 #: The spaces whose answers are kernel edits, and the levels of the kernel each shows the model.
 KERNEL_SPACES = ("ir", "asm")
 _SHOWN_LEVEL = {"ir": ("ttgir", "ttir"), "asm": ("ptx", "amdgcn")}
@@ -138,8 +140,13 @@ def _pass_level(source: str) -> str | None:
 
 
 def _label(edit: Edit) -> str:
-    body = getattr(edit, "spec", None) or getattr(edit, "text", None) or getattr(edit, "source", "")
-    return f"llm:{edit.format}:{hashlib.sha256(str(body).encode()).hexdigest()[:10]}"
+    """How the search names the answer's trial: a pipeline by its spec (the same trial as the passes' own
+    candidate of that spec), anything else `llm:FORMAT:DIGEST` (no pipeline rebuilds it: see
+    `compiled.search.pipeline_spec`)."""
+    if isinstance(edit, PipelineEdit):
+        return edit.spec
+    body = getattr(edit, "text", None) or getattr(edit, "source", "")
+    return f"{LLM_LABEL}{edit.format}:{hashlib.sha256(str(body).encode()).hexdigest()[:10]}"
 
 
 def to_engine_edit(edit: Edit, k: KernelView, *, timeout_s: float = 120.0) -> tuple[Any, str, str | None] | Feedback:

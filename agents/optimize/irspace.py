@@ -217,8 +217,9 @@ def rank_kernels(program: Any, profile: dict[str, Any]) -> list[Any]:
     return list(program.ranked())
 
 
-def search_node(node: Node, services: LoopServices) -> Prepared:
-    """Steps 1 and 2 of the module docstring for `node`."""
+def search_node(node: Node, services: LoopServices, findings: tuple[str, ...] = ()) -> Prepared:
+    """Steps 1 and 2 of the module docstring for `node`; with a model (`services.kernel_llm`), its kernel-level
+    answers join each kernel's search, told `findings`."""
     from kstrata.agents.compiled.program import MIN_SHARE, load_program
     from kstrata.agents.compiled.run import CompiledOptions, kernel_deadline, search_one
     from kstrata.agents.compiled.search import SearchPrior
@@ -249,7 +250,8 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
                                     "workers: their timings are not serialized with the loop's jobs"})
     pool = WorkerPool(workers=workers) if shared else WorkerPool()
     budget = kernel_budget(services, len(ranked))
-    opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s)
+    opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s,
+                           llm=getattr(services, "kernel_llm", None), llm_findings=findings)
     try:
         with Engine(services.workdir / "engine", pool) as engine:
             prior = SearchPrior()
@@ -264,12 +266,14 @@ def search_node(node: Node, services: LoopServices) -> Prepared:
                 until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
                 services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}, "
                                   f"{until - now:.0f} s")
-                s = search_one(engine, k, "cuda", opts, services.progress, deadline=until, prior=prior.scores)
+                s = search_one(engine, k, "cuda", opts, services.progress, deadline=until, prior=prior.scores,
+                               program=program)
                 prior.learn(s)
                 row: dict[str, Any] = {"kernel": k.name, "share": k.share, "mode": s.mode, "trials": len(s.trials),
                                        "passed_gate": sum(1 for t in s.trials if t.status in ("equivalent", "unproven")),
                                        "tried": [f"{t.pipeline}: {t.status}" + (f" {t.speedup:.3f}x" if t.speedup else "")
-                                                 for t in s.trials]}
+                                                 for t in s.trials],
+                                       **({"llm": s.llm} if s.llm else {})}
                 best = s.best
                 if best is not None and best.entry and best.speedup:
                     name, digest = original_digest(k.entry)
@@ -338,7 +342,8 @@ class IrPassProposer:
                                                       "would be left for the recording and the kernel-level search")
             return None
         try:
-            prepared = search_node(node, services)
+            prepared = search_node(node, services, tuple(getattr(f, "text", str(f))
+                                                         for f in getattr(state, "findings", ()) or ()))
         except Exception as exc:  # searched once: a failure is said, and not repeated on every proposal
             prepared = Prepared(note=f"{node.candidate.description}: the recording or the kernel-level search failed: "
                                      f"{type(exc).__name__}: {exc}")

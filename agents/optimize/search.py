@@ -72,6 +72,8 @@ MIN_NOISE = 0.01
 #: (2026-12-02) a CUDA-graph candidate steady at 89-95 us lost its guard to a launch-bound torch.compile
 #: incumbent whose rounds ranged 88-168 us while the ir space recorded and compiled beside it (1.13x, noise 38%).
 QUIET_GUARDS = 2
+#: Spaces whose workers may also refine the baselines other than the best (see `TaskSearch._expandable`).
+OTHER_BASELINE_SPACES = ("library", "compiler", "graph")
 FAILURE_REWARD = -1.0
 #: The search starts no later than this fraction into the task's time limit: profiling that would run past it
 #: is skipped (with a note), so every task gets a guaranteed share of its time for candidates.
@@ -735,18 +737,21 @@ class TaskSearch:
                            self.notes)
 
     def _expandable(self, space: str) -> list[Node]:
-        """Nodes a worker of `space` may refine: the incumbent, the best baseline, the other baselines that
-        passed their check, and its space's good nodes. The other baselines are there because a refinement
-        of a slower lineage can beat the incumbent's: on the H200 (2026-12-03) a batch-1 MLP's incumbent was
-        compile-max-autotune (303 us, already under Inductor's CUDA graphs, so no graph could wrap it) while
-        eager under a CUDA graph had measured 120 us before; with only the incumbent expandable it was
-        never tried."""
+        """Nodes a worker of `space` may refine: the incumbent, the best baseline, for the configuration spaces
+        (`OTHER_BASELINE_SPACES`) the other baselines that passed their check, and its space's good nodes. The
+        other baselines are there because a refinement of a slower lineage can beat the incumbent's: on the
+        H200 (2026-12-03) a batch-1 MLP's incumbent was compile-max-autotune (303 us, already under Inductor's
+        CUDA graphs, so no graph could wrap it) while eager under a CUDA graph had measured 120 us before; with
+        only the incumbent expandable it was never tried. (The `ir` space records and searches a node's
+        kernels, minutes on a GPU: it stays on the incumbent and the best baseline; the templates write new
+        kernels from the task whatever the parent.)"""
         with self.lock:
             out = [self.incumbent]
             if self.base_key != self.incumbent_key:
                 out.append(self.nodes[self.base_key])
-            out += [n for n in self.baselines.values() if n.status in ("measured", "correct", "incumbent")
-                    and n.check is not None and n.check.ok and n not in out]
+            if space in OTHER_BASELINE_SPACES:
+                out += [n for n in self.baselines.values() if n.status in ("measured", "correct", "incumbent")
+                        and n.check is not None and n.check.ok and n not in out]
             out += [n for n in self.nodes.values() if n.space == space and n.status in ("measured", "correct", "incumbent")
                     and n not in out]
         return [n for n in out if (n.key, space) not in self._exhausted_nodes]

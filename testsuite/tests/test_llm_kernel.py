@@ -118,3 +118,43 @@ def test_the_catalogue_lists_the_passes_of_the_space_and_backend() -> None:
     ir = pass_catalogue(("ttir", "ttgir", "llir"), "cuda")
     assert any(line.startswith("num-warps (ttgir") for line in ir) and not any(line.startswith("ld-nc") for line in ir)
     assert not any(line.startswith("mfma-priority") for line in pass_catalogue(("amdgcn",), "cuda"))
+
+
+@pytest.mark.slow  # two compiled-kernel candidates gated by the interpreter, and a sandboxed pass: about 40 s
+def test_optimize_a_cache_with_llm_answers_through_the_cpu_path(suite_cache: Path, tmp_path: Path) -> None:
+    """`kstrata optimize CACHE --launches R --llm` on the CPU: a generated pass that turns an add into a subtract is
+    built, gated by the interpreter on the kernel's launch record and found different, which the model hears with
+    the first differing element; its next answer (a pipeline) is equivalent, which ends the conversation where
+    nothing is timed. Both are trials of the kernel's search, in the report and the JSON; the key never is."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .test_compiled import _program
+
+    cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")
+    wrong = NOOP_PASS.replace("BODY", "return PassResult(ctx.text.replace('arith.addf', 'arith.subf', 1))")
+    script = [chat(f"Subtracting is cheaper.\n```xdsl-pass\n{wrong}```"),
+              chat("Then more warps.\n```pipeline\nttgir(num-warps{n=8})\n```")]
+    with FakeLLMServer(script, lifetime_s=240) as server:
+        env = {**os.environ, "KSTRATA_LLM_BASE_URL": server.base_url, "KSTRATA_LLM_MODEL": "fake-model",
+               "OPENAI_API_KEY": "sk-secret-kernel-7311"}
+        proc = subprocess.run([sys.executable, "-m", "kstrata.tools.cli", "optimize", str(cache), "--launches",
+                               str(records), "--out", str(tmp_path / "out"), "--device", "cpu", "--engine-cache",
+                               str(tmp_path / "engine"), "--budget", "1", "--spaces", "ttir", "--llm", "--json"],
+                              capture_output=True, text=True, timeout=300, env=env)
+        asked = [r["body"]["messages"] for r in server.requests]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    (kernel,) = report["kernels"]
+    llm_trials = [t for t in kernel["search"]["trials"] if t["phase"] == "llm"]
+    assert [(t["pipeline"].split(":")[0] + ":" + t["pipeline"].split(":")[1] if t["pipeline"].startswith("llm:")
+             else t["pipeline"], t["status"]) for t in llm_trials] == [("llm:xdsl_pass", "different"),
+                                                                      ("ttgir(num-warps{n=8})", "equivalent")]
+    assert [a["outcome"] for a in kernel["search"]["llm"]] == ["rejected", "accepted"]
+    assert len(asked) == 2 and "different result" in asked[1][-1]["content"]
+    assert [a["outcome"] for a in report["llm"]["kernel_attempts"]] == ["rejected", "accepted"]
+    text = (tmp_path / "out" / "optimize-compiled.md").read_text()
+    assert "| llm |" in text and "sk-secret-kernel-7311" not in proc.stdout + proc.stderr + text
+

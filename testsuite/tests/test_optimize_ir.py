@@ -514,7 +514,7 @@ def test_two_strategy_workers_reaching_the_ir_space_at_once_search_its_node_once
 
     searched: list[str] = []
 
-    def slow_search(node: Any, services: Any) -> Prepared:
+    def slow_search(node: Any, services: Any, findings: tuple[str, ...] = ()) -> Prepared:
         searched.append(node.key)
         time.sleep(0.5)  # the recording and the kernel-level search take minutes on a GPU
         return Prepared(winners=[rewritten["winner"]])
@@ -554,9 +554,11 @@ def _fake_search_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_s:
     monkeypatch.setattr(irspace, "record_node", record)
     monkeypatch.setattr(program_mod, "load_program", lambda cache, records: None)
     monkeypatch.setattr(irspace, "rank_kernels", lambda program, profile: kernels)
-    monkeypatch.setattr(run_mod, "search_one", lambda *a, **kw: SimpleNamespace(
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(run_mod, "search_one", lambda *a, **kw: calls.append((a, kw)) or SimpleNamespace(
         mode="unranked", mode_note=UNRANKED, trials=[SimpleNamespace(status="equivalent", pipeline="p", speedup=None)],
-        best=None))
+        best=None, llm=[]))
+    monkeypatch.setattr(irspace, "SEARCH_CALLS", calls, raising=False)
     monkeypatch.setattr(engine_mod, "Engine", lambda *a, **kw: contextlib.nullcontext())
     monkeypatch.setattr(engine_mod, "WorkerPool", lambda **kw: SimpleNamespace(close=lambda: None))
     services = SimpleNamespace(workdir=tmp_path, evaluator=SimpleNamespace(workers=SimpleNamespace(name="ray")),
@@ -586,6 +588,31 @@ def test_a_kernel_search_that_could_not_time_on_the_gpu_is_said_not_called_a_los
     assert [r.get("unmeasured") for r in out.kernels if "kernel" in r] == [note, note]
 
 
+def test_a_models_kernel_answers_join_each_kernel_search_of_the_ir_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `--llm --llm-spaces ir,asm` the loop lends its KernelLLM to the ir space, which hands it (and the task's
+    findings) to every kernel search, with the program so that a winner is timed against the kernel's other
+    autotuning configs too."""
+    from kstrata.agents.optimize import irspace
+
+    search_node, services, node = _fake_search_node(tmp_path, monkeypatch)
+    hook = object()
+    services.kernel_llm = hook
+    search_node(node, services, ("memory-bound at 40% of the copy bandwidth",))
+    calls = irspace.SEARCH_CALLS  # type: ignore[attr-defined]
+    assert len(calls) == 2
+    for args, kw in calls:
+        opts = args[3]
+        assert opts.llm is hook and opts.llm_findings == ("memory-bound at 40% of the copy bandwidth",)
+        assert "program" in kw
+    seen: list[tuple[str, ...]] = []
+    monkeypatch.setattr(irspace, "search_node", lambda n, s, f=(): seen.append(f) or Prepared())
+    state = _state("cuda")
+    state.findings = [SimpleNamespace(text="launch-bound: 12 kernels")]
+    IrPassProposer().prepare(state, SimpleNamespace(budget=4, time_left_s=lambda: 3600.0))
+    assert seen == [("launch-bound: 12 kernels",)]
+
+
 def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_candidate(
         rewritten: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kstrata.agents.optimize import irspace
@@ -595,7 +622,7 @@ def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_cand
 
     seen: list[Any] = []
 
-    def fake_search(node: Any, services: LoopServices) -> Prepared:
+    def fake_search(node: Any, services: LoopServices, findings: tuple[str, ...] = ()) -> Prepared:
         seen.append((node.candidate.description, services))
         return Prepared(winners=[rewritten["winner"]], kernels=[{"kernel": "ir_rowsum", "trials": 3}], seconds=1.0)
 
@@ -622,20 +649,34 @@ def test_the_loop_prepares_the_ir_space_through_its_services_and_judges_its_cand
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # a task optimized for 7 minutes
 @pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
 def test_the_ir_space_improves_inductor_layernorm_on_the_gpu(tmp_path: Path) -> None:
+    """The ir space end to end on the GPU, with a model's kernel-level answers (`--llm --llm-spaces ir`, a scripted
+    server answering a pipeline) joining its kernel searches: built, gated and timed like the passes' own."""
+    from kstrata.agents.llm.client import LLMClient
+    from kstrata.agents.llm.config import LLMConfig
+    from kstrata.agents.llm.kernel import KernelLLM
     from kstrata.agents.optimize.search import Options, optimize
+    from kstrata.testsuite.fake_llm import FakeLLMServer, chat
 
     task = tmp_path / "layernorm_small.py"
     src = (Path(__file__).resolve().parents[1] / "tasks" / "level1" / "19_layernorm_fp16.py").read_text()
     task.write_text(src.replace("batch = 32", "batch = 8").replace("seq = 2048", "seq = 1024"))
     events: list[str] = []
-    results = optimize(task, tmp_path / "out", Options(budget=3, minutes=7, device="cuda", spaces=("ir",), baselines=("eager", "compile"),
-                                                       progress=events.append, ncu=False))
+    with FakeLLMServer([chat("```pipeline\nttgir(num-warps{n=8})\n```")] * 8, lifetime_s=600) as server:
+        llm = KernelLLM(LLMClient(LLMConfig(server.base_url, "fake-model", api_key="k", max_retries=0, timeout_s=5.0)),
+                        spaces=("ir",), max_turns=1)
+        results = optimize(task, tmp_path / "out", Options(budget=3, minutes=7, device="cuda", spaces=("ir",),
+                                                           baselines=("eager", "compile"), progress=events.append,
+                                                           ncu=False, kernel_llm=llm))
+        asked = len(server.requests)
     (res,) = results
     traj = [json.loads(ln) for ln in (tmp_path / "out" / "trajectory.jsonl").read_text().splitlines()]
     prepared = [e for e in traj if e["type"] == "prepare"]
     assert prepared and prepared[0]["summary"]["kernels"], "\n".join(events[-30:])
+    llm_rows = [a for k in prepared[0]["summary"]["kernels"] for a in k.get("llm", [])]
+    assert asked >= 1 and llm_rows and all(a["outcome"] in ("accepted", "rejected") for a in llm_rows), llm_rows
     ir = [e for e in traj if e["type"] == "candidate" and e["space"] == "ir"]
     assert ir, f"no ir candidate: {prepared[0]['summary']}\n" + "\n".join(events[-30:])
     assert any(e["verdict"] and e["verdict"]["ok"] for e in ir), [e["verdict"] for e in ir]
