@@ -20,7 +20,7 @@ from kstrata.tools.console import emit_json, err, out
 def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budget: int, minutes: float, device: str,
                  spaces: str, exact: bool, seed: int, jobs: int, engine_cache: Path | None, only: list[str] | None,
                  max_edits: int, timeout: float, as_json: bool, llm: Any = None) -> None:
-    """`llm`: an `llm.proposer.LLMSetup` whose kernel-level answers join each kernel's search (`--llm`)."""
+    """`llm`: an `llm.setup.LLMSetup` whose kernel-level answers join each kernel's search (`--llm`)."""
     from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
     from kstrata.ir.errors import KstrataError
 

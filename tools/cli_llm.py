@@ -1,7 +1,7 @@
 """`kstrata llm refine`: one multi-turn conversation with the configured model on one task.
 
-Until `kstrata optimize --llm` is wired (issue 13's loop with `kstrata.agents.llm.proposer.llm_proposers`),
-this is how a person tries an endpoint on a task: the model proposes, the hardened evaluator judges each
+Beside `kstrata optimize --llm` (the search's proposers, `kstrata.agents.llm.setup.llm_setup`), this is how a
+person tries an endpoint on a task alone: the model proposes, the hardened evaluator judges each
 answer in the sandbox, failures go back as feedback, up to `--turns` turns. Writes `OUT/attempts.json`
 (every turn: outcome, stage, reason, tokens; never the key) and, when one was accepted,
 `OUT/model_new.py`. Exit codes: 0 accepted, 1 none accepted (or the budget ran out), 2 a user error.

@@ -116,7 +116,7 @@ def optimize_cmd(
                     as_json=as_json)
     if llm and (len(targets) > 1 or is_triton_cache(Path(targets[0]))):
         from kstrata.agents.llm.kernel import KERNEL_SPACES
-        from kstrata.agents.llm.proposer import llm_setup
+        from kstrata.agents.llm.setup import llm_setup
 
         asked = tuple(x.strip() for x in llm_spaces.split(",") if x.strip())
         # compiled kernels take kernel-level answers only: the default task spaces mean "ir" here
@@ -186,7 +186,7 @@ def optimize_cmd(
     extra = [_load_proposer(spec) for spec in proposer or []]
     setup = None
     if llm:
-        from kstrata.agents.llm.proposer import llm_setup
+        from kstrata.agents.llm.setup import llm_setup
 
         setup = llm_setup(tuple(x.strip() for x in llm_spaces.split(",") if x.strip()),
                           options={"budget_tokens": llm_budget_tokens, "max_turns": llm_turns},

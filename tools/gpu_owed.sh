@@ -23,7 +23,7 @@
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
 #   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (3 min), to see it work end to end
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
-#                 process under its own limit (PER_TEST_S), its outcome and short traceback logged as it ends (9.5 min)
+#                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
@@ -97,10 +97,12 @@ for step in "$@"; do
       # one pytest process per test, each under its own limit (PER_TEST_S, default 150 s), outcome and short
       # traceback in the log as each ends: on 2026-12-03 one pytest run for all of them lost a failure's message
       # (printed only at the session's end) and a hanging test took the step's whole limit
+      # (quick files first: the conv template's 13 twins took more than 4 minutes, and the ncu window test runs a
+      # kernel search of 8 candidates)
       run gpu-tests "${GPU_TESTS_S:-570}" $PY -m kstrata.tools.gpu_tests --marker "gpu and not slow" \
-        --per-test-s "${PER_TEST_S:-150}" --log "$WORK/gpu-tests-detail.log" \
-        testsuite/tests/test_compiled_window.py testsuite/tests/test_compiled.py testsuite/tests/test_record.py \
-        testsuite/tests/test_torch_backend.py testsuite/tests/test_llm_kernel.py testsuite/tests/test_conv_template.py ;;
+        --per-test-s "${PER_TEST_S:-200}" --log "$WORK/gpu-tests-detail.log" \
+        testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
+        testsuite/tests/test_compiled_window.py testsuite/tests/test_conv_template.py ;;
     gpu-ir)
       # the GPU tests marked slow: the ir space end to end on a small LayerNorm (7 minutes), a model's kernel-level
       # answers joining its kernel searches
