@@ -67,7 +67,8 @@ for step in "$@"; do
       optimize groupnorm 330 5 level1/22_groupnorm_fp16 groupnorm "--spaces library,compiler,graph,ir" --budget 8 ;;
     skills)
       optimize skills 390 6 level2/01_gemm_bias_relu_fp16 skills \
-        "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" --budget 6 ;;
+        "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" --budget 6 \
+        --baselines eager,compile,compile-max-autotune ;;
     templates)
       run templates 330 $PY -m kstrata.tools.bench_templates --tune-s 28 --runs 30 --total-s "$(lim 270)"
       run template-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_templates.py ;;
