@@ -344,3 +344,80 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 def launch(kernel: str, grid: str, args: list[str], meta: dict[str, Any]) -> str:
     kw = ", ".join(f"{k}={v!r}" for k, v in meta.items())
     return f"{kernel}[{grid}]({', '.join(args)}, {kw})"
+
+
+# -- persistent teams (programs of one row that wait for each other) --------------------------------------
+#: Spins (atomic reads, ~1 us each) a team member waits for its siblings before it gives up: a wrong result the
+#: check rejects, never a hang. A normal wait is one chunk pass of the siblings (microseconds, a few spins).
+SPIN_LIMIT = 1 << 14
+
+
+def team_exchange(values: list[str], loaded: list[tuple[str, str]], split: int, sp2: int) -> list[str]:
+    """Kernel lines (at the loop body's indentation) for one member `c` of the team of `split` programs working
+    on `row`: publish this program's partials `values` to `part_ptr[row, c, :]`, count itself in on
+    `cnt_ptr[row]` (release), wait until the whole team has (acquire; at most `SPIN_LIMIT` spins, see there), then
+    load the team's partials as vectors `loaded` (name, value past `split`; length `sp2`; `.cg` bypasses L1,
+    which may hold a sibling's slot from before). Every member must be resident at once: the launcher sizes
+    the grid by the kernel's occupancy (`RESIDENT_HELPER`)."""
+    k = len(values)
+    lines = [f"p = part_ptr + (row * {split} + c) * {k}"]
+    lines += [f"tl.store(p + {i}, {v})" for i, v in enumerate(values)]
+    lines += ["seen = tl.atomic_add(cnt_ptr + row, 1, sem=\"release\") + 1", "spins = 0",
+              f"while (seen < {split}) & (spins < {SPIN_LIMIT}):",
+              "    seen = tl.atomic_add(cnt_ptr + row, 0, sem=\"acquire\")", "    spins += 1",
+              f"j = tl.arange(0, {sp2})", f"pmask = j < {split}", f"pp = part_ptr + row * {split * k} + j * {k}"]
+    lines += [f"{name} = tl.load(pp + {i}, mask=pmask, other={other}, cache_modifier=\".cg\")"
+              for i, (name, other) in enumerate(loaded)]
+    return lines
+
+
+#: Module-level Python of a rendered file whose persistent kernel needs all of a team resident at once.
+RESIDENT_HELPER = '''
+_KSTRATA_RESIDENT = {}
+
+
+def _kstrata_resident(kern, args, meta, device):
+    """How many programs of the persistent kernel `kern` one launch keeps resident at once on `device`: its
+    occupancy by registers, threads and shared memory (the compiled kernel's own figures, read as Triton's
+    fused-softmax tutorial reads them) times the SM count. A team larger than that would wait for members that
+    cannot start."""
+    key = (kern.fn.__name__, tuple(sorted(meta.items())), str(device))
+    if key not in _KSTRATA_RESIDENT:
+        k = kern.warmup(*args, grid=(1,), **meta)
+        k._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        threads = meta["num_warps"] * 32
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * threads)
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // threads
+        smem = k.metadata.shared
+        by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // smem if smem else by_threads
+        _KSTRATA_RESIDENT[key] = max(0, min(by_regs, by_threads, by_smem, 32)) * props.multi_processor_count
+    return _KSTRATA_RESIDENT[key]
+'''
+
+
+def resident_schedules(length: int, max_team: int = 1024, sms: int = 132) -> list[tuple[int, int]]:
+    """(BLOCK, num_warps) of `resident` schedules worth trying on rows of `length`: 16 to 64 values a thread,
+    a team of 2 to `max_team` programs that an H100/H200's `sms` could hold by threads alone, fewest programs a
+    team first (the likeliest to stay resident whatever the registers: on the H200's ptxas a 64-value chunk
+    took 120-180 registers; the launcher checks the compiled kernel's occupancy either way)."""
+    out = []
+    for block in (8192, 16384, 32768):
+        for warps in (4, 8, 16):
+            per_thread, team = block // (32 * warps), -(-length // block)
+            if 16 <= per_thread <= 64 and 2 <= team <= max_team and team <= sms * (2048 // (32 * warps)):
+                out.append((team, per_thread, block, warps))
+    return [(b, w) for _, _, b, w in sorted(out)][:5]
+
+
+def resident_launch(kernel: str, args: list[str], split: int, rows: int, meta: dict[str, Any]) -> list[str]:
+    """Forward lines (GPU only) launching persistent `kernel` with as many teams of `split` as stay resident
+    (at most `rows`), its last argument the team count; `return out` when it ran. Without room for one whole
+    team nothing is launched and the lines after it (the two-kernel path) run."""
+    call = ", ".join(args)
+    kw = ", ".join(f"{k}={v!r}" for k, v in meta.items())
+    return [f"slots = _kstrata_resident({kernel}, ({call}, 1), {meta!r}, h.device)",
+            f"teams = min({rows}, slots // {split})",
+            "if teams >= 1:",
+            f"    {kernel}[(teams * {split},)]({call}, teams, {kw})",
+            "    return out"]

@@ -11,6 +11,12 @@ Two strategies (`strategy` in the schedule):
   and normalizes its chunk. The input is read twice and written once, by all SMs, where one program per
   row would leave most of the GPU idle; with GROUP_ROWS > 0 both kernels run per group of rows, so the
   second read of a group that fits in L2 does not go to DRAM.
+- `resident` (GPU only): one persistent kernel; teams of SPLIT = ceil(segment / BLOCK) programs take a segment
+  at a time, each holding its chunk of BLOCK elements in registers (at most 64 values a thread): the chunk's
+  exact two-pass (count, mean, M2) published, the team's combined by Chan's formula in a fixed order (the
+  same result every run), the chunk normalized from registers and stored. The input is read once and written
+  once; teams are as many as the compiled kernel's occupancy keeps resident (`codegen.RESIDENT_HELPER`).
+  Where not even one team fits (and on the CPU) the `split` kernels run with the same chunks.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import math
 
 from kstrata.agents.templates.base import Params, cdiv, next_pow2
 from kstrata.agents.templates.codegen import (
+    RESIDENT_HELPER,
     ExprEmitter,
     Kernel,
     check_shapes,
@@ -26,7 +33,10 @@ from kstrata.agents.templates.codegen import (
     index_type,
     launch,
     leaf_kernel_args,
+    resident_launch,
+    resident_schedules,
     root_load,
+    team_exchange,
     tl_dtype,
 )
 from kstrata.agents.templates.graph import Chain, Node, describe
@@ -34,6 +44,8 @@ from kstrata.agents.templates.graph import Chain, Node, describe
 NAME = "norm"
 #: Largest segment the fused strategy keeps in registers.
 FUSED_MAX = 16384
+#: The most programs a `resident` team may have (its partials are loaded as one vector).
+MAX_TEAM = 1024
 
 def combine_lines(n: str, mean: str, m2: str, out: str) -> list[str]:
     """Kernel lines combining per-lane (count, mean, M2) vectors into the totals `{out}n, {out}mean, {out}m2`.
@@ -87,10 +99,10 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
     m, d, _ = geometry(chain)
     fused = d <= FUSED_MAX
-    strategies = ("fused", "split") if fused else ("split",)
+    strategies = ("fused", "split") if fused else ("split", "resident")
     sp: list[tuple[str, tuple[object, ...]]] = [("strategy", strategies)]
     sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
-    sp.append(("BLOCK", (1024, 2048, 4096)))
+    sp.append(("BLOCK", (1024, 2048, 4096) if fused else (1024, 2048, 4096, 8192, 16384, 32768)))
     sp.append(("SPLIT", (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     sp.append(("GROUP_ROWS", (0, 1, 2, 4, 8) if m > 1 else (0,)))
     sp.append(("num_warps", (4, 8, 16)))
@@ -107,9 +119,13 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
 def hints(chain: Chain) -> list[Params]:
     """Row groups of wide segments that fit in L2, each split over enough programs to fill the GPU."""
     m, d, _ = geometry(chain)
-    if d <= FUSED_MAX or m <= 1:
+    if d <= FUSED_MAX:
         return []
-    out = []
+    # a chunk in registers first (the segment read once; the teams as many as stay resident)
+    out: list[Params] = [{"strategy": "resident", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": 1, "BLOCK": b, "num_warps": w}
+                         for b, w in resident_schedules(d, MAX_TEAM)]
+    if m <= 1:
+        return out
     for g in (1, 2, 4, 8):
         if g < m and 2 * g * 4 * d <= 48 << 20:
             out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(256, next_pow2(cdiv(512, g)))),
@@ -122,7 +138,10 @@ def valid(chain: Chain, p: Params) -> bool:
     if p["strategy"] == "fused":
         return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(d) * p["BLOCK_M"] <= 32768)
-    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m)
+    if p["strategy"] == "resident":  # the chunk is BLOCK (SPLIT follows), at most 64 values a thread
+        return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and p["SPLIT"] == 1
+                    and 2 <= cdiv(d, p["BLOCK"]) <= MAX_TEAM and p["BLOCK"] <= 64 * 32 * p["num_warps"])
+    return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m and p["BLOCK"] <= 4096)
 
 
 def description(chain: Chain) -> str:
@@ -208,6 +227,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     else:
         block = params["BLOCK"]
         split = params["SPLIT"]
+        if params["strategy"] == "resident":  # the chunk is BLOCK; the two-kernel path takes it in 4096 pieces
+            split, block = cdiv(d, block), min(block, 4096)
         chunk = cdiv(cdiv(d, split), block) * block
         split = cdiv(d, chunk)
         sp2 = next_pow2(split)
@@ -269,6 +290,16 @@ def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
 ''')
+        if params["strategy"] == "resident":
+            srcs += [RESIDENT_HELPER, _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split))]
+            fwd.append("if h.is_cuda:")
+            fwd.append(f"    part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
+            fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
+            fwd += ["    " + ln for ln in resident_launch("_norm_resident_kernel", ["h", "out", *norm_vals, *leaf_vals,
+                                                                                     "part", "cnt"],
+                                                          split, m, {"BLOCK": params["BLOCK"], **meta_common})]
+            fwd.append("# the interpreter runs programs one after another (and no team fits: too few registers): the "
+                       "same chunks, two kernels")
         fwd.append(f"part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
         # GROUP_ROWS > 0: statistics then normalization per group of rows, so that the second read of a
         # group can come from L2 (a group must fit in it: LayerNorm's 16 MB rows, one or two at a time)
@@ -281,3 +312,35 @@ def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
                                     ["h", "out", *norm_vals, *leaf_vals, "part", "row0"], {"BLOCK": block, **meta_common}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)
+
+
+def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str, eps: float, split: int,
+                     sp2: int) -> str:
+    """A persistent kernel (GPU only) of teams of `split` programs, each holding its chunk of BLOCK elements of a
+    segment in registers (see the module docstring)."""
+    s = chain.core_shape
+    out_t = tl_dtype(chain.out_dtype)
+    em = ExprEmitter()
+    em.lines += [f"base = row * {d}"] + [ln.strip() for ln in _shift(chain, s).splitlines()]
+    em.lines += [f"cols = c * BLOCK + tl.arange(0, BLOCK).to({it})", f"mask = cols < {d}", "idx = base + cols",
+                 "col = cols", root_load(chain, s, "idx", "mask")]
+    v = em.emit(chain.prologue, "x", "idx", s, "mask")
+    # the chunk's exact two-pass statistics from registers, shifted by the segment's first value (as `fused`)
+    em.lines += [f"vs = tl.where(mask, {v} - x0, 0.0)", "cn = tl.sum(mask.to(tl.float32), axis=0)",
+                 "cmean = tl.sum(vs, axis=0) / tl.maximum(cn, 1.0)", "dv = tl.where(mask, vs - cmean, 0.0)",
+                 "cm2 = tl.sum(dv * dv, axis=0)"]
+    em.lines += team_exchange(["cn", "cmean", "cm2"], [("pn", "0.0"), ("pmean", "0.0"), ("pm2", "0.0")], split, sp2)
+    em.lines += combine_lines("pn", "pmean", "pm2", "t")
+    em.lines += [f"rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})", "y = (vs - tmean) * rstd"]
+    y = _affine(chain, em, "y", widx, "mask")
+    r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
+    em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+    body = "\n".join("        " + line for line in em.lines)
+    return f'''
+@triton.jit(do_not_specialize=["teams"])
+def _norm_resident_kernel({sig}, part_ptr, cnt_ptr, teams, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to({it})
+    c = pid % {split}
+    for row in range(pid // {split}, {m}, teams):
+{body}
+'''

@@ -10,6 +10,10 @@
   ends; a bounded spin turns a scheduling surprise into a wrong result the checks reject, not a hang) and
   re-read their chunk from L2. On the CPU (the interpreter runs programs one by one) the same source runs
   the `split` kernels with the same SPLIT.
+- `resident` (GPU only): as `team`, but each program holds its whole chunk of BLOCK elements in registers
+  (one load of the chunk, at most 64 values a thread), so the row is read from DRAM once and never again;
+  teams are as many as the compiled kernel's occupancy keeps resident (`codegen.RESIDENT_HELPER`). Where not
+  even one team fits (and on the CPU) the `split` kernels run with the same chunks.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import math
 
 from kstrata.agents.templates.base import Params, cdiv, next_pow2
 from kstrata.agents.templates.codegen import (
+    RESIDENT_HELPER,
     ExprEmitter,
     Kernel,
     check_shapes,
@@ -25,13 +30,18 @@ from kstrata.agents.templates.codegen import (
     index_type,
     launch,
     leaf_kernel_args,
+    resident_launch,
+    resident_schedules,
     root_load,
+    team_exchange,
     tl_dtype,
 )
 from kstrata.agents.templates.graph import Chain, describe
 
 NAME = "softmax"
 FUSED_MAX = 16384
+#: The most programs a `resident` team may have (its partials are loaded as one vector).
+MAX_TEAM = 1024
 
 def _combine_lines(m: str, sm: str) -> list[str]:
     """Kernel lines combining per-lane (max, sum of exp(x - max)) into the row totals `tm`, `ts` (plain
@@ -62,9 +72,9 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     m, n = geometry(chain)
     fused = n <= FUSED_MAX
     sp: list[tuple[str, tuple[object, ...]]] = [
-        ("strategy", ("fused", "split", "team") if fused else ("split", "team")),
+        ("strategy", ("fused", "split", "team") if fused else ("split", "team", "resident")),
         ("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)),
-        ("BLOCK", (1024, 2048, 4096, 8192)),
+        ("BLOCK", (1024, 2048, 4096, 8192) if fused else (1024, 2048, 4096, 8192, 16384, 32768)),
         ("SPLIT", (1, 2, 4, 8, 16, 32, 64)),
         ("GROUP_ROWS", (0, 8, 16, 32) if m > 8 else (0,)),
         ("num_warps", (4, 8, 16)),
@@ -86,7 +96,9 @@ def hints(chain: Chain) -> list[Params]:
     if n <= FUSED_MAX or m <= 8:
         return []
     row_bytes = 4 * n
-    out = []
+    # a chunk in registers first (a row read once; the teams as many as stay resident), 32 or 64 values a thread
+    out: list[Params] = [{"strategy": "resident", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": 1, "BLOCK": b, "num_warps": w,
+                          "RESIDENT": 1} for b, w in resident_schedules(n, MAX_TEAM)]
     # persistent teams first (the H200 run: RESIDENT 2 beat 1, 6080 us against 9161 us at SPLIT 16)
     for k in (4, 8, 16, 32):
         for resident in (2, 3, 4):
@@ -105,9 +117,13 @@ def valid(chain: Chain, p: Params) -> bool:
         return bool(n <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(n) * p["BLOCK_M"] <= 32768 and p["RESIDENT"] == 1)
     if p["strategy"] == "team":
-        return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and 2 <= p["SPLIT"] <= cdiv(n, p["BLOCK"]))
+        return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and 2 <= p["SPLIT"] <= cdiv(n, p["BLOCK"])
+                    and p["BLOCK"] <= 8192)
+    if p["strategy"] == "resident":  # the chunk is BLOCK (SPLIT follows), at most 64 values a thread
+        return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and p["SPLIT"] == 1 and p["RESIDENT"] == 1
+                    and 2 <= cdiv(n, p["BLOCK"]) <= MAX_TEAM and p["BLOCK"] <= 64 * 32 * p["num_warps"])
     return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(n, p["BLOCK"]) and (p["GROUP_ROWS"] == 0 or p["GROUP_ROWS"] < m)
-                and p["RESIDENT"] == 1)
+                and p["RESIDENT"] == 1 and p["BLOCK"] <= 8192)
 
 
 def description(chain: Chain) -> str:
@@ -155,6 +171,8 @@ def _softmax_fused_kernel(h_ptr, out_ptr, {lsig}BLOCK_M: tl.constexpr, BLOCK_N: 
                           {"BLOCK_M": bm, "BLOCK_N": bn, **nw}))
     else:
         block, split = params["BLOCK"], params["SPLIT"]
+        if params["strategy"] == "resident":  # the chunk is BLOCK; the two-kernel path takes it in 4096 pieces
+            split, block = cdiv(n, block), min(block, 4096)
         chunk = cdiv(cdiv(n, split), block) * block
         split = cdiv(n, chunk)
         sp2 = next_pow2(split)
@@ -219,6 +237,15 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
                                         {"BLOCK": block, **nw}))
             fwd.append("    return out")
             fwd.append("# the interpreter runs programs one after another: a team would wait for itself; same split, two kernels")
+        if params["strategy"] == "resident":
+            srcs += [RESIDENT_HELPER, _resident_kernel(chain, log, lsig, it, n, m, split, sp2)]
+            fwd.append("if h.is_cuda:")
+            fwd.append(f"    part = torch.empty(({m * split * 2},), device=h.device, dtype=torch.float32)")
+            fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
+            fwd += ["    " + ln for ln in resident_launch("_softmax_resident_kernel", ["h", "out", "part", "cnt", *leaf_vals],
+                                                          split, m, {"BLOCK": params["BLOCK"], **nw})]
+            fwd.append("# the interpreter runs programs one after another (and no team fits: too few registers): the "
+                       "same chunks, two kernels")
         fwd.append(f"part = torch.empty(({m * split * 2},), device=h.device, dtype=torch.float32)")
         g = params["GROUP_ROWS"] or m
         fwd.append(f"for row0 in range(0, {m}, {g}):")
@@ -229,11 +256,6 @@ def _softmax_apply_kernel(h_ptr, out_ptr, part_ptr, {lsig}row0, BLOCK: tl.conste
                                     {"BLOCK": block, **nw}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)
-
-
-#: Spins (atomic reads, ~1 us each) a team member waits for its siblings before it gives up: a wrong result the
-#: check rejects, never a hang. A normal wait is one chunk pass of the siblings (microseconds, a few spins).
-SPIN_LIMIT = 1 << 14
 
 
 def _team_kernel(stats_body: str, stats: str, apply_body: str, combine: str, lsig: str, it: str, n: int, m: int,
@@ -247,6 +269,9 @@ def _team_kernel(stats_body: str, stats: str, apply_body: str, combine: str, lsi
     def indent(text: str) -> str:
         return "\n".join("    " + line if line else line for line in text.splitlines())
 
+    exchange = "\n".join("        " + ln for ln in team_exchange(["tm", "ts"], [("pmax", "float('-inf')"), ("psum", "0.0")],
+                                                                 split, sp2))
+
     return f'''
 @triton.jit
 def _softmax_team_kernel(h_ptr, out_ptr, part_ptr, cnt_ptr, {lsig}teams, BLOCK: tl.constexpr):
@@ -259,21 +284,39 @@ def _softmax_team_kernel(h_ptr, out_ptr, part_ptr, cnt_ptr, {lsig}teams, BLOCK: 
         for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {indent(stats_body)}
 {indent(stats)}
-        p = part_ptr + (row * {split} + c) * 2
-        tl.store(p, tm)
-        tl.store(p + 1, ts)
-        seen = tl.atomic_add(cnt_ptr + row, 1, sem="release") + 1
-        spins = 0
-        while (seen < {split}) & (spins < {SPIN_LIMIT}):
-            seen = tl.atomic_add(cnt_ptr + row, 0, sem="acquire")
-            spins += 1
-        j = tl.arange(0, {sp2})
-        pp = part_ptr + row * {split * 2} + j * 2
-        pmax = tl.load(pp, mask=j < {split}, other=float('-inf'), cache_modifier=".cg")
-        psum = tl.load(pp + 1, mask=j < {split}, other=0.0, cache_modifier=".cg")
+{exchange}
 {indent(combine)}
         inv = 1.0 / ts
         lse = tl.log(ts)
         for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {indent(apply_body)}
+'''
+
+
+def _resident_kernel(chain: Chain, log: bool, lsig: str, it: str, n: int, m: int, split: int, sp2: int) -> str:
+    """A persistent kernel (GPU only) of teams of `split` programs, each holding its chunk of BLOCK elements of a
+    row in registers: the chunk's (max, sum of exp) published, the team's combined, the chunk normalized from
+    registers and stored; the row is read once."""
+    s = chain.core_shape
+    out_t = tl_dtype(chain.out_dtype)
+    em = ExprEmitter()
+    em.lines += [f"base = row * {n}", f"cols = c * BLOCK + tl.arange(0, BLOCK).to({it})", f"mask = cols < {n}",
+                 "idx = base + cols", root_load(chain, s, "idx", "mask")]
+    v = em.emit(chain.prologue, "x", "idx", s, "mask")
+    em.lines += [f"v = tl.where(mask, {v}, float('-inf'))", "cm = tl.max(v, axis=0)",
+                 "csafe = tl.where(cm == float('-inf'), 0.0, cm)",
+                 "cs = tl.sum(tl.where(mask, tl.exp(v - csafe), 0.0), axis=0)"]
+    em.lines += team_exchange(["cm", "cs"], [("pmax", "float('-inf')"), ("psum", "0.0")], split, sp2)
+    em.lines += _combine_lines("pmax", "psum")
+    em.lines.append("y = v - tm - tl.log(ts)" if log else "y = tl.exp(v - tm) / ts")
+    r = em.emit(chain.epilogue, "y", "idx", chain.out_shape, "mask")
+    em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+    body = "\n".join("        " + line for line in em.lines)
+    return f'''
+@triton.jit(do_not_specialize=["teams"])
+def _softmax_resident_kernel(h_ptr, out_ptr, part_ptr, cnt_ptr, {lsig}teams, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to({it})
+    c = pid % {split}
+    for row in range(pid // {split}, {m}, teams):
+{body}
 '''

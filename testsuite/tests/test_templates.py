@@ -97,7 +97,8 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     m = match(load_task(GAPS / "01_layernorm_three_dims_fp32.py"))[0]
     space = m.schedule_space()
     assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps"}
-    assert space["strategy"] == ("split",)  # a 4M-element row cannot be kept in registers
+    # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
+    assert space["strategy"] == ("split", "resident")
     configs = m.configs()
     assert configs[0] == m.default_params() and len(configs) > 20
     assert len({str(sorted(c.items())) for c in configs}) == len(configs)
@@ -107,12 +108,24 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
         m.render({"WARPS": 4})
     with pytest.raises(ValueError, match="not in its space"):
         m.render({"BLOCK": 1000})
-    # hints: a row group that fits in L2 with the row split over enough programs, rendered like any schedule
-    assert m.hint_params() == [{**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}]
-    assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[0])
+    # hints: resident teams of chunks held in registers (a segment read once), then a row group that fits in L2
+    # with the row split over enough programs; rendered like any schedule
+    resident = [h for h in m.hint_params() if h["strategy"] == "resident"]
+    # fewest programs a team first: 128 chunks of 32768 (64 values a thread at 16 warps) fit the H200's 132 SMs
+    # even at one block an SM (128 registers by its ptxas)
+    assert [(h["BLOCK"], h["num_warps"]) for h in resident] == [(32768, 16), (16384, 16), (16384, 8), (8192, 16),
+                                                                (8192, 8)]
+    assert m.hint_params()[len(resident):] == [{**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}]
+    assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[-1])
+    held = m.render(resident[0])  # 128 programs a segment, their partials read in one vector of 128
+    assert "c = pid % 128" in held and "j = tl.arange(0, 128)" in held and "_kstrata_resident(" in held
+    with pytest.raises(ValueError, match="not valid"):
+        m.render({**resident[0], "BLOCK": 32768, "num_warps": 8})  # 128 values a thread
     wide = match(load_task(GAPS / "03_softmax_wide_rows_fp32.py"))[0]
     assert [(h["strategy"], h["GROUP_ROWS"], h["SPLIT"], h["RESIDENT"]) for h in wide.hint_params()] == [
-        *[("team", 0, k, r) for k in (4, 8, 16, 32) for r in (2, 3, 4)], ("split", 8, 32, 1), ("split", 16, 16, 1)]
+        *[("resident", 0, 1, 1)] * 5, *[("team", 0, k, r) for k in (4, 8, 16, 32) for r in (2, 3, 4)],
+        ("split", 8, 32, 1), ("split", 16, 16, 1)]
+    assert "c = pid % 12" in wide.render(wide.hint_params()[0])  # 393216 = 12 chunks of 32768
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
     assert soft.hint_params() == []
     assert soft.schedule_space()["strategy"] == ("fused", "split", "team")
@@ -162,6 +175,18 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
     ("level1/05_gemm_transposed_a_fp16.py", {"M": 37, "K": 40, "N": 29}, "gemm",  # A.T read through its strides
      [{}, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}]),
 ]
+#: The `resident` strategy (segments or rows held in registers by persistent teams) applies to segments wider than
+#: the fused strategy's: its GPU kernel never runs under the interpreter, its two-kernel path with the same chunks
+#: does (tails in the last chunk of each row), and the GPU kernel is compiled for sm_90 below.
+RESIDENT = {"strategy": "resident", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": 1, "num_warps": 4}
+RESIDENT_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
+    "resident-layernorm": ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 2, "features": 2, "dim1": 97, "dim2": 89},
+                           "norm", [{**RESIDENT, "BLOCK": 4096}, {**RESIDENT, "BLOCK": 8192}]),
+    "resident-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 2, "groups": 2, "channels": 4, "height": 97,
+                                                           "width": 89}, "norm", [{**RESIDENT, "BLOCK": 4096}]),
+    "resident-softmax": ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 3, "dim": 20000}, "softmax",
+                         [{**RESIDENT, "BLOCK": 4096, "RESIDENT": 1}, {**RESIDENT, "BLOCK": 8192, "RESIDENT": 1}]),
+}
 #: GEMM + epilogue on the tiny tasks (policy, schedules): every size leaves a tail of the default blocks; the
 #: second schedules have several tiles per dim in groups of GROUP_M rows and a K tail. All also run on
 #: non-contiguous (column-major) inputs, which the kernel reads through their strides.
@@ -445,6 +470,9 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         for i, body in enumerate(REDUCE_BODIES):
             path = write_task(tmp, f"reduce_task_{i}.py", REDUCE_TASK.format(body=body))
             jobs[f"reduce-{i}"] = [_job(path, "reduce", {})]
+        for key, (rel, sizes, template, schedules) in RESIDENT_CASES.items():
+            (tmp / key).mkdir()
+            jobs[key] = [_job(shrunk(tmp / key, rel, sizes), template, p) for p in schedules]
         path = write_task(tmp, "bcast.py", BCAST_TASK)
         jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
         for name, policy, schedules in GEMM_CASES:
@@ -501,6 +529,16 @@ def _assert_all_pass(results: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("name", [Path(c[0]).stem for c in CASES])
 def test_rendered_model_new_matches_the_model_under_the_interpreter(interpreted: dict[str, Any], name: str) -> None:
     _assert_all_pass(interpreted[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(RESIDENT_CASES))
+def test_a_resident_schedule_computes_the_model_where_no_team_can_run(interpreted: dict[str, Any], key: str) -> None:
+    results = interpreted[key]
+    _assert_all_pass(results)
+    for r in results:  # the persistent kernel is in the source, and only the two-kernel path ran here
+        assert "_resident_kernel(" in r["candidate_source"] and "if h.is_cuda:" in r["candidate_source"]
+        assert all("_resident_kernel" not in x["kernel"] for x in r["launches"]), r["launches"]
 
 
 @pytest.mark.slow
@@ -794,6 +832,22 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
                          "signature": {"h_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
                                        "teams": "i32", "BLOCK": "constexpr"}}]
     recorded.append(team)
+    # the resident kernels (GPU only) at the gap tasks' full sizes, every hinted schedule
+    for name, kernel in (("01_layernorm_three_dims_fp32.py", "_norm_resident_kernel"),
+                         ("03_softmax_wide_rows_fp32.py", "_softmax_resident_kernel")):
+        m = match(load_task(GAPS / name))[0]
+        hinted = [p for p in m.hint_params() if p["strategy"] == "resident"]
+        assert len(hinted) >= 3, m.hint_params()
+        for params in hinted:
+            src = m.render(params)
+            found = re.search(rf"def {kernel}\((.*?)\):", src, re.S)
+            assert found, kernel
+            names = [a.split(":")[0].strip() for a in found.group(1).split(",")]
+            sig = {n: ("constexpr" if n == "BLOCK" else "i32" if n == "teams" else "*i32" if n == "cnt_ptr" else "*fp32")
+                   for n in names}
+            recorded.append({"candidate_source": src, "launches": [{
+                "kernel": kernel, "signature": sig, "constexprs": {"BLOCK": params["BLOCK"]},
+                "divisible": [n for n in names if n.endswith("_ptr")], "num_warps": params["num_warps"]}]})
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
@@ -1140,6 +1194,37 @@ def test_rendered_model_new_matches_the_model_on_gpu(tmp_path: Path, rel: str, s
         cand.write_text(m.render(params))
         r = compare(task_path, cand, device="cuda")
         assert r["ok"], (params, r)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("key", list(RESIDENT_CASES))
+def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str) -> None:
+    """The persistent kernels on the GPU: every team member resident (the launcher read the compiled kernel's
+    occupancy, `_KSTRATA_RESIDENT`), the result equal to the model's (a sibling that never arrived would leave
+    the spin limit's wrong statistics, which this catches)."""
+    import importlib.util
+
+    import torch
+
+    rel, sizes, template, schedules = RESIDENT_CASES[key]
+    task_path = shrunk(tmp_path, rel, sizes)
+    m = one(task_path, template)
+    for i, params in enumerate(schedules):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        r = compare(task_path, cand, device="cuda")
+        assert r["ok"], (params, r)
+        spec = importlib.util.spec_from_file_location(f"resident_{key}_{i}", cand)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        task = load_task(task_path)
+        torch.manual_seed(0)
+        model = mod.ModelNew(*task.get_init_inputs()).cuda()
+        model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
+        split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
+        assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
 
 
 #: every tiny task's case: (task, template, policy, schedules)
