@@ -60,7 +60,8 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   candidates through the evaluator's timing. Every measurement carries the device and versions, and
   `suspicious` reasons (beyond 10x either way, faster than writing the outputs once at peak bandwidth).
   `original_launches=[R]` times against another config of the kernel (Inductor's autotuning: other block
-  sizes, another grid): each binary on its own record. GPU work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
+  sizes, another grid): each binary on its own record. GPU work is serialized per GPU through the pool's
+  GPU queue: two measurements never share a GPU.
 - `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
   caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU

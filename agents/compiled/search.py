@@ -405,15 +405,13 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     def usable(t: Trial | None) -> bool:
         return t is not None and t.status in ("equivalent", "unproven", "duplicate")
 
-    scored = [t for t in result.trials if t.score is not None]
+    # annealing walks over the passes' atoms: it starts from the best singleton (a model's answer is no atom)
+    scored = [t for t in result.trials if t.score is not None and t.phase == "singleton"]
     current: tuple[Atom, ...]
     if scored:
-        # annealing walks over the passes' atoms: it starts from the best of those (an LLM answer is no atom)
         top = max(scored, key=lambda t: t.score or 0.0)
-        from_atoms = [t for t in scored if any(pipeline_of((a,)) == t.pipeline for a in singles)]
-        top = max(from_atoms, key=lambda t: t.score or 0.0) if from_atoms else top
-        current = next(((a,) for a in singles if pipeline_of((a,)) == top.pipeline), (singles[0],))
-        current_score = (top.score or 0.0) if from_atoms else 0.0
+        current = next((a,) for a in singles if pipeline_of((a,)) == top.pipeline)
+        current_score = top.score or 0.0
     else:
         ok = [a for a in singles[:n_single] if usable(tried.get(pipeline_of((a,))))]
         current = (ok[0],) if ok else (singles[0],)

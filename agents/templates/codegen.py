@@ -399,8 +399,8 @@ def _kstrata_resident(kern, args, meta, device):
 def resident_schedules(length: int, max_team: int = 1024, sms: int = 132) -> list[tuple[int, int]]:
     """(BLOCK, num_warps) of `resident` schedules worth trying on rows of `length`: 16 to 64 values a thread,
     a team of 2 to `max_team` programs that an H100/H200's `sms` could hold by threads alone, fewest programs a
-    team first (the likeliest to stay resident whatever the registers: on the H200's ptxas a 64-value chunk
-    took 120-180 registers; the launcher checks the compiled kernel's occupancy either way)."""
+    team first (the likeliest to stay resident whatever the registers: ptxas for sm_90 gave a 64-value chunk
+    120-180 registers on the gap tasks; the launcher checks the compiled kernel's occupancy either way)."""
     out = []
     for block in (8192, 16384, 32768):
         for warps in (4, 8, 16):
