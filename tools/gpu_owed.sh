@@ -28,8 +28,10 @@
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
 # A step that runs past its limit is stopped (what it wrote is kept); the script goes on with the next and
-# exits non-zero when any failed. LIMIT_SCALE=0.5 halves every limit (a shorter call).
+# exits non-zero when any failed. LIMIT_SCALE=0.5 halves every limit (a shorter call). TAG_SUFFIX=-b is appended
+# to the optimizer's and the compiled benchmark's tags (a second run of a step on one date keeps the first's files).
 set -u
+SFX=${TAG_SUFFIX:-}
 OUT=${OUT:-gpu-owed}
 WORK=${WORK:-/tmp/kstrata-gpu-owed}
 PY=${PYTHON:-python3}
@@ -52,7 +54,7 @@ run() {  # run NAME LIMIT_S CMD...
 optimize() {  # optimize NAME LIMIT_S MINUTES TASKS TAG EXTRA [BENCH-ARGS...]
   local name=$1 limit=$2 minutes=$3 tasks=$4 tag=$5 extra=$6; shift 6
   run "$name" "$limit" $PY -m kstrata.tools.bench_optimize --tasks "$tasks" --total-minutes "$(lim "$minutes")" \
-    --workers 3 --tag "$tag" --out "$WORK/$name" --extra "$extra" "$@"
+    --workers 3 --tag "$tag$SFX" --out "$WORK/$name" --extra "$extra" "$@"
 }
 for step in "$@"; do
   case $step in
@@ -83,14 +85,14 @@ for step in "$@"; do
         --total-s "$(lim 90)" --no-tf32
       run conv-tests 90 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_conv_template.py ;;
     compiled-smoke)
-      run compiled-smoke 240 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag smoke \
+      run compiled-smoke 240 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "smoke$SFX" \
         --models mlp_fp16 --minutes "$(lim 2.5)" --budget 8 --work "$WORK/compiled-smoke" ;;
     compiled-models)
-      run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag models \
+      run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "models$SFX" \
         --work "$WORK/compiled-models" \
         --models mlp_fp16,transformer_block_bf16,conv_block_fp32 --minutes "$(lim 9)" --budget 12 ;;
     compiled-tasks)
-      run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag tasks \
+      run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "tasks$SFX" \
         --work "$WORK/compiled-tasks" \
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
