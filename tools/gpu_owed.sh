@@ -10,6 +10,7 @@
 #
 #   setup         install the wheels carried in .whl/ (../shared/tools/device-wheels.sh) and kstrata itself
 #   mlp           issue 13: the batch-1 MLPs against all three baselines, with skills (9 min)
+#   mlp02         issue 13: level3/02 alone, the same (6.5 min)
 #   groupnorm     issue 13: level1/22 with the end-of-search confirmation (5 min)
 #   skills        issue 15: level2/01 with the skill gate (6 min)
 #   templates     issue 19: the templates on the gap tasks (5 min), then the template tests' GPU twins
@@ -65,6 +66,12 @@ for step in "$@"; do
       optimize mlp 570 9 level3/01_mlp_fp32,level3/02_deep_narrow_mlp_fp32 mlp \
         "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \
         --budget 8 --baselines eager,compile,compile-max-autotune ;;
+    mlp02)
+      # level3/02 alone: at 4 minutes beside level3/01 (2026-12-03, second run) its search had 70 s after the
+      # baselines and the profile, and its guards did not fit
+      optimize mlp02 420 6.5 level3/02_deep_narrow_mlp_fp32 mlp02 \
+        "--spaces library,compiler,graph --learn-skills $PWD/testsuite/skills-gpu" \
+        --budget 8 --baselines eager,compile,compile-max-autotune ;;
     groupnorm)
       optimize groupnorm 330 5 level1/22_groupnorm_fp16 groupnorm "--spaces library,compiler,graph,ir" --budget 8 ;;
     skills)
@@ -112,7 +119,7 @@ for step in "$@"; do
       # answers joining its kernel searches
       run gpu-ir 540 $PY -m kstrata.tools.gpu_tests --marker "gpu and slow" --per-test-s 500 \
         --log "$WORK/gpu-tests-detail.log" testsuite/tests/test_optimize_ir.py ;;
-    *) echo "unknown step $step (setup mlp groupnorm skills templates templates-ma ir conv compiled-smoke compiled-models compiled-tasks gpu-tests gpu-ir)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma ir conv compiled-smoke compiled-models compiled-tasks gpu-tests gpu-ir)"; status=2 ;;
   esac
 done
 # What the steps wrote: today's results files and the skill library, with the logs, in one archive.

@@ -46,6 +46,19 @@ def baseline_params(name: str) -> dict[str, Any]:
 
 #: torch.compile modes that run the compiled graph under Inductor's CUDA graph trees.
 GRAPHED_MODES = ("reduce-overhead", "max-autotune")
+#: each graphed mode's twin without the graph trees (the same kernels, launched one by one)
+UNGRAPHED_MODE = {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def without_inductor_graphs(params: dict[str, Any]) -> dict[str, Any]:
+    """The configuration with Inductor's CUDA graph trees turned off and everything else kept (the mode's
+    ungraphed twin, `triton.cudagraphs` dropped); the same configuration when it has none."""
+    c = params.get("compile")
+    if not c or not inductor_graphs(params):
+        return dict(params)
+    options = {k: v for k, v in (c.get("options") or {}).items() if k != "triton.cudagraphs"}
+    mode = UNGRAPHED_MODE.get(c.get("mode"), c.get("mode"))
+    return {**params, "compile": {**c, "mode": mode, "options": options}}
 
 
 def inductor_graphs(params: dict[str, Any]) -> str:

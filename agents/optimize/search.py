@@ -18,7 +18,8 @@
    search memory), never candidates. A space failing `PRUNE_AFTER` times in a row is pruned; a worker whose
    last `plateau` measured candidates gained nothing drafts from another space. **Benchmark guard**: a
    challenger replaces the incumbent only after a fresh interleaved re-measurement (`guard_rounds`) beats it by
-   more than the measured noise (the larger round-to-round spread of the two, at least `MIN_NOISE`) and is
+   more than the measured noise (the median of the per-round ratios against the relative half-range of those
+   ratios, at least `MIN_NOISE`: `state.paired_ratio`) and is
    not flagged by the roofline (faster than SOL, or > 10x). A guard taken beside other work can drown a real
    gain in noise: a challenger faster by more than `MIN_NOISE` but within the noise is **deferred**, and once
    the workers have stopped (nothing else runs) the best `QUIET_GUARDS` of them are guarded again, in the
@@ -58,6 +59,7 @@ from kstrata.agents.optimize.state import (
     SearchMemory,
     SearchState,
     TaskInfo,
+    paired_ratio,
 )
 from kstrata.agents.optimize.trajectory import TRAJECTORY_SCHEMA, Trajectory, write_atomic
 from kstrata.ir.errors import KstrataError
@@ -958,8 +960,7 @@ class TaskSearch:
             self.emit({"type": "guard", "key": n.key, "accepted": False, "quiet": quiet,
                        "reason": f"re-measurement failed: {mi} / {mc}"})
             return False
-        ratio = mi.median_us / mc.median_us
-        noise = max(mi.spread, mc.spread, MIN_NOISE)
+        ratio, noise = paired_ratio(mi, mc, MIN_NOISE)
         accepted = ratio > 1.0 + noise
         deferred = not accepted and not quiet and ratio > 1.0 + MIN_NOISE
         if deferred:
@@ -1083,8 +1084,7 @@ class TaskSearch:
         if not (isinstance(mb, Measurement) and isinstance(mi, Measurement)):
             ev.update(verdict="failed", reason=f"re-measurement failed: {mb} / {mi}")
         else:
-            ratio = mb.median_us / mi.median_us
-            noise = max(mb.spread, mi.spread, MIN_NOISE)
+            ratio, noise = paired_ratio(mb, mi, MIN_NOISE)
             verdict = "faster" if ratio > 1.0 + noise else ("slower" if ratio < 1.0 - noise else "within noise")
             ev.update(verdict=verdict, ratio=ratio, noise=noise, baseline_timing=mb.to_json(), timing=mi.to_json(),
                       reason=f"{ratio:.3f}x over {base.candidate.description} re-measured at the end, noise "

@@ -59,6 +59,27 @@ class Measurement:
         return cls(d["median_us"], tuple(d["rounds_us"]), d["runs_per_round"], d["spread"])
 
 
+def paired_ratio(ref: Measurement, new: Measurement, floor: float) -> tuple[float, float]:
+    """How much faster `new` is than `ref`, and the noise of that figure, from one interleaved measurement.
+
+    The two were timed round by round, side by side (`worker.measure` rotates the order each round), so round
+    i of one and round i of the other saw the same moment of the host: their ratio cancels what the two share
+    (a slow patch of the host slows both). The answer is the median of the per-round ratios and their relative
+    half-range (at least `floor`), the same noise measure as `Measurement.spread`, taken of the ratio rather
+    than of each side. Before (until 2026-12-03) the noise was the larger spread of the two sides, which
+    counts a drift common to both as noise: on the H200 an addmm epilogue won all 7 rounds of its confirmation
+    against eager, by 1.4% to 9.2% (median 5.8%), and was called "within noise" because eager's own rounds
+    spread 5.8%. Paired, the noise is 3.7% and the win stands; a challenger whose per-round ratios straddle 1
+    by more than their median gain is still noise. With rounds that do not pair up (different counts, fewer
+    than 3), the medians' ratio and the larger spread, as before."""
+    if len(ref.rounds_us) == len(new.rounds_us) >= 3 and all(x > 0 for x in new.rounds_us):
+        rs = sorted(a / b for a, b in zip(ref.rounds_us, new.rounds_us, strict=True))
+        k = len(rs)
+        med = rs[k // 2] if k % 2 else (rs[k // 2 - 1] + rs[k // 2]) / 2
+        return med, max((rs[-1] - rs[0]) / 2 / med, floor)
+    return ref.median_us / new.median_us, max(ref.spread, new.spread, floor)
+
+
 @dataclass
 class Node:
     """One candidate in the search tree."""

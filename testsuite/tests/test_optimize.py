@@ -396,9 +396,12 @@ class FakeEvaluator:
     def measure(self, task: Path, cands: dict[str, Path], layouts: Any, *, rounds: int = 5,
                 runs: int = 30, **kw: Any) -> dict[str, Measurement | str]:
         out: dict[str, Measurement | str] = {}
-        for k, p in cands.items():
+        for i, (k, p) in enumerate(cands.items()):
             t = self.us(p.read_text())
-            out[k] = Measurement(t, (t * (1 - self.spread), t, t * (1 + self.spread)), runs, self.spread)
+            # the spread is each candidate's own: every other candidate drifts the other way, so it does not
+            # cancel in the per-round ratios (`paired_ratio`) as a drift common to both would
+            lo, hi = (t * (1 - self.spread), t * (1 + self.spread))[:: 1 if i % 2 == 0 else -1]
+            out[k] = Measurement(t, (lo, t, hi), runs, self.spread)
         return out
 
     def profile(self, task: Path, cand: Path, triton_cache: Path | None = None) -> JobResult:
@@ -466,12 +469,12 @@ def test_a_guard_drowned_in_noise_is_taken_again_in_the_quiet_after_the_search(t
         s.step_quiet_guards = quiet  # type: ignore[method-assign]
         s.run()
         guards = [e for e in s.traj.replay() if e["type"] == "guard"]
-        assert guards[0]["deferred"] and not guards[0]["accepted"] and guards[0]["noise"] == pytest.approx(0.6)
+        assert guards[0]["deferred"] and not guards[0]["accepted"] and guards[0]["noise"] > guards[0]["ratio"] - 1 > 0.01
         cd = s.incumbent.candidate.params.get("compile", {}).get("options", {}).get("coordinate_descent_tuning")
         assert (cd is True) is promoted, (quiet_guards, guards)
         report = (tmp_path / str(quiet_guards) / "out" / "report.md").read_text()
         if promoted:
-            assert guards[-1]["quiet"] and guards[-1]["accepted"] and guards[-1]["noise"] == pytest.approx(0.01)
+            assert guards[-1]["quiet"] and guards[-1]["accepted"] and guards[-1]["noise"] == pytest.approx(0.01, rel=1e-3)
             assert "Guard taken again after the search (its first was within the noise)" in report
             assert "noise 1.0%, accepted." in report
         else:
@@ -607,14 +610,18 @@ def test_cuda_graph_proposer_fires_on_launch_bound_profile(tmp_path: Path) -> No
     assert s.incumbent.candidate.params.get("cuda_graph") is True and r.chosen_space == "library"
 
 
-def test_a_graphed_incumbent_is_not_wrapped_and_a_slower_baseline_gets_the_graph(tmp_path: Path) -> None:
-    """On the H200 (2026-12-03) a batch-1 MLP's incumbent was compile-max-autotune (303 us: Inductor's CUDA
-    graph trees already), eager measured 442 us and eager under a CUDA graph had measured 120 us before: the
-    library space wrapped the incumbent in a graph (it failed: no capture inside a capture) and never tried
-    eager's lineage. Here the same shape: max-autotune is the incumbent, eager + graph is the winner."""
+def test_a_graphed_incumbent_gets_its_kernels_in_one_graph_of_ours_and_never_a_graph_around_the_trees(
+        tmp_path: Path) -> None:
+    """On the H200 a batch-1 MLP's incumbent was compile-max-autotune (Inductor's CUDA graph trees), 78 us per
+    call of which its 11 kernels kept the GPU busy 20 us (2026-12-03, level3/02). A graph of ours around it
+    cannot be captured ("Cannot prepare for replay during capturing stage", the tenth session), and
+    triton.cudagraphs again changes nothing; the library space's variant of a graphed parent is the same
+    compile without the trees (max-autotune-no-cudagraphs) inside one graph of ours."""
 
     def us(src: str) -> float:
         if "CUDAGraph" in src:
+            if "max-autotune-no-cudagraphs" in src:
+                return 25.0
             return 40.0 if "torch.compile" not in src else 500.0
         return {"max-autotune": 60.0}.get("max-autotune" if "max-autotune" in src else "", 100.0 if "torch.compile" not in src else 120.0)
 
@@ -629,10 +636,24 @@ def test_a_graphed_incumbent_is_not_wrapped_and_a_slower_baseline_gets_the_graph
     for c in judged:
         assert not (c.params.get("cuda_graph") and (c.params.get("compile") or {}).get("mode") == "max-autotune"), c.description
         assert not (c.params.get("compile", {}) or {}).get("options", {}).get("triton.cudagraphs"), c.description
-    assert "cuda-graphs" in s.notes and "Inductor's CUDA graphs already" in s.notes["cuda-graphs"]
+    assert "turns the trees off inside one graph of ours" in s.notes.get("cuda-graphs", "")
     winner = s.incumbent.candidate
-    assert winner.params.get("cuda_graph") is True and "compile" not in winner.params, winner.description
-    assert winner.parent == s.baselines["eager"].key and r.speedup == pytest.approx(60 / 40)
+    assert winner.params.get("cuda_graph") is True, winner.description
+    assert winner.params["compile"]["mode"] == "max-autotune-no-cudagraphs", winner.description
+    assert winner.parent == s.base_key and r.speedup == pytest.approx(60 / 25)
+
+
+def test_without_inductor_graphs_keeps_everything_but_the_trees() -> None:
+    from kstrata.agents.optimize.configs import without_inductor_graphs
+
+    p = {"compile": {"mode": "max-autotune", "options": {"freezing": True}}, "graph_rewrites": ["addmm-epilogue"]}
+    assert without_inductor_graphs(p) == {"compile": {"mode": "max-autotune-no-cudagraphs",
+                                                      "options": {"freezing": True}},
+                                          "graph_rewrites": ["addmm-epilogue"]}
+    assert without_inductor_graphs({"compile": {"mode": "reduce-overhead", "options": {}}})["compile"]["mode"] is None
+    q = {"compile": {"mode": None, "options": {"triton.cudagraphs": True, "freezing": True}}}
+    assert without_inductor_graphs(q) == {"compile": {"mode": None, "options": {"freezing": True}}}
+    assert without_inductor_graphs({}) == {}
 
 
 class _Clock:
@@ -901,3 +922,42 @@ def test_bench_default_tasks_and_per_task_budget(tmp_path: Path) -> None:
     assert default_tasks(tmp_path) == ["gaps/01_a_fp32", "gaps/02_b_fp32", *DEFAULT_WITH_GAPS]
     # the per-task limits (optimize --minutes covers the final re-evaluation): test_optimize_final.py
     assert per_task_minutes(9.0, 10, 10) == pytest.approx(2 * per_task_minutes(9.0, 10, 5))  # one wave, not two
+
+
+def test_a_drift_common_to_both_sides_cancels_in_the_paired_ratio_and_independent_noise_does_not() -> None:
+    from kstrata.agents.optimize.state import paired_ratio
+
+    # the host slows both sides alike, round by round: the challenger is 5% faster in every round
+    ref = Measurement(150.0, (100.0, 150.0, 100.0, 150.0, 120.0), 30, 0.17)
+    new = Measurement(150.0 / 1.05, tuple(x / 1.05 for x in ref.rounds_us), 30, 0.17)
+    ratio, noise = paired_ratio(ref, new, 0.01)
+    assert ratio == pytest.approx(1.05) and noise == 0.01  # the floor: the drift is gone
+    # the same medians, rounds that disagree: the per-round ratios straddle 1 by more than the gain
+    odd = Measurement(new.median_us, tuple(reversed(new.rounds_us[:4])) + new.rounds_us[4:], 30, 0.17)
+    ratio, noise = paired_ratio(ref, odd, 0.01)
+    assert not ratio > 1 + noise
+    # rounds that do not pair up: the medians' ratio and the larger spread, as before
+    short = Measurement(100.0, (99.0, 101.0), 30, 0.01)
+    assert paired_ratio(ref, short, 0.01) == (1.5, 0.17)
+
+
+def test_the_guard_accepts_a_gain_that_wins_every_round_under_a_common_drift(tmp_path: Path) -> None:
+    """Every candidate's rounds move together (a host that slows everything in one round): a 3% gain over the
+    incumbent is real although each side's rounds spread 20%; judged by the sides' spreads it was noise."""
+
+    class Drifting(FakeEvaluator):
+        def measure(self, task: Path, cands: dict[str, Path], layouts: Any, **kw: Any) -> Any:
+            drift = (1.0, 1.4, 0.9, 1.3, 1.1)
+            out = {}
+            for k, p in cands.items():
+                t = self.us(p.read_text())
+                rs = tuple(t * d for d in drift)
+                out[k] = Measurement(sorted(rs)[2], rs, 30, (max(rs) - min(rs)) / 2 / sorted(rs)[2])
+            return out
+
+    ev = Drifting(tmp_path, lambda src: 87.0 if "options=" in src else _rule_us(src))
+    s = _search(tmp_path, ev, budget=2)
+    r = s.run()
+    guards = [e for e in s.traj.replay() if e["type"] == "guard"]
+    assert guards[0]["accepted"] and guards[0]["ratio"] == pytest.approx(90 / 87) and guards[0]["noise"] == 0.01
+    assert r.chosen_space == "compiler" and s.incumbent_key != s.base_key
