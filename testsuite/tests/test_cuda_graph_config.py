@@ -154,8 +154,10 @@ def test_graph_candidate_passes_the_hardened_evaluator_on_gpu(tmp_path: Path) ->
 
     t = load_task(TASK)
     info = TaskInfo(TASK, t.name, TASK.read_text(), t.spec)
-    for params in ({"cuda_graph": True}, {"cuda_graph": True, "compile": {"mode": None, "options": {}}}):
-        path = tmp_path / f"graph_{len(params)}.py"
+    # the last: a graphed parent's variant (max-autotune without Inductor's graph trees, inside one graph of ours)
+    for i, params in enumerate(({"cuda_graph": True}, {"cuda_graph": True, "compile": {"mode": None, "options": {}}},
+                                {"cuda_graph": True, "compile": {"mode": "max-autotune-no-cudagraphs", "options": {}}})):
+        path = tmp_path / f"graph_{i}.py"
         path.write_text(render(info, params, space="library", proposer="cuda-graphs").source)
         v = evaluate(TASK, path, device="cuda", timing=True, runs=50, timeout_s=300)
         print(f"GRAPH {params}: accepted={v.accepted} reason={v.reason} candidate={v.candidate_timing} speedup={v.speedup}")
