@@ -916,7 +916,7 @@ class TaskSearch:
             mb = ms.get(base.key)
             if isinstance(m, Measurement) and isinstance(mb, Measurement):
                 n.timing, n.status = m, "measured"
-                n.speedup = mb.median_us / m.median_us
+                n.speedup = paired_ratio(mb, m, MIN_NOISE)[0]  # the per-round ratios' median (see the guard)
                 n.sol_fraction, flags, explained = self._sol(m.median_us, n.speedup)
                 n.reward = _log_reward(n.speedup)
                 if flags:
