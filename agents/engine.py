@@ -60,8 +60,9 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   candidates through the evaluator's timing. Every measurement carries the device and versions, and
   `suspicious` reasons (beyond 10x either way, faster than writing the outputs once at peak bandwidth).
   `original_launches=[R]` times against another config of the kernel (Inductor's autotuning: other block
-  sizes, another grid): each binary on its own record. GPU work is serialized per GPU through the pool's
-  GPU queue: two measurements never share a GPU.
+  sizes, another grid): each binary on its own record; `as_build(base)` is such a config's original as the
+  timed side (the compiled search times the configs Inductor benchmarked before it picks its base). GPU
+  work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
 - `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
   caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU
@@ -763,6 +764,16 @@ class Engine:
         key = Candidate.task(base, source.decode(errors="replace"), policy=policy).key
         return BuildResult(key, "changed", "task", name=Path(ref.path).stem, target="task", first_changed="task",
                            entry=str(path), binary_digest=_digest(source))  # as given: the verdict names it
+
+    def as_build(self, base: str) -> BuildResult:
+        """A registered kernel base as it is, in the form `measure` times: another compiled config of a kernel
+        (Inductor's autotuning) timed against the config a program ran, each on its own launch record."""
+        ref = self.base(base)
+        if ref.kind != "kernel":
+            raise EngineError("as_build takes a kernel base (add_kernel)")
+        bundle = _load_one(ref.path, ref.override_key)
+        return BuildResult(f"config-{base[:27]}", "changed", name=bundle.name, target=str(bundle.target),
+                           entry=ref.path, binary_digest=_digest(_binary(bundle)))
 
     def base(self, digest: str) -> BaseRef:
         try:
