@@ -500,7 +500,9 @@ class VerifyOptions:
     """How a kernel candidate is checked, `kstrata verify`'s options (`backends/verify.py` `verify`): random
     input sets per dynamic check, the device (auto, cpu, cuda), the compute-sanitizer tool (auto, none,
     memcheck, …), seconds per dynamic run, static evidence accepted explicitly, the symbolic check when the
-    verdict would be unproven, and whether a launch kstrata knows (a suite kernel's) stands in for none."""
+    verdict would be unproven, whether a launch kstrata knows (a suite kernel's) stands in for none, and whether
+    the CPU interpreter runs on changed TTIR/TTGIR when the GPU differential run checks the binary as well
+    (`interpreter=False` leaves it to a later, full check)."""
 
     seeds: int = 2
     device: str = "auto"
@@ -509,6 +511,7 @@ class VerifyOptions:
     static_only: bool = False
     symbolic: bool = False
     find_launch: bool = True
+    interpreter: bool = True
 
 
 @dataclass(frozen=True)
@@ -1008,7 +1011,8 @@ class Engine:
                 "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
             if options is not None:  # verify's own options: the device, seeds, sanitizer, time per run
                 payload.update({"device": options.device, "seeds": options.seeds, "sanitizer": options.sanitizer,
-                                "run_timeout": options.timeout, "static_only": options.static_only})
+                                "run_timeout": options.timeout, "static_only": options.static_only,
+                                "interpreter": options.interpreter})
             run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
                                 env=tool_env(launch))
             if not run.ok:
@@ -1350,7 +1354,7 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
                     tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"),
                     sanitizer=p.get("sanitizer", "auto"), timeout=p.get("run_timeout", 120.0),
-                    static_only=bool(p.get("static_only")))
+                    static_only=bool(p.get("static_only")), interpreter=bool(p.get("interpreter", True)))
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}

@@ -94,6 +94,10 @@ class SearchConfig:
     #: On the GPU, when compute-sanitizer runs: "winner" (on the candidate about to win, before it is accepted;
     #: the gate of every candidate runs without it) or "every" (in every candidate's gate).
     sanitize: str = "winner"
+    #: On the GPU, when the CPU interpreter runs on a TTIR/TTGIR edit: "winner" (in the check of the candidate
+    #: about to win, with the sanitizer; the gate's GPU differential run checks every candidate's binary) or
+    #: "every" (in every gate, as before).
+    interpreter: str = "winner"
     #: The model's kernel-level answers (`kstrata.agents.llm.kernel.KernelLLM`, or a callable of its shape):
     #: after the singletons, its conversation's answers are trials of this search; None: no model.
     llm: Any = None
@@ -143,6 +147,9 @@ class Trial:
     #: compute-sanitizer on the GPU: "in the gate", "deferred" (it runs only on a candidate about to win),
     #: "passed: …", "failed: …", or None (not a GPU gate).
     sanitizer: str | None = None
+    #: The interpreter runs of a TTIR/TTGIR edit on the GPU: "in the gate", "deferred" (to the check of the
+    #: candidate about to win), or None (not a GPU gate).
+    interpreter: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -298,8 +305,10 @@ def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, tri
         from kstrata.agents.engine import VerifyOptions
 
         deferred = cfg.sanitize == "winner"
-        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto")
+        later = cfg.interpreter == "winner"
+        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto", interpreter=not later)
         trial.sanitizer = "deferred" if deferred else "in the gate"
+        trial.interpreter = "deferred" if later else "in the gate"
     result = engine.check(base, built, [record] if record else [], device=cfg.device, seeds=1,
                           tolerance=trial.tolerance, timeout=cfg.check_timeout, verify=verify)
     trial.verdict = result.verdict.value
@@ -609,15 +618,16 @@ def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[s
         trial, built = result.trials[w], builds[result.trials[w].pipeline]
         if siblings and record and not _against_siblings(engine, result, w, built, record, siblings):
             return None  # the fastest candidate lost to another config: a slower one would too
-        if trial.sanitizer == "deferred" and record and not _sanitized(engine, base, built, record, trial, cfg):
+        if "deferred" in (trial.sanitizer, trial.interpreter) and record and \
+                not _sanitized(engine, base, built, record, trial, cfg):
             continue
         return w
     return None
 
 
 def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial: Trial, cfg: SearchConfig) -> bool:
-    """The gate again with compute-sanitizer, for a candidate about to win; False (and the trial `different`
-    or `error`) when it does not pass."""
+    """The gate again with compute-sanitizer and the interpreter runs (the full check), for a candidate about to
+    win; False (and the trial `different` or `error`) when it does not pass."""
     from kstrata.agents.engine import VerifyOptions
 
     t0 = time.perf_counter()
@@ -627,6 +637,12 @@ def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial
     ran = [e for e in check.evidence if e.name.startswith("compute-sanitizer")]
     words = "; ".join(f"{e.name} {e.verdict}" + (f" ({e.detail})" if e.detail else "") for e in ran) or \
         "compute-sanitizer did not run (not found here)"
+    interpreted = [e for e in check.evidence if e.name.startswith("interpreter")]
+    if trial.interpreter == "deferred":
+        failed = [e for e in interpreted if e.verdict == "fail"]
+        trial.interpreter = (f"{'failed' if failed else 'passed'}: {len(interpreted)} interpreter runs"
+                             + (f" ({failed[0].name}: {failed[0].detail})" if failed else ""))
+        words = f"{words}; {trial.interpreter}"
     if check.verdict is Verdict.EQUIVALENT:
         trial.sanitizer = f"passed: {words}"
         trial.reason = f"{trial.reason}; before it was accepted: {words}"
