@@ -60,8 +60,9 @@ A **candidate** is one change to one base (a kernel or a task), described by val
   candidates through the evaluator's timing. Every measurement carries the device and versions, and
   `suspicious` reasons (beyond 10x either way, faster than writing the outputs once at peak bandwidth).
   `original_launches=[R]` times against another config of the kernel (Inductor's autotuning: other block
-  sizes, another grid): each binary on its own record. GPU work is serialized per GPU through the pool's
-  GPU queue: two measurements never share a GPU.
+  sizes, another grid): each binary on its own record; `as_build(base)` is such a config's original as the
+  timed side (the compiled search times the configs Inductor benchmarked before it picks its base). GPU
+  work is serialized per GPU through the pool's GPU queue: two measurements never share a GPU.
 - `WorkerPool(cpu_workers, gpus)`: every job is a fresh spawned process (`backends/child.py`) with a
   timeout; a crash, a hang or a CUDA fault comes back as a `ChildResult` (never an exception in the
   caller); CPU jobs run `cpu_workers` at a time; GPU jobs run one at a time per GPU, on that GPU
@@ -499,7 +500,9 @@ class VerifyOptions:
     """How a kernel candidate is checked, `kstrata verify`'s options (`backends/verify.py` `verify`): random
     input sets per dynamic check, the device (auto, cpu, cuda), the compute-sanitizer tool (auto, none,
     memcheck, …), seconds per dynamic run, static evidence accepted explicitly, the symbolic check when the
-    verdict would be unproven, and whether a launch kstrata knows (a suite kernel's) stands in for none."""
+    verdict would be unproven, whether a launch kstrata knows (a suite kernel's) stands in for none, and whether
+    the CPU interpreter runs on changed TTIR/TTGIR when the GPU differential run checks the binary as well
+    (`interpreter=False` leaves it to a later, full check)."""
 
     seeds: int = 2
     device: str = "auto"
@@ -508,6 +511,7 @@ class VerifyOptions:
     static_only: bool = False
     symbolic: bool = False
     find_launch: bool = True
+    interpreter: bool = True
 
 
 @dataclass(frozen=True)
@@ -764,6 +768,16 @@ class Engine:
         return BuildResult(key, "changed", "task", name=Path(ref.path).stem, target="task", first_changed="task",
                            entry=str(path), binary_digest=_digest(source))  # as given: the verdict names it
 
+    def as_build(self, base: str) -> BuildResult:
+        """A registered kernel base as it is, in the form `measure` times: another compiled config of a kernel
+        (Inductor's autotuning) timed against the config a program ran, each on its own launch record."""
+        ref = self.base(base)
+        if ref.kind != "kernel":
+            raise EngineError("as_build takes a kernel base (add_kernel)")
+        bundle = _load_one(ref.path, ref.override_key)
+        return BuildResult(f"config-{base[:27]}", "changed", name=bundle.name, target=str(bundle.target),
+                           entry=ref.path, binary_digest=_digest(_binary(bundle)))
+
     def base(self, digest: str) -> BaseRef:
         try:
             return self._bases[digest]
@@ -997,7 +1011,8 @@ class Engine:
                 "edited": sorted({str(r.get("level")) for r in built.passes if r.get("status") == "changed"})}
             if options is not None:  # verify's own options: the device, seeds, sanitizer, time per run
                 payload.update({"device": options.device, "seeds": options.seeds, "sanitizer": options.sanitizer,
-                                "run_timeout": options.timeout, "static_only": options.static_only})
+                                "run_timeout": options.timeout, "static_only": options.static_only,
+                                "interpreter": options.interpreter})
             run = self.pool.run("kstrata.agents.engine:check_kernel_job", payload, timeout=timeout,
                                 env=tool_env(launch))
             if not run.ok:
@@ -1339,7 +1354,7 @@ def check_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
     report = verify(original, candidate, LaunchRecord.load(p["launch"]), seeds=p["seeds"], device=p["device"],
                     tolerance=p["tolerance"], launch_dir=Path(p["launch"]).parent, edited=p.get("edited"),
                     sanitizer=p.get("sanitizer", "auto"), timeout=p.get("run_timeout", 120.0),
-                    static_only=bool(p.get("static_only")))
+                    static_only=bool(p.get("static_only")), interpreter=bool(p.get("interpreter", True)))
     return {"verdict": report.verdict.value, "reasons": report.unproven_reasons(),
             "checks": [{"name": c.name, "level": c.level, "verdict": c.verdict, "detail": c.detail}
                        for c in report.checks]}

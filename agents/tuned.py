@@ -30,6 +30,13 @@ With such a record the torch.compile backend makes Inductor's autotuner use the 
 other config it compiled for the kernel is one the variant was measured against (`compiled_content_digest`;
 `tools/torch_backend.py`, `_Session.choose_config`). A record without `siblings` (made before they were
 measured) says nothing about the other configs: the autotuner chooses freely, as before.
+
+The tuned config need not be the one the recorded program ran: the compiled search starts from the fastest
+config Inductor compiled (`agents/compiled/run.py`, `kernel_start`), so a record may hold a variant of that
+config (`recorded_config` and `speedup_vs_recorded` then say what the program ran and the gain over it), or
+that config as it is, with no edit (`edit` `config(KEY)`, the tuned binary the original's: `config_choice`).
+Either way the record is keyed by its own config's content, and the recorded config is one of its `siblings`,
+so deploying it is the same restriction of the autotuner.
 """
 
 from __future__ import annotations
@@ -111,6 +118,17 @@ class TunedRecord:
     #: record (`search.SiblingTiming` with the config's `content` digest); [] when it has none; None when not
     #: compared (a record made before configs were).
     siblings: list[dict[str, Any]] | None = None
+    #: The config the recorded program ran, when the variant is of another, faster config (the compiled search
+    #: started from the fastest config): `config` is then the config to deploy, `recorded_config` the one the
+    #: program would have run, and `speedup_vs_recorded` the variant's speed over it (`speedup` is over its own
+    #: config's original, the best config Inductor compiled). None: the variant is of the recorded config.
+    recorded_config: dict[str, Any] | None = None
+    speedup_vs_recorded: float | None = None
+
+    @property
+    def config_choice(self) -> bool:
+        """Whether the record deploys a config as Inductor compiled it, with no edit (`config(KEY)`)."""
+        return self.edit.startswith("config(") and self.tuned_binary == self.original_binary
 
     @property
     def beats_siblings(self) -> bool:
@@ -184,12 +202,16 @@ class TunedDB:
             time_before_us: float | None, time_after_us: float | None, device: str, source: str = "",
             extra: Mapping[str, Any] | None = None, ptxas: str | None = None,
             config: Mapping[str, Any] | None = None,
-            siblings: Sequence[Mapping[str, Any]] | None = None) -> TunedRecord:
+            siblings: Sequence[Mapping[str, Any]] | None = None,
+            recorded_config: Mapping[str, Any] | None = None,
+            speedup_vs_recorded: float | None = None) -> TunedRecord:
         """Record `tuned_entry` as the tuned variant of `original_entry` (both cache entries); `ptxas`: the
         assembler both were built with when it is not this process's (`TRITON_PTXAS_PATH` of the recorded
         program: `engine.tool_env(record)`). `config`: the config it was measured against; `siblings`: its
         timings against the kernel's other configs (`SiblingTiming.to_json()`, each `config` with its
-        cache `entry`), every one beaten; None: not compared."""
+        cache `entry`), every one beaten; None: not compared. `recorded_config`, `speedup_vs_recorded`: the
+        config the recorded program ran and the variant's speed over it, when `original_entry` is another config
+        (`TunedRecord`). A tuned entry equal to the original (`edit` `config(KEY)`) deploys that config as it is."""
         from kstrata.agents.engine import tool_versions
         from kstrata.ir.candidate import changed_metadata
 
@@ -216,7 +238,8 @@ class TunedDB:
                              _params(ttir), changed_metadata(meta, tmeta), verdict, speedup, speedup_range,
                              time_before_us, time_after_us, device, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              source, {**dict(extra or {}), **_content_parts(ttir, meta)},
-                             dict(config) if config is not None else None, compared)
+                             dict(config) if config is not None else None, compared,
+                             dict(recorded_config) if recorded_config is not None else None, speedup_vs_recorded)
         self.create()
         final = self.root / record.slug
         tmp = self.root / f".{record.slug}.tmp.{os.getpid()}"

@@ -114,11 +114,14 @@ def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
             if not s or s.get("winner") is None:
                 continue
             t = s["trials"][s["winner"]]
-            base = engine.add_kernel(k["entry"], k.get("override_key"))
+            # the config searched: the recorded one, or the faster config the search started from
+            started = s.get("started_from") or {}
+            entry, record = s.get("entry") or k["entry"], s.get("record") or k["record"]
+            base = engine.add_kernel(entry, started.get("override_key") if started else k.get("override_key"))
             # the ptxas the recorded program used (Inductor points Triton at torch's own): as the search built it
             built = engine.build(Candidate(base, t["level"], PipelineEdit(t["pipeline"]), t["tolerance"]),
-                                 env=tool_env(k["record"]))
-            v = engine.check(base, built, [k["record"]], device="cuda", seeds=seeds, tolerance=t["tolerance"])
+                                 env=tool_env(record))
+            v = engine.check(base, built, [record], device="cuda", seeds=seeds, tolerance=t["tolerance"])
             rows.append({"kernel": k["name"], "key": k["key"], "pipeline": t["pipeline"], "verdict": v.verdict.value,
                          "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"]})
     return rows
@@ -262,6 +265,13 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
             lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
         for k in r.get("kernels", []):
+            if k.get("configs"):
+                lines.append(f"- {r['model']} `{k['kernel']}`: before the search, against the recorded config: " + "; ".join(
+                    f"{t['config']}: " + (f"{t['speedup']:.3f}x " if t.get("speedup") else "") + t["status"]
+                    for t in k["configs"])
+                    + (f"; the search started from {k['started_from']}" if k.get("started_from") else "")
+                    + (f"; its result over the recorded config: {k['speedup_vs_recorded']:.3f}x"
+                       if k.get("speedup_vs_recorded") else ""))
             if k.get("siblings"):
                 lines.append(f"- {r['model']} `{k['kernel']}`: timed against {k.get('baseline')}; the best against "
                              "the other configs: " + "; ".join(
@@ -336,6 +346,12 @@ def command(
             for k in report.kernels:
                 s = k.get("search") or {}
                 best = s["trials"][s["winner"]] if s.get("winner") is not None else None
+                choice = s.get("choice") if best is None else None
+                if choice:  # no edit won; the faster config itself, as Inductor compiled it, is the result
+                    best = {"spaces": ["config"], "pipeline": choice["edit"], "speedup": choice["speedup"],
+                            "speedup_range": choice["speedup_range"], "verdict": "Inductor's own config",
+                            "time_before_us": choice["time_before_us"], "time_after_us": choice["time_after_us"]}
+                sibling_timings = (choice or s)["siblings"] if s else []
                 row["kernels"].append({
                     "kernel": k["name"], "key": k["key"][:12], "share": f"{k['share']:.1%}" if k.get("share") else "?",
                     "trials": len(s.get("trials", [])), "result": k.get("skip") or k.get("result", ""),
@@ -346,9 +362,17 @@ def command(
                     # the config the candidates were timed against, and the best one against the kernel's other
                     # autotuning configs (a win must beat those too)
                     "baseline": (s.get("baseline") or {}).get("words"),
+                    # the config the search started from when faster than the recorded one, and each other
+                    # config's original against the recorded one, timed before the search
+                    "started_from": (s.get("started_from") or {}).get("words"),
+                    "speedup_vs_recorded": next((t["speedup"] for t in sibling_timings or ()
+                                                 if t["config"].get("key") == (s.get("baseline") or {}).get("key")),
+                                                None) if s.get("started_from") else None,
+                    "configs": [{"config": t["config"].get("words"), "status": t["status"], "speedup": t["speedup"],
+                                 "range": t["speedup_range"]} for t in s.get("configs") or ()],
                     "siblings": [{"config": t["config"].get("words"), "status": t["status"], "speedup": t["speedup"],
                                   "range": t["speedup_range"], "time_us": t["time_us"], "winner_us": t["winner_us"]}
-                                 for t in s.get("siblings") or ()],
+                                 for t in sibling_timings or ()],
                     "sibling_verdict": s.get("sibling_verdict"),
                     "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
                                  for st in ("equivalent", "unproven", "different", "failed", "error")}})

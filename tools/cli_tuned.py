@@ -70,6 +70,11 @@ def tuned_show(directory: DirArg, name: Annotated[str, typer.Argument(help="A ke
                     "speedup_range", "time_before_us", "time_after_us", "device", "measured_at", "metadata_changes",
                     "original_binary", "tuned_binary", "entry", "stale"):
             out.print(f"  {key}: {p[key]}", highlight=False, markup=False)
+        for key in ("config", "recorded_config"):  # the config deployed, and the one the recorded program ran
+            if p.get(key):
+                out.print(f"  {key}: {p[key].get('words', p[key])}", highlight=False, markup=False)
+        if p.get("speedup_vs_recorded"):
+            out.print(f"  speedup_vs_recorded: {p['speedup_vs_recorded']}", highlight=False, markup=False)
 
 
 @tuned_app.command("prune")

@@ -51,7 +51,11 @@ Options (`options={...}` or environment variables):
   config matched by content digest), Inductor's autotuner is made to use it: after `CachingAutotuner.
   precompile` only the tuned config's launcher is kept (`_Session.choose_config`). Otherwise (a record made
   before configs were compared, or a config here it was not measured against) the autotuner chooses among
-  all of them as before. Either way the report has an `autotune` line for the kernel saying which.
+  all of them as before. Either way the report has an `autotune` line for the kernel saying which. The tuned
+  config may be another than the one the recorded program ran (the compiled search starts from the fastest
+  config): a variant of it, or that config as Inductor compiled it (`config(KEY)`, no edit: its levels are
+  Inductor's own, and only the autotuner's restriction changes what runs); the recorded config is then one
+  of those the record beat.
 """
 
 from __future__ import annotations
@@ -375,8 +379,12 @@ class _Session:
     def _finish(self, state: dict[str, Any], target: Any) -> None:
         if state["tuned"] is not None:
             r = state["tuned"].record
-            self.record(KernelRecord(r.kernel, str(target), "tuned", [r.edit], f"tuned variant {r.slug}: "
-                                     f"{r.speedup:.3f}x measured on {r.device} ({r.measured_at})"))
+            over = (f"; {r.speedup_vs_recorded:.3f}x over the config the recorded program ran "
+                    f"({(r.recorded_config or {}).get('words', '?')})" if r.speedup_vs_recorded else "")
+            what = (f"config choice {r.slug}: this config as Inductor compiled it ({(r.config or {}).get('words', '?')})"
+                    if r.config_choice else f"tuned variant {r.slug}: {r.speedup:.3f}x over its config's original")
+            self.record(KernelRecord(r.kernel, str(target), "tuned", [r.edit], f"{what}{over}, measured on {r.device} "
+                                     f"({r.measured_at})"))
             return
         if self.tuned is not None and state["tuned_why"] and state["skip"] != "not an Inductor kernel" \
                 and not state["changed"]:

@@ -3,13 +3,17 @@ program launched, largest share of its GPU time first, until the time budget. Ea
 its share of the time left among the kernels left (`kernel_deadline`), and tries first the edits that won
 on the kernels before it (`search.SearchPrior`).
 
-Per kernel: its spaces (`spaces.py`), the search (`search.py`; a winner must also beat the kernel's other
-autotuning configs, `program.Program.siblings`, each timed on its own launch record), and then
+Per kernel: on a GPU its other autotuning configs (`program.Program.siblings`) timed against the recorded one
+and the search started from the fastest (`kernel_start`), its spaces (`spaces.py`), the search (`search.py`; a
+winner must also beat the kernel's other configs, each timed on its own launch record), and then
 
 - on an NVIDIA GPU, a **winner** (measured, guarded) is written as a Triton override entry
   (`OUT/<target>/<override key>/`, with `kstrata-candidate.json`) when the override key is known, and into
   `OUT/patched-cache/` (the cache's copy, same keys, `TRITON_CACHE_DIR=OUT/patched-cache`) when it is not,
   and added to the tuned database `OUT/tuned/` (`agents/tuned.py`) that the torch.compile backend deploys;
+  a winner of a faster config than the recorded one replaces that config's kernel, and with no winning edit
+  that config itself, when it beat every other, is a tuned record with the edit `config(KEY)` (no override:
+  the binary is Inductor's own; the backend restricts Inductor's autotuner to it);
 - for AMD kernels (no AMD GPU here) the best `write_top` surrogate-ranked candidates that passed the gate
   and the hazard check are written under `OUT/unmeasured/<target>/<kernel>-<key>/<rank>/` (a cache entry
   each, with `kstrata-candidate.json` and `surrogate.json`), marked `unmeasured` with the reason; they are
@@ -42,7 +46,7 @@ from kstrata.agents.engine import Engine, measurement_unavailable, tool_env
 from kstrata.ir.errors import KstrataError
 
 from .program import Program, ProgramKernel, assign_shares, load_program
-from .search import KernelSearch, SearchConfig, SearchPrior, pipeline_spec, search_kernel
+from .search import ConfigTiming, KernelSearch, SearchConfig, SearchPrior, Sibling, pipeline_spec, search_kernel
 from .spaces import SampledWindow, kernel_spaces
 
 if TYPE_CHECKING:
@@ -78,6 +82,9 @@ class CompiledOptions:
     llm: Any = None
     #: What the model is told the profile found (the task optimizer passes its findings).
     llm_findings: tuple[str, ...] = ()
+    #: On a GPU, start each kernel's search from the fastest of its compiled configs (`kernel_start`); False:
+    #: from the recorded one (the task optimizer's `ir` space, whose deployment replaces that config's kernel).
+    best_config: bool = True
 
 
 @dataclass
@@ -151,11 +158,22 @@ def _config_lines(s: dict[str, Any]) -> list[str]:
         return []
     lines = [f"baseline: the recorded config {base.get('words')}"]
     lines += [f"- not another config of it: {n}" for n in base.get("not_configs") or ()]
+    for t in s.get("configs") or ():  # each other config's original against the recorded one, before the search
+        lines.append(f"- before the search, {t['config'].get('words')}: " + (
+            f"{t['speedup']:.3f}x the recorded config's speed ({t['time_us']:.2f} us against {t['recorded_us']:.2f} "
+            f"us), {t['status']}" if t.get("speedup") and t.get("time_us") and t.get("recorded_us")
+            else f"unmeasured: {t.get('reason')}"))
+    if s.get("started_from"):
+        lines.append(f"- the search started from the faster config {s['started_from'].get('words')}: every candidate "
+                     "edits its binary and runs on its launch record")
     for t in s.get("siblings") or ():
         figure = (f"{t['speedup']:.3f}x ({t['speedup_range'][0]:.3f}-{t['speedup_range'][1]:.3f}; its original "
                   f"{t['time_us']:.2f} us, the winner {t['winner_us']:.2f} us)"
                   if t.get("speedup") and t.get("speedup_range") else f"unmeasured: {t.get('reason')}")
         lines.append(f"- against {t['config'].get('words')}: {figure}, {t['status']}")
+    for t in (s.get("choice") or {}).get("siblings") or ():
+        lines.append(f"- the config started from, as it is, against {t['config'].get('words')}: "
+                     + (f"{t['speedup']:.3f}x, {t['status']}" if t.get("speedup") else f"unmeasured: {t.get('reason')}"))
     if s.get("sibling_verdict"):
         lines.append(f"- {s['sibling_verdict']}")
     return [*lines, ""]
@@ -249,13 +267,16 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                 if now > deadline:
                     k.skip = f"the time budget ({opts.minutes:g} min) ran out before this kernel"
                     continue
-                windows[k.entry] = hot_window(k, device, profile=len(windows) < NCU_KERNELS)
                 until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
-                say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()}; "
-                    f"{until - now:.0f} s of the run's {deadline - now:.0f} s left)")
                 try:
+                    start_at = kernel_start(engine, k, device, opts, program, say)
+                    windows[k.entry] = hot_window(start_at.kernel, device, profile=len(windows) < NCU_KERNELS)
+                    say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()}; "
+                        f"{until - time.perf_counter():.0f} s of the run's {deadline - now:.0f} s left)")
                     searches[k.entry] = search_one(engine, k, device, opts, say, deadline=until,
-                                                   window=windows[k.entry], prior=prior.scores, program=program)
+                                                   window=windows[k.entry], prior=prior.for_kernel(k.name),
+                                                   program=program,
+                                                   start=start_at)
                 except KstrataError as exc:
                     k.skip = f"could not be searched: {exc}"
                     continue
@@ -373,20 +394,72 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWin
     return KernelWindow(static_hot_window(text, level), why_static=why, text=text)
 
 
-def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
-               say: Callable[[str], None], deadline: float | None = None,
-               window: KernelWindow | None = None, prior: Mapping[str, float] | None = None,
-               program: Program | None = None) -> KernelSearch:
-    """One kernel's spaces and search (`deadline`: a `time.perf_counter()` after which no candidate starts;
-    `window`: its hot window, sampled or static; without one the passes' own static window is used; `prior`:
-    the run's winners so far, tried first; `program`: where its sibling configs are found, which a winner must
-    beat too)."""
-    from kstrata.agents.engine import _load_one
+@dataclass(frozen=True)
+class KernelStart:
+    """Where a kernel's search starts: `kernel`, the recorded kernel or the faster config in its place (its
+    entry, key, record and override key); `siblings`, the configs a winner must beat too (the recorded one
+    among them when the search starts elsewhere); `baseline`, the recorded config; `started_from`, the
+    faster config when there is one; `timings`, every other config against the recorded one."""
+
+    kernel: ProgramKernel
+    siblings: list[Sibling]
+    baseline: dict[str, Any] | None
+    started_from: Sibling | None = None
+    timings: list[ConfigTiming] = field(default_factory=list)
+
+
+def _timed_here(k: ProgramKernel, device: str) -> bool:
+    return device == "cuda" and measurement_unavailable(k.target) is None and k.record is not None
+
+
+def kernel_start(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions, program: Program | None,
+                 say: Callable[[str], None] = lambda _m: None) -> KernelStart:
+    """The kernel's sibling configs (`Program.siblings`), registered with the engine; on a GPU (with
+    `opts.best_config`) each one's original timed once against the recorded config's (`search.best_config`),
+    and the search moved to the fastest when it beat the recorded one beyond the noise: its edits then apply to
+    that config's binary and launch (grid, num_warps, block constants)."""
+    import dataclasses
+
     from kstrata.ir.launch import LaunchRecord
 
     from .program import KernelConfig
-    from .search import Sibling
+    from .search import best_config
 
+    configs, not_configs = program.siblings(k) if program is not None else ([], [])
+    baseline = None
+    if k.record:
+        baseline = {**KernelConfig.of(k, LaunchRecord.load(k.record)).to_json(), "not_configs": not_configs}
+    siblings = [Sibling(engine.add_kernel(c.entry, c.override_key), c.record, c.to_json()) for c in configs if c.record]
+    if not siblings or not opts.best_config or not _timed_here(k, device) or k.record is None:
+        return KernelStart(k, siblings, baseline)
+    base = engine.add_kernel(k.entry, k.override_key)
+    chosen, timings = best_config(engine, base, k.record, siblings)
+    for t in timings:
+        say(f"  {k.name}: other config {t.config.get('words', '?')}: "
+            + (f"{t.speedup:.3f}x the recorded config's speed, {t.status}" if t.speedup else f"unmeasured ({t.reason})"))
+    if chosen is None:
+        return KernelStart(k, siblings, baseline, None, timings)
+    c = chosen.config
+    moved = dataclasses.replace(k, entry=str(c["entry"]), key=str(c["key"]), record=chosen.record,
+                                override_key=c.get("override_key"))
+    say(f"  {k.name}: searching from the faster config {c.get('words', '?')}")
+    return KernelStart(moved, [Sibling(base, k.record, baseline or {}), *(s for s in siblings if s is not chosen)],
+                       baseline, chosen, timings)
+
+
+def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOptions,
+               say: Callable[[str], None], deadline: float | None = None,
+               window: KernelWindow | None = None, prior: Mapping[str, float] | None = None,
+               program: Program | None = None, start: KernelStart | None = None) -> KernelSearch:
+    """One kernel's spaces and search (`deadline`: a `time.perf_counter()` after which no candidate starts;
+    `window`: its hot window, sampled or static; without one the passes' own static window is used; `prior`:
+    the run's winners so far, tried first; `program`: where its sibling configs are found, which a winner must
+    beat too; `start`: `kernel_start`'s answer, made here when not given)."""
+    from kstrata.agents.engine import _load_one
+
+    if start is None:
+        start = kernel_start(engine, k, device, opts, program, say)
+    k = start.kernel  # the recorded kernel, or the faster config in its place
     bundle = _load_one(k.entry, k.override_key)
     records = [k.record] if k.record else []
     sampled = window.for_spaces() if window is not None else None
@@ -400,8 +473,10 @@ def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpti
         mode, note, surrogate = "surrogate", ("ranked by the static surrogate (llvm-mca throughput of the hot "
                                               "window + the s_waitcnt hazard check); unmeasured: no AMD GPU"), amd_surrogate
         reason = "unmeasured: no AMD GPU here; ranked by the static surrogate only"
-    elif device == "cuda" and unavailable is None and k.record:
+    elif _timed_here(k, device):
         mode, note, reason = "measured", "gated on the GPU, then timed against the original on its launch record", None
+        if start.started_from is not None:
+            note += f" (the config started from, faster than the recorded one: {start.started_from.config.get('words')})"
     else:
         why = unavailable if unavailable else ("--device cpu" if device != "cuda" else "no launch record to time on")
         mode, note, reason = "unranked", f"gated on the CPU only; nothing ranks the candidates here ({why})", \
@@ -411,24 +486,31 @@ def search_one(engine: Engine, k: ProgramKernel, device: str, opts: CompiledOpti
                        check_timeout=opts.timeout_s, unmeasured_reason=reason, jobs=opts.jobs, deadline=deadline,
                        llm=opts.llm, llm_findings=tuple(opts.llm_findings),
                        llm_window=(hot.first_line, hot.last_line) if hot is not None else None)
-    configs, not_configs = program.siblings(k) if program is not None else ([], [])
-    baseline = None
-    if k.record:
-        baseline = {**KernelConfig.of(k, LaunchRecord.load(k.record)).to_json(), "not_configs": not_configs}
-    siblings = [Sibling(engine.add_kernel(c.entry, c.override_key), c.record, c.to_json()) for c in configs if c.record]
-    if siblings:
-        say(f"  {k.name}: {len(siblings)} other autotuning configs recorded; a winner is timed against each")
+    if start.siblings:
+        say(f"  {k.name}: {len(start.siblings)} other autotuning configs recorded; a winner is timed against each")
     return search_kernel(engine, base, k.name, k.entry, k.target, k.record, spaces, cfg, mode=mode, mode_note=note,
-                         surrogate=surrogate, progress=say, env=tool_env(k.record), prior=prior, siblings=siblings,
-                         baseline=baseline)
+                         surrogate=surrogate, progress=say, env=tool_env(k.record), prior=prior,
+                         siblings=start.siblings, baseline=start.baseline, started_from=start.started_from,
+                         config_timings=start.timings)
 
 
 def _result_line(s: KernelSearch) -> str:
     best = s.best
+    recorded = s.against_recorded()
+    over_recorded = (f"; {recorded.speedup:.3f}x over the recorded config ({(s.baseline or {}).get('words', '?')})"
+                     if recorded is not None and recorded.speedup else "")
     if best is not None and best.speedup is not None:
         lo, hi = best.speedup_range or [best.speedup, best.speedup]
+        started = (f" on the faster config {s.started_from.get('words', '?')} (over it, the best config)"
+                   if s.started_from is not None else "")
         return (f"{best.speedup:.3f}x ({lo:.3f}-{hi:.3f} over rounds) with `{best.pipeline}` [{','.join(best.spaces)}]"
-                + (f"; {s.sibling_verdict}" if s.sibling_verdict else ""))
+                + started + over_recorded + (f"; {s.sibling_verdict}" if s.sibling_verdict else ""))
+    if s.choice is not None:
+        c = s.choice
+        lo, hi = c.speedup_range or [c.speedup, c.speedup]
+        return (f"config choice `{c.edit}`: {c.config.get('words', '?')} as Inductor compiled it, {c.speedup:.3f}x "
+                f"({lo:.3f}-{hi:.3f} over rounds) over the recorded config (1.000x over the best config: it is the "
+                "best); no edit of it beat it" + (f" ({s.sibling_verdict})" if s.sibling_verdict else ""))
     if s.sibling_verdict:  # the best beat its own config, not every config Inductor's autotuner chooses among
         return s.sibling_verdict
     ranked = s.ranked_unmeasured()
@@ -456,26 +538,47 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
         if s is None:
             continue
         best = s.best
+        # the config searched: the recorded one, or the faster config the search started from (its own entry,
+        # override key and launch record; a variant of it replaces that config's kernel, never the recorded one's)
+        searched = s.started_from or {}
+        override_key = searched.get("override_key") if s.started_from is not None else k.override_key
+        recorded = s.against_recorded()
+        over_recorded = {"recorded_config": s.baseline, "speedup_vs_recorded": recorded.speedup} \
+            if s.started_from is not None and recorded is not None else {}
+        ptxas = (tool_env(s.record) or os.environ).get("TRITON_PTXAS_PATH")
         if best is not None and best.entry:
             built = best.entry
             info = CandidateInfo(k.name, pipeline_spec(best), best.tolerance, None, {})
-            if k.override_key:
+            if override_key:
                 bundles, errors = load_any(built)
                 if errors:
                     raise errors[0]
                 bundle = bundles[0]
-                bundle.override_key = k.override_key
+                bundle.override_key = override_key
                 outputs["overrides"].append(str(write_override(bundle, out / target_slug(bundle.target), overwrite=True,
                                                                extra_files={CANDIDATE_FILE: info.encode()})))
             else:
-                needs_patch[k.entry] = built
-            rec = TunedDB(out / "tuned").add(k.entry, built, edit=best.pipeline, tolerance=best.tolerance,
+                needs_patch[s.entry] = built
+            rec = TunedDB(out / "tuned").add(s.entry, built, edit=best.pipeline, tolerance=best.tolerance,
                                              spaces=best.spaces, verdict=f"{best.verdict}: {best.reason}"[:500],
                                              speedup=float(best.speedup or 0), speedup_range=best.speedup_range,
                                              time_before_us=best.time_before_us, time_after_us=best.time_after_us,
-                                             device=str(opts.device or "cuda"), source=str(k.record),
-                                             ptxas=(tool_env(k.record) or os.environ).get("TRITON_PTXAS_PATH"),
-                                             config=s.baseline, siblings=[t.to_json() for t in s.siblings])
+                                             device=str(opts.device or "cuda"), source=str(s.record), ptxas=ptxas,
+                                             config=s.started_from or s.baseline,
+                                             siblings=[t.to_json() for t in s.siblings], **over_recorded)
+            outputs["tuned"].append(rec.slug)
+        elif s.choice is not None:
+            # no edit won, and the faster config beat every other: the tuned database names that config as it is
+            # (nothing to override: Inductor compiles that binary itself), so the backend restricts the autotuner
+            c = s.choice
+            rec = TunedDB(out / "tuned").add(s.entry, s.entry, edit=c.edit, tolerance=None, spaces=["config"],
+                                             verdict=("a config Inductor compiled and its autotuner benchmarked, as it "
+                                                      "is (no edit): " + str(c.config.get("words", "?")))[:500],
+                                             speedup=c.speedup, speedup_range=c.speedup_range,
+                                             time_before_us=c.time_before_us, time_after_us=c.time_after_us,
+                                             device=str(opts.device or "cuda"), source=str(s.record), ptxas=ptxas,
+                                             config=c.config, siblings=[t.to_json() for t in c.siblings],
+                                             recorded_config=s.baseline, speedup_vs_recorded=c.speedup)
             outputs["tuned"].append(rec.slug)
         elif s.mode == "surrogate":
             for rank, t in enumerate(s.ranked_unmeasured()[: opts.write_top], start=1):

@@ -31,6 +31,15 @@ them. The winner is then also timed against each sibling's original binary, each
 (`Engine.measure(..., original_launches=)`), and stays a winner only if it beats every one, the fastest
 included, by the same rule (`KernelSearch.siblings`, `baseline`).
 
+Before the search each sibling's original is timed once against the recorded config's, the same way
+(`best_config`); when one is faster beyond the noise the search starts from the fastest (`run.kernel_start`:
+its entry, launch record and so its grid, num_warps and block constants), the recorded config becomes one of
+the siblings a winner must beat, and a winner reports its speed over both (over its own config, the best one,
+and `KernelSearch.against_recorded`). With no winning edit the result is then that config itself, as Inductor
+compiled it (`ConfigChoice`, `config(KEY)`), when it beats every other config. The singletons are drafted
+with the edits most likely to matter on the kernel's kind first (`spaces.FIRST_EDITS`), after what won on the
+run's kernels of that kind (`SearchPrior.for_kernel`).
+
 Before a winner is accepted it is checked again with compute-sanitizer (memcheck, one launch, every buffer
 its own allocation); one that fails it is `different`, and the next best is considered. Candidates that
 never win are not sanitized: a trial took 20-50 s on the H200, a sanitizer run being one of its child
@@ -58,7 +67,7 @@ from kstrata.agents.engine import (
     Verdict,
 )
 
-from .spaces import Atom, Space, first_level, pipeline_of
+from .spaces import Atom, Space, first_level, kernel_kind, kind_first, pipeline_of
 
 #: The least gain a winner must show beyond the noise.
 MIN_GAIN = 0.02
@@ -85,6 +94,10 @@ class SearchConfig:
     #: On the GPU, when compute-sanitizer runs: "winner" (on the candidate about to win, before it is accepted;
     #: the gate of every candidate runs without it) or "every" (in every candidate's gate).
     sanitize: str = "winner"
+    #: On the GPU, when the CPU interpreter runs on a TTIR/TTGIR edit: "winner" (in the check of the candidate
+    #: about to win, with the sanitizer; the gate's GPU differential run checks every candidate's binary) or
+    #: "every" (in every gate, as before).
+    interpreter: str = "winner"
     #: The model's kernel-level answers (`kstrata.agents.llm.kernel.KernelLLM`, or a callable of its shape):
     #: after the singletons, its conversation's answers are trials of this search; None: no model.
     llm: Any = None
@@ -134,6 +147,9 @@ class Trial:
     #: compute-sanitizer on the GPU: "in the gate", "deferred" (it runs only on a candidate about to win),
     #: "passed: …", "failed: …", or None (not a GPU gate).
     sanitizer: str | None = None
+    #: The interpreter runs of a TTIR/TTGIR edit on the GPU: "in the gate", "deferred" (to the check of the
+    #: candidate about to win), or None (not a GPU gate).
+    interpreter: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,16 +167,27 @@ class Sibling:
 
 
 @dataclass
-class SiblingTiming:
-    """The winner against one sibling config: the sibling's original on its own record (`time_us`) against
-    the winner on the kernel's (`winner_us`), in interleaved A/B rounds; `speedup` is their ratio."""
+class ConfigPairTiming:
+    """Binaries of two configs of one kernel timed in interleaved A/B rounds, each on its own launch record
+    (`Engine.measure(..., original_launches=)`): `speedup` is the other config's time over this side's, in
+    every round within `speedup_range`; `status` says whether it cleared the noise."""
 
     config: dict[str, Any]
-    #: "beaten" (every round faster, by more than the noise), "not beaten", "unmeasured" (`reason` says why).
     status: str
     speedup: float | None = None
     speedup_range: list[float] | None = None
     noise: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SiblingTiming(ConfigPairTiming):
+    """The winner against one sibling config (`config`): the sibling's original on its own record (`time_us`)
+    against the winner on the kernel's (`winner_us`). `status`: "beaten" (every round faster, by more than the
+    noise), "not beaten", "unmeasured" (`reason` says why)."""
+
     time_us: float | None = None
     winner_us: float | None = None
     #: Whether both wrote the same bytes on the same inputs (information: another config may sum in
@@ -168,8 +195,41 @@ class SiblingTiming:
     outputs_equal: bool | None = None
     reason: str = ""
 
+
+@dataclass
+class ConfigTiming(ConfigPairTiming):
+    """Another compiled config's original (`config`, `time_us`) against the recorded config's (`recorded_us`),
+    before the search; `speedup` is the recorded config's time over this one's. `status`: "faster" (every round,
+    by more than the noise), "not faster", "unmeasured". Inductor's autotuner benchmarks its configs once, at
+    the program's start, and may keep a slower one: on the H200 (2026-12-03) it ran the 8-warp config of three
+    pointwise kernels whose 4-warp config was faster on its own record."""
+
+    time_us: float | None = None
+    recorded_us: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class ConfigChoice:
+    """A search's result without a winning edit when its base is another config that beat the recorded one:
+    deploy that config as Inductor compiled it (Inductor's autotuner restricted to it), when it beat every
+    other config too (`siblings`, each on its own record, the recorded one included)."""
+
+    config: dict[str, Any]
+    #: Over the recorded config (its time `time_before_us`, this config's `time_after_us`).
+    speedup: float
+    speedup_range: list[float] | None
+    time_before_us: float | None
+    time_after_us: float | None
+    siblings: list[SiblingTiming]
+
+    @property
+    def edit(self) -> str:
+        """How a report and the tuned database name it: `config(KEY)`, the config's Triton cache key."""
+        return f"config({str(self.config.get('key', '?'))[:12]})"
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "edit": self.edit, "siblings": [t.to_json() for t in self.siblings]}
 
 
 @dataclass
@@ -196,10 +256,27 @@ class KernelSearch:
     siblings: list[SiblingTiming] = field(default_factory=list)
     compared: int | None = None
     sibling_verdict: str | None = None
+    #: The launch record the candidates ran on (the base config's).
+    record: str | None = None
+    #: Each other config's original timed against the recorded one before the search (`best_config`).
+    configs: list[ConfigTiming] = field(default_factory=list)
+    #: The config the search started from when it is not the recorded one (`KernelConfig.to_json()`): the
+    #: fastest config, whose entry and record every candidate edits and runs on.
+    started_from: dict[str, Any] | None = None
+    #: No edit won, and the config started from beat every other: deploy it as it is.
+    choice: ConfigChoice | None = None
 
     @property
     def best(self) -> Trial | None:
         return self.trials[self.winner] if self.winner is not None else None
+
+    def against_recorded(self) -> SiblingTiming | None:
+        """The winner's (or the config choice's) timing against the recorded config, when the search started
+        from another config."""
+        if self.started_from is None or self.baseline is None:
+            return None
+        timings = self.choice.siblings if self.choice is not None and self.best is None else self.siblings
+        return next((t for t in timings if t.config.get("key") == self.baseline.get("key")), None)
 
     def ranked_unmeasured(self) -> list[Trial]:
         """Surrogate-ranked candidates that passed the gate (and the hazard check), best first."""
@@ -211,7 +288,9 @@ class KernelSearch:
                 "mode_note": self.mode_note, "spaces": self.spaces, "winner": self.winner,
                 "base_surrogate": self.base_surrogate, "seconds": self.seconds, "stopped": self.stopped,
                 "baseline": self.baseline, "siblings": [t.to_json() for t in self.siblings],
-                "compared": self.compared, "sibling_verdict": self.sibling_verdict,
+                "compared": self.compared, "sibling_verdict": self.sibling_verdict, "record": self.record,
+                "configs": [t.to_json() for t in self.configs], "started_from": self.started_from,
+                "choice": self.choice.to_json() if self.choice is not None else None,
                 "trials": [t.to_json() for t in self.trials], "llm": self.llm}
 
 
@@ -226,8 +305,10 @@ def _gate(engine: Engine, base: str, built: BuildResult, record: str | None, tri
         from kstrata.agents.engine import VerifyOptions
 
         deferred = cfg.sanitize == "winner"
-        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto")
+        later = cfg.interpreter == "winner"
+        verify = VerifyOptions(seeds=1, device="cuda", sanitizer="none" if deferred else "auto", interpreter=not later)
         trial.sanitizer = "deferred" if deferred else "in the gate"
+        trial.interpreter = "deferred" if later else "in the gate"
     result = engine.check(base, built, [record] if record else [], device=cfg.device, seeds=1,
                           tolerance=trial.tolerance, timeout=cfg.check_timeout, verify=verify)
     trial.verdict = result.verdict.value
@@ -256,13 +337,17 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
                   progress: Callable[[str], None] | None = None,
                   env: Mapping[str, str] | None = None,
                   prior: Mapping[str, float] | None = None,
-                  siblings: Sequence[Sibling] = (), baseline: Mapping[str, Any] | None = None) -> KernelSearch:
+                  siblings: Sequence[Sibling] = (), baseline: Mapping[str, Any] | None = None,
+                  started_from: Sibling | None = None, config_timings: Sequence[ConfigTiming] = ()) -> KernelSearch:
     """Search `spaces` for the kernel `base` (an engine base digest of `entry`); see the module docstring.
 
     `prior`: pipeline spelling -> the log speedup it won on other kernels of the run (`SearchPrior`): those
     singletons are tried first, best first, the rest round-robin over the spaces as before. `siblings`: the
     kernel's other autotuning configs, which a measured winner must beat too; `baseline`: the recorded
-    config's description (`KernelConfig.to_json()`), reported with them.
+    config's description (`KernelConfig.to_json()`), reported with them. `started_from`: the config `base`,
+    `entry` and `record` are of when it is not the recorded one (`best_config` found it faster; `siblings` then
+    hold the recorded config), and `config_timings` how each config did against the recorded one; without a
+    winning edit the search's result is then that config itself (`KernelSearch.choice`).
 
     `mode`: "measured" (Engine.measure; needs an NVIDIA GPU and a record), "surrogate" (`surrogate(entry)`
     gives the static cost of a built entry; lower is better) or "unranked". `env`: the build workers'
@@ -270,7 +355,9 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
     start = time.perf_counter()
     rng = random.Random(cfg.seed)
     result = KernelSearch(kernel_name, entry, target, mode, mode_note, [s.to_json() for s in spaces],
-                          baseline=dict(baseline) if baseline is not None else None)
+                          baseline=dict(baseline) if baseline is not None else None, record=record,
+                          configs=list(config_timings),
+                          started_from=dict(started_from.config) if started_from is not None else None)
     builds: dict[str, BuildResult] = {}
     by_pass: dict[str, list[Atom]] = {}
     for s in spaces:
@@ -378,7 +465,10 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
         for q in queues:
             if q:
                 singles.append(q.pop(0))
-    if prior:  # what won on the run's other kernels first (a stable sort: the round-robin order otherwise)
+    # the edits most likely to matter on this kind of kernel first (`spaces.FIRST_EDITS`), and before them what
+    # won on the run's other kernels of its kind (a stable sort: the order otherwise kept)
+    singles = kind_first(kernel_kind(kernel_name), singles)
+    if prior:
         singles.sort(key=lambda a: -max(0.0, prior.get(pipeline_of((a,)), 0.0)))
     n_single = min(len(singles), max(1, (2 * cfg.budget) // 3))
     if cfg.jobs > 1 and hasattr(engine, "build_many") and not cfg.out_of_time():
@@ -437,8 +527,52 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             trial.accepted_move, current, current_score = True, nxt, trial.score
         temperature *= cfg.cooling
     result.winner = _accepted(engine, base, result, builds, record, siblings, cfg)
+    if result.winner is None and started_from is not None and record and result.mode == "measured":
+        result.choice = _config_choice(engine, base, record, started_from, siblings, result)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def best_config(engine: Engine, base: str, record: str, siblings: Sequence[Sibling]
+                ) -> tuple[Sibling | None, list[ConfigTiming]]:
+    """Each sibling config's original timed against the recorded config's (`base` on `record`), each on its own
+    record, once; the fastest that beat it in every round by more than the noise (None when none did), and every
+    timing. The search then starts from that config: an edit of a slower config must first make up the
+    difference between the configs, and Inductor's autotuner chooses among all of them at deployment."""
+    timings: list[ConfigTiming] = []
+    best: tuple[float, Sibling] | None = None
+    for sib in siblings:
+        m = engine.measure(base, engine.as_build(sib.base), [sib.record], Budget(), original_launches=[record])
+        if m.status != "timed" or not m.speedup:
+            timings.append(ConfigTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status))
+            continue
+        t = ConfigTiming(dict(sib.config), "not faster", m.speedup, m.detail.get("speedup_range"), _noise(m),
+                         m.time_after_us, m.time_before_us, "; ".join(m.suspicious))
+        if _clears(t.speedup, t.speedup_range, t.noise) and not m.suspicious:
+            t.status = "faster"
+            if best is None or m.speedup > best[0]:
+                best = (m.speedup, sib)
+        timings.append(t)
+    return (best[1] if best is not None else None), timings
+
+
+def _config_choice(engine: Engine, base: str, record: str, started_from: Sibling, siblings: Sequence[Sibling],
+                   result: KernelSearch) -> ConfigChoice | None:
+    """The config the search started from, as it is, against every other config (the recorded one included):
+    a `ConfigChoice` when it beat each, else None (and `result.sibling_verdict` says which it did not)."""
+    timings = _timings_against(engine, engine.as_build(base), record, siblings)
+    recorded = next((t for t in timings if result.baseline and t.config.get("key") == result.baseline.get("key")), None)
+    lost = [t for t in timings if t.status != "beaten"]
+    words = started_from.config.get("words", "?")
+    if lost or recorded is None or recorded.speedup is None:
+        result.sibling_verdict = (result.sibling_verdict or "") + (
+            f"{'; ' if result.sibling_verdict else ''}the config started from ({words}) as it is did not beat "
+            + ("; ".join(f"{t.config.get('words', '?')}: " + (f"{t.speedup:.3f}x" if t.speedup else f"unmeasured "
+                                                              f"({t.reason})") for t in lost) or "the recorded config")
+            + ": no config choice")
+        return None
+    return ConfigChoice(dict(started_from.config), recorded.speedup, recorded.speedup_range, recorded.time_us,
+                        recorded.winner_us, timings)
 
 
 def pipeline_spec(trial: Trial) -> str | None:
@@ -484,15 +618,16 @@ def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[s
         trial, built = result.trials[w], builds[result.trials[w].pipeline]
         if siblings and record and not _against_siblings(engine, result, w, built, record, siblings):
             return None  # the fastest candidate lost to another config: a slower one would too
-        if trial.sanitizer == "deferred" and record and not _sanitized(engine, base, built, record, trial, cfg):
+        if "deferred" in (trial.sanitizer, trial.interpreter) and record and \
+                not _sanitized(engine, base, built, record, trial, cfg):
             continue
         return w
     return None
 
 
 def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial: Trial, cfg: SearchConfig) -> bool:
-    """The gate again with compute-sanitizer, for a candidate about to win; False (and the trial `different`
-    or `error`) when it does not pass."""
+    """The gate again with compute-sanitizer and the interpreter runs (the full check), for a candidate about to
+    win; False (and the trial `different` or `error`) when it does not pass."""
     from kstrata.agents.engine import VerifyOptions
 
     t0 = time.perf_counter()
@@ -502,6 +637,12 @@ def _sanitized(engine: Engine, base: str, built: BuildResult, record: str, trial
     ran = [e for e in check.evidence if e.name.startswith("compute-sanitizer")]
     words = "; ".join(f"{e.name} {e.verdict}" + (f" ({e.detail})" if e.detail else "") for e in ran) or \
         "compute-sanitizer did not run (not found here)"
+    interpreted = [e for e in check.evidence if e.name.startswith("interpreter")]
+    if trial.interpreter == "deferred":
+        failed = [e for e in interpreted if e.verdict == "fail"]
+        trial.interpreter = (f"{'failed' if failed else 'passed'}: {len(interpreted)} interpreter runs"
+                             + (f" ({failed[0].name}: {failed[0].detail})" if failed else ""))
+        words = f"{words}; {trial.interpreter}"
     if check.verdict is Verdict.EQUIVALENT:
         trial.sanitizer = f"passed: {words}"
         trial.reason = f"{trial.reason}; before it was accepted: {words}"
@@ -533,22 +674,13 @@ def _against_siblings(engine: Engine, result: KernelSearch, winner: int, built: 
     it beats every one (the fastest included) as it beat its own config. On the H200 (2026-12-03) the MLP's
     silu kernel won 1.215x against the 8-warp config the recording ran, while Inductor's autotuner picked the
     4-warp config at deployment: end to end the win never ran."""
-    result.compared, result.siblings = winner, []
-    for sib in siblings:
-        m = engine.measure(sib.base, built, [record], Budget(), original_launches=[sib.record])
-        timing = SiblingTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status)
-        if m.status == "timed" and m.speedup:
-            timing = SiblingTiming(dict(sib.config), "not beaten", m.speedup, m.detail.get("speedup_range"), _noise(m),
-                                   m.time_before_us, m.time_after_us, m.detail.get("outputs_equal"),
-                                   "; ".join(m.suspicious))
-            if _clears(timing.speedup, timing.speedup_range, timing.noise) and not m.suspicious:
-                timing.status = "beaten"
-        result.siblings.append(timing)
+    result.compared, result.siblings = winner, _timings_against(engine, built, record, siblings)
     best = result.trials[winner]
     lost = [t for t in result.siblings if t.status != "beaten"]
     if lost:
         result.sibling_verdict = (
-            f"`{best.pipeline}` beat the recorded config by {best.speedup:.3f}x but not every config Inductor's "
+            f"`{best.pipeline}` beat {'the recorded config' if result.started_from is None else 'the config it started from'}"
+            f" by {best.speedup:.3f}x but not every config Inductor's "
             "autotuner chooses among: " + "; ".join(
                 f"{t.config.get('words', '?')}: " + (f"{t.speedup:.3f}x" if t.speedup else f"unmeasured ({t.reason})")
                 for t in lost) + ": not a win")
@@ -559,6 +691,22 @@ def _against_siblings(engine: Engine, result: KernelSearch, winner: int, built: 
     return not lost
 
 
+def _timings_against(engine: Engine, built: BuildResult, record: str, siblings: Sequence[Sibling]) -> list[SiblingTiming]:
+    """`built` on `record` against each sibling config's original on its own record."""
+    out = []
+    for sib in siblings:
+        m = engine.measure(sib.base, built, [record], Budget(), original_launches=[sib.record])
+        timing = SiblingTiming(dict(sib.config), "unmeasured", reason=m.reason or m.status)
+        if m.status == "timed" and m.speedup:
+            timing = SiblingTiming(dict(sib.config), "not beaten", m.speedup, m.detail.get("speedup_range"), _noise(m),
+                                   m.time_before_us, m.time_after_us, m.detail.get("outputs_equal"),
+                                   "; ".join(m.suspicious))
+            if _clears(timing.speedup, timing.speedup_range, timing.noise) and not m.suspicious:
+                timing.status = "beaten"
+        out.append(timing)
+    return out
+
+
 class SearchPrior:
     """What won on the kernels already searched in one run: pipeline spelling -> the best log speedup of a
     winner with that edit. Kernels of one program are often alike (Inductor's pointwise kernels): on the H200
@@ -567,11 +715,20 @@ class SearchPrior:
 
     def __init__(self) -> None:
         self.scores: dict[str, float] = {}
+        #: The same by kind of kernel (`spaces.kernel_kind`): what won on a pointwise kernel (fewer warps) is
+        #: not tried first on a reduction, whose first trial may be its only one.
+        self.by_kind: dict[str, dict[str, float]] = {}
 
     def learn(self, search: KernelSearch) -> None:
         w = search.best
         if w is not None and w.score is not None and w.score > 0:
             self.scores[w.pipeline] = max(self.scores.get(w.pipeline, 0.0), w.score)
+            mine = self.by_kind.setdefault(kernel_kind(search.kernel), {})
+            mine[w.pipeline] = max(mine.get(w.pipeline, 0.0), w.score)
+
+    def for_kernel(self, name: str) -> dict[str, float]:
+        """What won on the run's kernels of the same kind as the kernel `name`."""
+        return dict(self.by_kind.get(kernel_kind(name), {}))
 
 
 def _neighbour(current: tuple[Atom, ...], by_pass: dict[str, list[Atom]], rng: random.Random,

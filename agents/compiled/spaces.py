@@ -201,6 +201,40 @@ def _interleave(atoms: Sequence[Atom]) -> tuple[Atom, ...]:
     return tuple(out)
 
 
+def kernel_kind(name: str) -> str:
+    """"pointwise", "reduction" or "other", from the prefix Inductor gives a kernel's name (`triton_poi_`,
+    `triton_per_` for persistent reductions, `triton_red_` for looped ones)."""
+    if name.startswith("triton_poi_"):
+        return "pointwise"
+    if name.startswith(("triton_per_", "triton_red_")):
+        return "reduction"
+    return "other"
+
+
+#: The single edits a search tries first on each kind of kernel, in this order (an atom's spelling, or a pass
+#: name for any of its instances); the other atoms follow in their round-robin order. From the H200: on
+#: Inductor's pointwise kernels fewer warps won (`num-warps{n=2}` 1.07-1.23x, 2026-12-03) and the cache-policy
+#: edits are what is left to a memory-bound kernel (`cache-hints` 1.02x on the MLP's silu); on its LayerNorm
+#: reductions `num-warps{n=8}` won 1.23-1.33x, while `max-registers`, which the round-robin drafted first, lost
+#: (0.63x). A searched config already at a warp count has no instance of it (the precondition drops it).
+FIRST_EDITS: dict[str, tuple[str, ...]] = {
+    "pointwise": ("num-warps{n=2}", "ld-nc", "cache-hints", "num-warps{n=8}", "load-eviction", "num-warps{n=4}"),
+    "reduction": ("num-warps{n=8}", "num-warps{n=16}", "ld-nc", "num-warps{n=4}", "cache-hints"),
+}
+
+
+def kind_first(kind: str, atoms: Sequence[Atom]) -> list[Atom]:
+    """`atoms` with, first, one per entry of `FIRST_EDITS[kind]` in its order (the first atom that matches it and
+    is not taken), then the rest in their order."""
+    first: list[Atom] = []
+    for want in FIRST_EDITS.get(kind, ()):
+        hit = next((a for a in atoms if a not in first
+                    and ((a.spelling == want) if "{" in want else (a.pass_name == want))), None)
+        if hit is not None:
+            first.append(hit)
+    return [*first, *(a for a in atoms if a not in first)]
+
+
 def pipeline_of(atoms: Sequence[Atom]) -> str:
     """The pipeline spelling of a sequence of atoms: stages in level order, passes in the given order except
     that atoms confined to explicit lines (a sampled window) come first in their stage: the lines are of the

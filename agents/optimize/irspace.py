@@ -250,8 +250,10 @@ def search_node(node: Node, services: LoopServices, findings: tuple[str, ...] = 
                                     "workers: their timings are not serialized with the loop's jobs"})
     pool = WorkerPool(workers=workers) if shared else WorkerPool()
     budget = kernel_budget(services, len(ranked))
+    # from the recorded config: a winner here replaces that config's kernel in the ModelNew (a variant of another
+    # config would need Inductor's autotuner restricted to it, which the tuned backend does and a ModelNew does not)
     opts = CompiledOptions(budget=budget, device="cuda", timeout_s=services.timeout_s,
-                           llm=getattr(services, "kernel_llm", None), llm_findings=findings)
+                           llm=getattr(services, "kernel_llm", None), llm_findings=findings, best_config=False)
     try:
         with Engine(services.workdir / "engine", pool) as engine:
             prior = SearchPrior()
@@ -266,7 +268,7 @@ def search_node(node: Node, services: LoopServices, findings: tuple[str, ...] = 
                 until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
                 services.progress(f"ir: {k.name} (share {k.share:.1%}): kernel-level search, budget {budget}, "
                                   f"{until - now:.0f} s")
-                s = search_one(engine, k, "cuda", opts, services.progress, deadline=until, prior=prior.scores,
+                s = search_one(engine, k, "cuda", opts, services.progress, deadline=until, prior=prior.for_kernel(k.name),
                                program=program)
                 prior.learn(s)
                 row: dict[str, Any] = {"kernel": k.name, "share": k.share, "mode": s.mode, "trials": len(s.trials),

@@ -156,6 +156,8 @@ class ScriptedEngine:
         self.sanitizer: list[tuple[str, str | None]] = []
         #: pipelines whose binary compute-sanitizer finds at fault
         self.sanitizer_fails: set[str] = set()
+        #: whether each GPU check asked for the interpreter runs of TTIR/TTGIR edits
+        self.interpreter: list[bool] = []
 
     def build(self, cand: Any, env: Any = None) -> BuildResult:
         spec = cand.edit.spec
@@ -167,6 +169,8 @@ class ScriptedEngine:
         self.checked.append(spec)
         tool = kw["verify"].sanitizer if kw.get("verify") is not None else None
         self.sanitizer.append((spec, tool))
+        if kw.get("verify") is not None:
+            self.interpreter.append(kw["verify"].interpreter)
         v = self.verdicts.get(spec, Verdict.EQUIVALENT)
         # the name the real GPU differential run gives its evidence (backends/verify.py)
         ev = (Evidence(f"{GPU_DIFFERENTIAL}: seed 0 random", "cubin", "pass", ""),) if kw.get("device") == "cuda" else ()
@@ -767,11 +771,18 @@ def test_compute_sanitizer_runs_on_the_candidate_about_to_win_before_it_is_accep
     assert "Invalid __global__ read" in by[nw8].reason and result.best is by[nw2]
     assert by[nw2].sanitizer and by[nw2].sanitizer.startswith("passed") and "sanitize" in by[nw2].phase_seconds
     assert all(t.sanitizer == "deferred" for t in result.trials if t.pipeline not in (nw8, nw2))
-    # in every gate, as before: the winner is not checked again
+    # the gates left the interpreter runs of TTIR/TTGIR edits to the same check (the GPU differential run checked
+    # every binary); the winner's check ran them
+    assert engine.interpreter[:len(result.trials)] == [False] * len(result.trials)
+    assert engine.interpreter[len(result.trials):] == [True, True]
+    assert by[nw2].interpreter is not None and by[nw2].interpreter.startswith("passed")
+    # both in every gate, as before: the winner is not checked again
     every = ScriptedEngine({}, speedups)
     again = search_kernel(every, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
-                          SearchConfig(budget=4, device="cuda", sanitize="every"), mode="measured", mode_note="test")
+                          SearchConfig(budget=4, device="cuda", sanitize="every", interpreter="every"),
+                          mode="measured", mode_note="test")
     assert every.sanitizer == [(t.pipeline, "auto") for t in again.trials] and again.best is not None
+    assert every.interpreter == [True] * len(again.trials)
     # on the CPU nothing changes: no GPU run, no sanitizer
     cpu = ScriptedEngine({}, {})
     search_kernel(cpu, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), SearchConfig(budget=3),  # type: ignore[arg-type]
@@ -806,3 +817,209 @@ def test_the_end_to_end_comparison_uses_inputs_inductors_buffers_do_not_hold() -
     assert torch.equal(a[0], b[0])  # seeded
     assert a[1] is idx and a[2] == 2.0
     assert abs(float(a[0].float().std()) - float(x.float().std())) < 0.3
+
+
+class ConfigsEngine(ScriptedEngine):
+    """A scripted engine over real cache entries: each compiled config is a base named by its cache key, with a
+    time per launch (`times`); an edit runs `speedups[spec]` faster than the base it was built on, and any two
+    binaries compare by their times, whichever records they run on (three rounds, 1% apart)."""
+
+    def __init__(self, times: dict[str, float], speedups: dict[str, float]) -> None:
+        super().__init__({}, {})
+        self.times, self.speedup_of = times, speedups
+        self.bases: list[str] = []  # the base of every candidate built
+        #: (original base, the other config's base, the launches, the original's launches) of each config timing
+        self.config_measured: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []
+
+    def add_kernel(self, entry: Any, override_key: str | None = None) -> str:
+        return Path(entry).name
+
+    def as_build(self, base: str) -> BuildResult:
+        return BuildResult(f"config-{base}", "changed", entry=f"/builds/config:{base}", binary_digest=base)
+
+    def build(self, cand: Any, env: Any = None) -> BuildResult:
+        self.bases.append(cand.base)
+        return super().build(cand, env)
+
+    def measure(self, base: str, built: BuildResult, launches: Any, budget: Any,
+                original_launches: Any = ()) -> Measurement:
+        spec = built.entry.removeprefix("/builds/")  # type: ignore[union-attr]
+        if spec.startswith("config:"):
+            after = self.times[spec.removeprefix("config:")]
+            self.config_measured.append((base, spec.removeprefix("config:"), tuple(launches), tuple(original_launches)))
+        else:
+            after = self.times[self.bases[-1]] / self.speedup_of.get(spec, 1.0)
+            (self.sibling_measured if original_launches else self.measured).append(
+                (base, spec, tuple(launches), tuple(original_launches)) if original_launches else spec)  # type: ignore[arg-type]
+        s = self.times[base] / after
+        return Measurement("timed", "", self.times[base], after, s, {"speedup_range": [s * 0.99, s * 1.01],
+                                                                      "spread_before_pct": 1.0, "spread_after_pct": 1.0})
+
+
+def _configs_program(tmp_path: Path) -> tuple[Any, dict[str, Path]]:
+    from kstrata.agents.compiled.program import load_program
+
+    from .test_tuned import autotuned_configs
+
+    entries = autotuned_configs(tmp_path)  # the program ran the 8-warp config; the autotuner also timed the 4-warp one
+    return load_program(tmp_path / "cache", tmp_path / "records"), entries
+
+
+def test_the_search_starts_from_a_faster_config_than_the_recorded_one(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 (2026-12-03) three pointwise kernels ran Inductor's 8-warp config (XBLOCK 512) while the 4-warp
+    config it had also compiled and benchmarked (XBLOCK 1024) was faster on its own record: `num-warps{n=2}` won
+    1.065-1.227x on the 8-warp config and lost to the 4-warp one. Each other config's original is now timed
+    against the recorded one first, and the search starts from the fastest: its edits apply to that config's
+    binary and run on its record, the recorded config is one a winner must beat, and with no winning edit the
+    faster config itself is the result (a config choice) that the tuned database records and names."""
+    import kstrata.agents.compiled.run as run
+    from kstrata.agents.compiled.run import CompiledOptions, _result_line, _write_outputs, search_one
+    from kstrata.agents.tuned import TunedLookup
+    from kstrata.ir.triton_layout import load_any
+
+    monkeypatch.setattr(run, "measurement_unavailable", lambda target: None)  # timed, as on a GPU
+    program, entries = _configs_program(tmp_path)
+    by_key = {k.key: k for k in program.kernels}
+    w8, w4 = by_key[entries["w8"].name], by_key[entries["w4"].name]
+    opts = CompiledOptions(budget=3, device="cuda", spaces=("options",))
+    engine = ConfigsEngine({w8.key: 10.0, w4.key: 7.0}, {})
+    result = search_one(engine, w8, "cuda", opts, lambda _m: None, program=program)  # type: ignore[arg-type]
+    # the 4-warp original timed once against the 8-warp one, each on its own record
+    assert engine.config_measured[0] == (w8.key, w4.key, (w4.record,), (w8.record,))
+    [timing] = result.configs
+    assert timing.status == "faster" and timing.speedup == pytest.approx(10 / 7) and timing.config["key"] == w4.key
+    # every candidate edits the 4-warp config and runs on its record; num-warps 4 is no edit of it any more
+    assert engine.bases and set(engine.bases) == {w4.key}
+    assert result.entry == str(entries["w4"]) and result.record == w4.record and result.started_from is not None
+    assert result.started_from["key"] == w4.key and result.baseline is not None and result.baseline["key"] == w8.key
+    assert "ttgir(num-warps{n=4})" not in [t.pipeline for t in result.trials]
+    # no edit beat it: the 4-warp config as it is, against the recorded one (the timing before the search, reused)
+    assert result.best is None and result.choice is not None
+    assert result.choice.edit == f"config({w4.key[:12]})" and result.choice.speedup == pytest.approx(10 / 7)
+    assert [(t.config["key"], t.status) for t in result.choice.siblings] == [(w8.key, "beaten")]
+    line = _result_line(result)
+    assert line.startswith(f"config choice `config({w4.key[:12]})`") and "1.429x" in line and "over the recorded" in line
+    # the tuned database names the config to deploy (keyed by its content) and the recorded one it beat
+    out = tmp_path / "out"
+    outputs = _write_outputs(tmp_path / "cache", out, program, {w8.entry: result}, engine, opts, load_any)  # type: ignore[arg-type]
+    assert outputs["overrides"] == [] and outputs["patched_cache"] is None  # nothing to override: Inductor's binary
+    lookup = TunedLookup(out / "tuned")
+    [(_, record)] = lookup.db.find("triton_poi_scale")
+    assert record.config_choice and record.edit == result.choice.edit and record.spaces == ["config"]
+    assert record.config is not None and record.config["key"] == w4.key and record.beats_siblings
+    assert record.recorded_config is not None and record.recorded_config["key"] == w8.key
+    assert record.speedup == pytest.approx(10 / 7) and record.speedup_vs_recorded == pytest.approx(10 / 7)
+    meta = {tag: json.loads((entries[tag] / "triton_poi_scale.json").read_text()) for tag in entries}
+    ttir = {tag: (entries[tag] / "triton_poi_scale.ttir").read_text() for tag in entries}
+    variant, _ = lookup.match("triton_poi_scale", "cuda:90", ttir["w4"], meta["w4"])
+    assert variant is not None and variant.record == record
+    other, why = lookup.match("triton_poi_scale", "cuda:90", ttir["w8"], meta["w8"])
+    assert other is None and why.startswith("another autotuning config of a tuned kernel")
+
+    # an edit of the faster config that wins: a win over it (the best config) and, timed too, over the recorded one
+    nw2 = "ttgir(num-warps{n=2})"
+    engine = ConfigsEngine({w8.key: 10.0, w4.key: 7.0}, {nw2: 1.2})
+    result = search_one(engine, w8, "cuda", opts, lambda _m: None, program=program)  # type: ignore[arg-type]
+    assert result.best is not None and result.best.pipeline == nw2 and result.choice is None
+    assert result.best.speedup == pytest.approx(1.2)  # over the 4-warp original, on its record
+    recorded = result.against_recorded()
+    assert recorded is not None and recorded.status == "beaten" and recorded.speedup == pytest.approx(10 / (7 / 1.2))
+    assert engine.sibling_measured == [(w8.key, nw2, (w4.record,), (w8.record,))]
+    line = _result_line(result)
+    assert "on the faster config" in line and "1.714x over the recorded config" in line
+
+
+def test_the_search_stays_on_the_recorded_config_when_no_other_is_faster(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sibling config timed slower (or within the noise) leaves the search on the recorded config, as before;
+    so does the task optimizer's `ir` space (`best_config=False`: it deploys into the recorded config's kernel),
+    which times nothing before its search."""
+    import kstrata.agents.compiled.run as run
+    from kstrata.agents.compiled.run import CompiledOptions, search_one
+
+    monkeypatch.setattr(run, "measurement_unavailable", lambda target: None)
+    program, entries = _configs_program(tmp_path)
+    by_key = {k.key: k for k in program.kernels}
+    w8, w4 = by_key[entries["w8"].name], by_key[entries["w4"].name]
+    for w4_us in (13.0, 9.9):  # slower; 1% faster, inside the noise
+        engine = ConfigsEngine({w8.key: 10.0, w4.key: w4_us}, {})
+        result = search_one(engine, w8, "cuda", CompiledOptions(budget=2, device="cuda", spaces=("options",)),  # type: ignore[arg-type]
+                            lambda _m: None, program=program)
+        [timing] = result.configs
+        assert timing.status == "not faster" and timing.speedup == pytest.approx(10 / w4_us)
+        assert set(engine.bases) == {w8.key} and result.entry == str(entries["w8"]) and result.record == w8.record
+        assert result.started_from is None and result.choice is None and result.against_recorded() is None
+    engine = ConfigsEngine({w8.key: 10.0, w4.key: 7.0}, {})
+    result = search_one(engine, w8, "cuda", CompiledOptions(budget=2, device="cuda", spaces=("options",),  # type: ignore[arg-type]
+                                                            best_config=False), lambda _m: None, program=program)
+    assert not engine.config_measured and result.configs == [] and set(engine.bases) == {w8.key}
+    # on the CPU nothing is timed, and the search stays where it was
+    engine = ConfigsEngine({w8.key: 10.0, w4.key: 7.0}, {})
+    result = search_one(engine, w8, "cpu", CompiledOptions(budget=2, device="cpu", spaces=("options",)),  # type: ignore[arg-type]
+                        lambda _m: None, program=program)
+    assert not engine.config_measured and result.started_from is None and set(engine.bases) == {w8.key}
+
+
+def test_each_kind_of_kernel_tries_the_edits_most_likely_to_matter_first() -> None:
+    """With one to three trials per kernel on the H200 the round-robin order decided what was tried: LayerNorm
+    reductions got `max-registers` first (0.63x) while `num-warps{n=8}` had won 1.23-1.33x on them before. A
+    reduction now tries more warps first, a pointwise kernel fewer warps and then the cache-policy edits; what won
+    on the run's kernels of the same kind still comes before them, and a pointwise win is not a reduction's prior."""
+    from kstrata.agents.compiled.search import SearchPrior
+    from kstrata.agents.compiled.spaces import kernel_kind
+
+    nw2, nw8 = "ttgir(num-warps{n=2})", "ttgir(num-warps{n=8})"
+    cache_hints, eviction = "ptx(cache-hints{loads=cs stores=none})", "ttir(load-eviction{policy=evict_first})"
+    assert [kernel_kind(n) for n in ("triton_poi_fused_silu_0", "triton_per_fused_native_layer_norm_1",
+                                     "triton_red_fused_sum_2", "k")] == ["pointwise", "reduction", "reduction", "other"]
+
+    def first(name: str, prior: dict[str, float] | None = None) -> list[str]:
+        engine = ScriptedEngine({}, {nw2: [1.2, 1.2, 1.2]})
+        result = search_kernel(engine, "b" * 64, name, "/c/k", "cuda:90", "/l/k.json", _atoms(),  # type: ignore[arg-type]
+                               SearchConfig(budget=6, device="cuda"), mode="measured", mode_note="test", prior=prior)
+        return [t.pipeline for t in result.trials if t.phase == "singleton"]
+
+    assert first("triton_per_fused_native_layer_norm_1")[0] == nw8
+    assert first("triton_poi_fused_silu_0")[:3] == [nw2, cache_hints, nw8]
+    assert first("k")[:3] == [nw2, eviction, cache_hints]  # no kind: the round-robin order over the spaces
+    prior = SearchPrior()
+    won = search_kernel(ScriptedEngine({}, {eviction: [1.3, 1.3, 1.3]}), "b" * 64, "triton_poi_fused_gelu_5",  # type: ignore[arg-type]
+                        "/c/k", "cuda:90", "/l/k.json", _atoms(), SearchConfig(budget=6, device="cuda"),
+                        mode="measured", mode_note="test")
+    prior.learn(won)
+    assert won.best is not None and won.best.pipeline == eviction
+    assert first("triton_poi_fused_silu_0", prior.for_kernel("triton_poi_fused_silu_0"))[0] == eviction
+    assert prior.for_kernel("triton_per_fused_native_layer_norm_1") == {}
+    assert first("triton_per_fused_native_layer_norm_1", prior.for_kernel("triton_per_x"))[0] == nw8
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_gate_leaves_interpreter_runs_to_the_winners_check_only_when_the_gpu_checks_the_binary(
+        gpu: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 a TTIR edit's gate took 42.6 s (7 dynamic checks, 4 of them the CPU interpreter's) and a PTX
+    edit's 8.8 s (3). `verify(..., interpreter=False)` plans no interpreter run when the GPU differential run checks
+    the rebuilt binary, and says so; without a GPU run the interpreter is the dynamic evidence and still runs."""
+    from types import SimpleNamespace
+
+    import kstrata.backends.verify as verify_module
+    from kstrata.backends.verify import VerifyReport, _dynamic
+    from kstrata.ir.target import Target
+
+    kinds: list[str] = []
+    monkeypatch.setattr(verify_module, "_gpu_available", lambda backend: gpu)
+    monkeypatch.setattr(verify_module, "run_jobs", lambda jobs, timeout, **kw: kinds.extend(j["kind"] for j in jobs))
+    record = LaunchRecord.load(_record(tmp_path, "k", None))
+    bundle = SimpleNamespace(params=(SimpleNamespace(name="x", is_pointer=True, type="*fp32"),
+                                     SimpleNamespace(name="y", is_pointer=True, type="*fp32"),
+                                     SimpleNamespace(name="n", is_pointer=False, type="i32")),
+                             target=Target.parse("cuda:90"))
+    for interpreter in (True, False):
+        kinds.clear()
+        report = VerifyReport("k", "cuda:90", ["ttgir", "llir", "ptx", "cubin"], [])
+        _dynamic(report, bundle, bundle, record, 1, "auto", None, "none", 60.0, None, None,  # type: ignore[arg-type]
+                 interpreter=interpreter)
+        skipped = gpu and not interpreter
+        assert ("interp" in kinds) != skipped and ("gpu" in kinds) == gpu
+        assert any("interpreter runs of ttgir left to a later check" in n for n in report.notes) == skipped
+

@@ -419,3 +419,52 @@ def test_the_backend_chooses_after_inductors_autotuner_compiled_its_configs(
     assert len(tuner.launchers) == 1 and tuner.compile_results[0].kernel.asm["cubin"] == _cubin(variant)
     assert [r.status for r in session.records][-1:] == ["autotune"]
 
+
+
+def test_the_backend_deploys_a_faster_config_the_recorded_program_did_not_run(
+        autotuned: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
+    """The compiled search starts from the fastest config (on the H200 the 4-warp config of three pointwise kernels
+    beat the 8-warp one the program ran). Its record names that config: as Inductor compiled it (`config(KEY)`, no
+    edit: its levels and binary are Inductor's own) or a variant of it; either way the recorded 8-warp config is one
+    it beat, so Inductor's autotuner is restricted to the 4-warp config, and the 8-warp compile is left alone."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+    from kstrata.tools.torch_backend import BackendConfig, _Session
+
+    entries, _ = autotuned
+    recorded = {"config": {"entry": str(entries["w8"]), "key": entries["w8"].name, "words": "w8: num_warps 8"},
+                "status": "beaten", "speedup": 1.43, "speedup_range": [1.41, 1.45], "noise": 0.02, "time_us": 10.0,
+                "winner_us": 7.0}
+    w4_config = {"entry": str(entries["w4"]), "key": entries["w4"].name, "words": "w4: num_warps 4"}
+    with Engine(tmp_path / "engine") as engine:
+        as_is = engine.as_build(engine.add_kernel(entries["w4"]))  # the config's original, as `measure` times it
+        built = engine.build(Candidate(engine.add_kernel(entries["w4"]), "ttgir", PipelineEdit("ttgir(num-warps{n=2})")))
+    assert as_is.entry == str(entries["w4"].resolve())
+    assert as_is.binary_digest == hashlib.sha256(_cubin(entries["w4"])).hexdigest()
+    assert built.status == "changed" and built.entry
+    # the timings are this test's, not measurements: the database stores what the search measured
+    choice = TunedDB(tmp_path / "choice").add(
+        entries["w4"], entries["w4"], edit=f"config({entries['w4'].name[:12]})", tolerance=None, spaces=["config"],
+        verdict="a config Inductor compiled, as it is", speedup=1.43, speedup_range=[1.41, 1.45], time_before_us=10.0,
+        time_after_us=7.0, device="test (constructed record, not a timing)", config=w4_config, siblings=[recorded],
+        recorded_config=recorded["config"], speedup_vs_recorded=1.43)
+    assert choice.config_choice and choice.tuned_binary == choice.original_binary and choice.beats_siblings
+    variant = TunedDB(tmp_path / "variant").add(
+        entries["w4"], built.entry, edit="ttgir(num-warps{n=2})", tolerance=None, spaces=["options"],
+        verdict="equivalent: test", speedup=1.1, speedup_range=[1.08, 1.12], time_before_us=7.0, time_after_us=6.4,
+        device="test (constructed record, not a timing)", config=w4_config, siblings=[{**recorded, "speedup": 1.56}],
+        recorded_config=recorded["config"], speedup_vs_recorded=1.56)
+    assert not variant.config_choice and variant.speedup_vs_recorded == 1.56
+    again = TunedDB(tmp_path / "choice").find("triton_poi_scale")[0][1]  # the round trip keeps what it names
+    assert again == choice and again.recorded_config == recorded["config"] and again.config == w4_config
+    for db, cubin in (("choice", _cubin(entries["w4"])), ("variant", _cubin(Path(built.entry)))):
+        s = _Session(BackendConfig.from_options({"tuned": str(tmp_path / db), "cache_dir": str(tmp_path / f"bk-{db}")}))
+        w4, w8 = (_compile_config(tmp_path / f"deploy-{db}", block, warps, s.hook) for block, warps in ((1024, 4), (512, 8)))
+        assert w4.kernel.asm["cubin"] == cubin and w8.kernel.asm["cubin"] == _cubin(entries["w8"])
+        assert [r.status for r in s.records] == ["tuned", "unchanged"]
+        assert ("config choice" in s.records[0].reason) == (db == "choice")
+        assert "over the config the recorded program ran (w8: num_warps 8)" in s.records[0].reason
+        assert s.records[1].reason.startswith("another autotuning config of a tuned kernel")
+        tuner = FakeAutotuner([w8, w4])
+        s.choose_config(tuner)
+        assert tuner.compile_results == [w4] and [lc.config for lc in tuner.launchers] == [w4.config]
+        assert "restricted to the tuned config (w4: num_warps 4)" in s.records[-1].reason
