@@ -21,7 +21,8 @@ Per task, under `strict` (TF32 off for cuBLAS and cuDNN, as the hardened eval's 
      `kstrata eval`: max abs and relative L2 error within 4x eager's own plus 8 ULPs).
 Then, labelled `tf32`, the same with TF32 allowed (only tasks with a convolution or GEMM differ): eager,
 compile and the template rendered for `tf32` with the strict-tuned schedule.
-%SOL is `kstrata.agents.roofline.assess` with the device's measured ceilings. Results go to
+%SOL is `kstrata.agents.roofline.assess` with the device's measured ceilings, under the table's policy (tf32:
+GEMM and convolution FLOPs at the measured TF32 tensor-core rate, not the fp32 one). Results go to
 testsuite/results/templates-bench-<date>.{json,md} and, when $OUT is set, to $OUT.
 """
 
@@ -90,9 +91,9 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
         with torch.no_grad():
             return float(time_gpu(fn, runs=runs, warmup=3).median_us)
 
-    def point(us: float, base_us: float | None = None) -> dict[str, Any]:
+    def point(us: float, base_us: float | None = None, policy: str = "strict") -> dict[str, Any]:
         r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us,
-                   baseline_seconds=None if base_us is None else base_us * 1e-6)
+                   baseline_seconds=None if base_us is None else base_us * 1e-6, policy=policy)
         return {"median_us": round(us, 2), "sol_fraction": round(r.fraction, 4), "flags": list(r.flags),
                 "explanations": list(r.explanations)}
 
@@ -184,16 +185,16 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
         set_policy("tf32")
         t = entry["tf32"]
         e_us = timed(lambda: env.model(*env.inputs))
-        t["eager"] = point(e_us)
+        t["eager"] = point(e_us, policy="tf32")  # GEMM/conv FLOPs bounded by the TF32 tensor-core rate
         torch._dynamo.reset()
         comp = torch.compile(env.model)
         with torch.no_grad():
             comp(*env.inputs)  # type: ignore[no-untyped-call]
         c_us = timed(lambda: comp(*env.inputs))  # type: ignore[no-untyped-call]
-        t["compile"] = point(c_us)
+        t["compile"] = point(c_us, policy="tf32")
         new32 = env.build(m.render(tuned.params, "tf32"), "best_tf32")
         n_us = timed(lambda: new32(*env.inputs))
-        t["template"] = {**point(n_us, min(e_us, c_us)), "params": tuned.params,
+        t["template"] = {**point(n_us, min(e_us, c_us), "tf32"), "params": tuned.params,
                          "speedup_vs_best_baseline": round(min(e_us, c_us) / n_us, 3)}
         _say(f"  tf32: eager {e_us:.1f} us, compile {c_us:.1f} us, template {n_us:.1f} us "
              f"({min(e_us, c_us) / n_us:.2f}x)")
