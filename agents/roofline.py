@@ -6,11 +6,15 @@ data: fp32 with TF32 off (`highest`), fp32 with TF32 (`high`), fp16, bf16), each
 after warm-up (CUDA events, a synchronize before the end event). `load_or_measure(cache_dir)` keeps the
 result in a dated JSON file `ceilings-<device>-<YYYY-MM-DD>.json` and reuses one younger than `max_age_days`.
 
-Speed of light of a task (`speed_of_light`): the larger of
-- compute: its matmul FLOPs at the measured matmul rate of the task's precision (fp32 tasks at the
-  TF32-off rate: the `strict` policy of `kstrata.agents.evaluate` does not admit TF32) plus its other FLOPs
-  (pointwise, transcendental, reductions) at the fp32 TF32-off matmul rate, a stand-in for the CUDA cores'
-  FMA rate that is an optimistic bound for them (special functions run slower);
+Speed of light of a task under a precision policy (`speed_of_light(spec, ceilings, policy)`): the larger of
+- compute: its matmul FLOPs (GEMMs and convolutions) at the measured matmul rate of the fastest precision
+  the policy admits for the task's dtype (`matmul_precision`): fp32 under `strict` at the TF32-off rate
+  (the `strict` policy does not admit TF32), fp32 under `tf32` at the TF32 tensor-core rate (`bf16`,
+  `fp16`: at theirs), plus its other FLOPs (pointwise, transcendental, reductions) at the fp32 TF32-off
+  matmul rate, a stand-in for the CUDA cores' FMA rate that is an optimistic bound for them (special
+  functions run slower). A ceilings file without a measured TF32 rate bounds TF32 by the device's datasheet
+  dense peak where `DATASHEET_TF32` knows it (the H200's 494 TFLOP/s; the measured 8192^3 rate there was
+  376, 2026-12-03), else by the fp32 rate (and says so: `Ceilings.matmul_rate`);
 - memory: its minimum bytes (`TaskSpec.min_bytes`) at the measured copy bandwidth.
 
 `assess(spec, ceilings, seconds, speedup, baseline_seconds=...)` gives the fraction of speed of light
@@ -43,6 +47,12 @@ SOL_MARGIN = 0.02
 #: measured slower this time than when it was placed on the roofline does not inflate the ratio unseen.
 EXPLAINED_MARGIN = 0.10
 MATMUL_DTYPES = ("float32", "tf32", "float16", "bfloat16")
+#: The lower precision a policy (`kstrata.agents.optimize.candidate.POLICIES`) admits for fp32 matmuls and
+#: convolutions; `strict` (and any other) admits none.
+POLICY_MATMUL = {"tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
+#: Dense TF32 tensor-core peaks from the vendor's datasheets (FLOP/s, without sparsity), by device name: the
+#: bound where a ceilings file has no measured TF32 rate.
+DATASHEET_TF32 = {"NVIDIA H200": 494e12}
 
 
 @dataclass(frozen=True)
@@ -67,9 +77,21 @@ class Ceilings:
             raise ValueError(f"ceilings schema {data.get('schema')!r} is not {CEILINGS_SCHEMA!r}")
         return cls(**data)
 
-    def matmul_rate(self, dtype: str) -> float:
-        """The matmul rate for a task precision (fp32 at the TF32-off rate; other floats at fp32's)."""
-        return self.matmul_flops_per_s.get(dtype, self.matmul_flops_per_s["float32"])
+    def matmul_rate(self, dtype: str, policy: str = "strict") -> float:
+        """The matmul rate for a task dtype under a policy (`matmul_precision`): measured where this file has
+        it, a TF32 rate missing from it the datasheet's (`DATASHEET_TF32`), anything else at fp32's."""
+        precision = matmul_precision(dtype, policy)
+        if precision in self.matmul_flops_per_s:
+            return self.matmul_flops_per_s[precision]
+        if precision == "tf32" and self.device in DATASHEET_TF32:
+            return DATASHEET_TF32[self.device]
+        return self.matmul_flops_per_s["float32"]
+
+
+def matmul_precision(dtype: str, policy: str = "strict") -> str:
+    """The precision fp32 (or `dtype`'s own) matmuls may run at under `policy`: "float32" is TF32 off."""
+    lower = POLICY_MATMUL.get(policy)
+    return lower if dtype == "float32" and lower is not None else dtype
 
 
 def _median_ms(fn: Any, runs: int, warmup: int = 3) -> float:
@@ -162,13 +184,14 @@ class RooflinePoint:
         return d
 
 
-def speed_of_light(spec: Any, ceilings: Ceilings) -> tuple[float, float, float]:
-    """(speed-of-light seconds, compute seconds, memory seconds) of one forward pass of a task."""
+def speed_of_light(spec: Any, ceilings: Ceilings, policy: str = "strict") -> tuple[float, float, float]:
+    """(speed-of-light seconds, compute seconds, memory seconds) of one forward pass of a task under a
+    precision policy (the module docstring: which matmul rate bounds it)."""
     by_kind = dict(spec.flops_by_kind)
     matmul = by_kind.get("matmul", 0) if spec.flops_source == "counted" else spec.flops
     other = max(0, spec.flops - matmul)
     dtype = spec.dtypes[0] if spec.dtypes else "float32"
-    compute = matmul / ceilings.matmul_rate(dtype) + other / ceilings.matmul_flops_per_s["float32"]
+    compute = matmul / ceilings.matmul_rate(dtype, policy) + other / ceilings.matmul_flops_per_s["float32"]
     memory = spec.min_bytes / ceilings.copy_bytes_per_s
     return max(compute, memory), compute, memory
 
@@ -194,12 +217,13 @@ def explain_speedup(speedup: float, fraction: float, baseline_fraction: float | 
 
 
 def assess(spec: Any, ceilings: Ceilings, seconds: float, speedup: float | None = None, *,
-           baseline_seconds: float | None = None, baseline: str = "the baseline") -> RooflinePoint:
-    """Place a measured time on the roofline and flag what cannot be true without an explanation.
+           baseline_seconds: float | None = None, baseline: str = "the baseline", policy: str = "strict") -> RooflinePoint:
+    """Place a time measured under precision `policy` on that policy's roofline (`speed_of_light`) and flag
+    what cannot be true without an explanation.
 
     `baseline_seconds`: the time of the baseline `speedup` is over (named `baseline` in the explanation);
     without it, or without a speed of light for the task, a speedup above SUSPICIOUS_SPEEDUP stays flagged."""
-    sol, compute, memory = speed_of_light(spec, ceilings)
+    sol, compute, memory = speed_of_light(spec, ceilings, policy)
     fraction = sol / seconds if seconds > 0 else float("inf")
     base_fraction = sol / baseline_seconds if baseline_seconds and baseline_seconds > 0 and sol > 0 else None
     flags = []

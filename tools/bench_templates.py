@@ -3,7 +3,7 @@ best template schedule (autotuned over its space), with speedup and fraction of 
 
     python -m kstrata.tools.bench_templates [--tasks 01,03] [--tune-s 35] [--runs 30] [--no-tf32]
     python -m kstrata.tools.bench_templates --paths testsuite/tasks/level2/01_gemm_bias_relu_fp16.py \
-        --prefer gemm,attention,gemm_reduce      # other task files; which template to take where several match
+        --prefer gemm,attention,gemm_reduce      # other task files; only the first of these templates that matches
 
 Per task, under `strict` (TF32 off for cuBLAS and cuDNN, as the hardened eval's reference):
   1. the model and inputs are built on the GPU under a seed (never on the host: inputs reach 6.4 GB);
@@ -12,13 +12,17 @@ Per task, under `strict` (TF32 off for cuBLAS and cuDNN, as the hardened eval's 
      leaves it out, and it is skipped with a note when less than `MAX_AUTOTUNE_RESERVE_S` of the task's
      time is left) are timed by the project's GPU timer (L2 flushed per run, CUDA events, median); the
      best of them is the baseline the template's speedup is over;
-  3. the task's template is autotuned (`kstrata.agents.templates.tune.autotune`, coordinate descent from
-     the default schedule, `--tune-s` seconds) and its best schedule timed again like the baselines;
+  3. every template that matches the task is autotuned (`kstrata.agents.templates.tune.autotune`, coordinate
+     descent from the default schedule and the hints; `--tune-s` seconds a task, shared by its templates,
+     what one leaves unspent going to the next), and the fastest one's best schedule is timed again like the
+     baselines (task 04: `norm` after cuDNN's convolution and `conv` with the GroupNorm's partials fused
+     compete); `--prefer` tunes only the first named template that matches;
   4. correctness on the GPU: eager and the template against the float64 model (the strict bound of
      `kstrata eval`: max abs and relative L2 error within 4x eager's own plus 8 ULPs).
 Then, labelled `tf32`, the same with TF32 allowed (only tasks with a convolution or GEMM differ): eager,
 compile and the template rendered for `tf32` with the strict-tuned schedule.
-%SOL is `kstrata.agents.roofline.assess` with the device's measured ceilings. Results go to
+%SOL is `kstrata.agents.roofline.assess` with the device's measured ceilings, under the table's policy (tf32:
+GEMM and convolution FLOPs at the measured TF32 tensor-core rate, not the fp32 one). Results go to
 testsuite/results/templates-bench-<date>.{json,md} and, when $OUT is set, to $OUT.
 """
 
@@ -53,6 +57,11 @@ def pick(matches: list[Any], prefer: list[str]) -> Any:
     return matches[0]
 
 
+def contenders(matches: list[Any], prefer: list[str]) -> list[Any]:
+    """The matches to tune: all of them (`TEMPLATES`' order), or with `prefer` only `pick`'s."""
+    return [pick(matches, prefer)] if prefer else list(matches)
+
+
 #: Seconds of the task's time that must be left to build the max-autotune baseline (its autotuning can take
 #: a minute) and still tune the template.
 MAX_AUTOTUNE_RESERVE_S = 90.0
@@ -66,7 +75,7 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
     from kstrata.agents.roofline import assess
     from kstrata.agents.tasks import load_task
     from kstrata.agents.templates import analyse
-    from kstrata.agents.templates.tune import TaskOnDevice, autotune, errors, set_policy
+    from kstrata.agents.templates.tune import TaskOnDevice, TuneError, autotune, errors, set_policy
     from kstrata.backends.timing import time_gpu
 
     task = load_task(path)
@@ -76,21 +85,19 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
     if not a.matches:
         entry["error"] = "no template: " + "; ".join(f"{r.template}: {r.reason}" for r in a.rejected)
         return entry
-    m = pick(list(a.matches), prefer or [])
-    entry["template"] = m.template
-    entry["description"] = m.description
+    tried = contenders(list(a.matches), prefer or [])
 
     def timed(fn: Any) -> float:
         with torch.no_grad():
             return float(time_gpu(fn, runs=runs, warmup=3).median_us)
 
-    def point(us: float, base_us: float | None = None) -> dict[str, Any]:
+    def point(us: float, base_us: float | None = None, policy: str = "strict") -> dict[str, Any]:
         r = assess(spec, ceilings, us * 1e-6, None if base_us is None else base_us / us,
-                   baseline_seconds=None if base_us is None else base_us * 1e-6)
+                   baseline_seconds=None if base_us is None else base_us * 1e-6, policy=policy)
         return {"median_us": round(us, 2), "sol_fraction": round(r.fraction, 4), "flags": list(r.flags),
                 "explanations": list(r.explanations)}
 
-    env = TaskOnDevice(m)  # strict: model, inputs and eager output on the GPU
+    env = TaskOnDevice(tried[0])  # strict: model, inputs and eager output on the GPU (the task's, any match's)
     strict: dict[str, Any] = entry["strict"]
     eager_us = timed(lambda: env.model(*env.inputs))
     strict["eager"] = point(eager_us)
@@ -128,9 +135,28 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
         torch.cuda.empty_cache()
     best_name = min(bases, key=lambda k: bases[k])
     strict["best_baseline"] = best_name
-    budget = max(5.0, min(tune_s, deadline - time.monotonic() - 30))
-    tuned = autotune(m, budget_s=budget, cache_dir=cache_dir, runs=max(5, runs // 3), use_cache=False, prepared=env,
-                     on_progress=_say)
+    tune_end = time.monotonic() + tune_s
+    results: list[tuple[Any, Any]] = []
+    entry["contenders"] = []
+    for i, cand in enumerate(tried):  # each its share of what is left, so time one leaves unspent goes to the next
+        left = min(tune_end, deadline - 30) - time.monotonic()
+        budget = max(5.0, left / (len(tried) - i))
+        try:
+            r = autotune(cand, budget_s=budget, cache_dir=cache_dir, runs=max(5, runs // 3), use_cache=False,
+                         prepared=env, on_progress=_say)
+        except TuneError as e:
+            entry["contenders"].append({"template": cand.template, "error": str(e)[:400]})
+            _say(f"  {cand.template}: {e}")
+            continue
+        results.append((cand, r))
+        entry["contenders"].append({"template": cand.template, "params": r.params, "median_us": round(r.median_us, 2),
+                                    "tried": len(r.trials), "tune_s": round(r.seconds, 1)})
+    if not results:
+        entry["error"] = "no template ran correctly: " + "; ".join(c["error"] for c in entry["contenders"])
+        return entry
+    m, tuned = min(results, key=lambda mr: mr[1].median_us)
+    entry["template"] = m.template
+    entry["description"] = m.description
     new = env.build(m.render(tuned.params), "best")
     best_base = bases[best_name]
     tmpl_us = timed(lambda: new(*env.inputs))
@@ -159,16 +185,16 @@ def bench_task(path: Path, ceilings: Any, *, tune_s: float, runs: int, tf32: boo
         set_policy("tf32")
         t = entry["tf32"]
         e_us = timed(lambda: env.model(*env.inputs))
-        t["eager"] = point(e_us)
+        t["eager"] = point(e_us, policy="tf32")  # GEMM/conv FLOPs bounded by the TF32 tensor-core rate
         torch._dynamo.reset()
         comp = torch.compile(env.model)
         with torch.no_grad():
             comp(*env.inputs)  # type: ignore[no-untyped-call]
         c_us = timed(lambda: comp(*env.inputs))  # type: ignore[no-untyped-call]
-        t["compile"] = point(c_us)
+        t["compile"] = point(c_us, policy="tf32")
         new32 = env.build(m.render(tuned.params, "tf32"), "best_tf32")
         n_us = timed(lambda: new32(*env.inputs))
-        t["template"] = {**point(n_us, min(e_us, c_us)), "params": tuned.params,
+        t["template"] = {**point(n_us, min(e_us, c_us), "tf32"), "params": tuned.params,
                          "speedup_vs_best_baseline": round(min(e_us, c_us) / n_us, 3)}
         _say(f"  tf32: eager {e_us:.1f} us, compile {c_us:.1f} us, template {n_us:.1f} us "
              f"({min(e_us, c_us) / n_us:.2f}x)")
@@ -216,7 +242,15 @@ def markdown(results: dict[str, Any]) -> str:
                      f"`{json.dumps(t['params'], sort_keys=True)}` |")
     g = _geomean(speed)
     lines += ["", f"Geomean speedup over the best baseline (eager, compile, max-autotune where it ran): {g:.3f}x"
-              if g else "", "",
+              if g else ""]
+    several = [e for e in results["tasks"] if len(e.get("contenders", [])) > 1]
+    if several:
+        lines += ["", "Tasks several templates match, each tuned (its best schedule's median in the tuning; the "
+                  "fastest is the row above):", ""]
+        lines += [f"- {e['task']}: " + ", ".join(f"{c['template']} {c['median_us']:.0f} us ({c['tried']} schedules)"
+                                                if "median_us" in c else f"{c['template']} failed: {c['error'][:120]}"
+                                                for c in e["contenders"]) for e in several]
+    lines += ["",
               "## tf32 (labelled: TF32 allowed in cuBLAS/cuDNN; not admitted under strict)", "",
               "| task | eager us | compile us | template us | speedup vs best |", "|---|---|---|---|---|"]
     for e in results["tasks"]:
@@ -233,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="", help="comma-separated task number prefixes (default: all gap tasks)")
     p.add_argument("--paths", default="", help="comma-separated task files to run instead of the gap tasks")
-    p.add_argument("--prefer", default="", help="comma-separated template names taken first where several match")
-    p.add_argument("--tune-s", type=float, default=35.0, help="autotuning budget per task, seconds")
+    p.add_argument("--prefer", default="", help="comma-separated template names: tune only the first that matches "
+                   "(default: every template that matches, the fastest kept)")
+    p.add_argument("--tune-s", type=float, default=35.0, help="autotuning budget per task (its templates share it), seconds")
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--total-s", type=float, default=300.0, help="stop starting new work after this many seconds")
     p.add_argument("--no-tf32", action="store_true")

@@ -70,7 +70,7 @@ def _plots(search: Any, out: Path) -> list[str]:
     if c is not None and base.timing and inc.timing and spec.arithmetic_intensity > 0:
         ai = spec.arithmetic_intensity
         grid = [ai * 10 ** (i / 20 - 2) for i in range(81)]
-        rate = c.matmul_rate(spec.dtypes[0] if spec.dtypes else "float32")
+        rate = c.matmul_rate(spec.dtypes[0] if spec.dtypes else "float32", search.opts.policy)
         ax.plot(grid, [min(c.copy_bytes_per_s * x, rate) / 1e12 for x in grid], color="gray", lw=1, label="roof")
         for label, n, col in (("best baseline", base, "#ff7f0e"), ("output", inc, COLORS["incumbent"])):
             assert n.timing is not None

@@ -574,7 +574,8 @@ class TaskSearch:
         base_us = base.timing.median_us if base is not None and base.timing else None
         point = assess(self.info.spec, self.opts.ceilings, us * 1e-6, speedup,
                        baseline_seconds=base_us * 1e-6 if base_us else None,
-                       baseline=base.candidate.description if base is not None else "the baseline")
+                       baseline=base.candidate.description if base is not None else "the baseline",
+                       policy=self.opts.policy)
         return point.fraction, list(point.flags), list(point.explanations)
 
     def step_baselines(self) -> None:
@@ -660,7 +661,8 @@ class TaskSearch:
         if self.opts.ceilings is not None and inc.timing:
             from kstrata.agents.roofline import assess
 
-            ev.roofline = assess(self.info.spec, self.opts.ceilings, inc.timing.median_us * 1e-6).to_json()
+            ev.roofline = assess(self.info.spec, self.opts.ceilings, inc.timing.median_us * 1e-6,
+                                 policy=self.opts.policy).to_json()
             ev.ceilings = self.opts.ceilings.to_json()
         left = self.search_start_s() - self.elapsed()
         if left <= 0 and self.ev.timed:

@@ -22,10 +22,13 @@ Two ways to compute the product (`strategy`):
   dot steps), no operand staging in shared memory. IEEE fp32 under every policy.
 
 GroupNorm (`group_norm` core, groups over channels of one image): the conv kernel writes the prologue's
-value y into `out` and, per (image, pixel tile, channel), the tile's count, mean and M2 of y (a corrected
-two-pass over the tile's registers: mean0 = sum/n, then d = y - mean0, mean = mean0 + sum(d)/n,
-M2 = sum(d^2) - sum(d)^2/n); a second kernel combines a group's partials with Chan's formula into mean and
-rstd per (image, group); a third normalizes `out` in place (affine, epilogue). Traffic: the input once,
+value y into `out` and, per (image, pixel tile, channel tile, group the channel tile touches), the tile's
+count, mean and M2 of y (`GroupTiles`): per channel a corrected two-pass over the tile's registers
+(mean0 = sum/n, then d = y - mean0, mean = mean0 + sum(d)/n, M2 = sum(d^2) - sum(d)^2/n), the channels of
+one group combined by Chan's formula in registers. No atomics: every slot has one writer. A second kernel
+combines a group's partials with Chan's formula into mean and rstd per (image, group), in a fixed order (the
+same bits every run); a third normalizes `out` in place (affine, epilogue), NORM_BLOCK pixels of one
+plane a program (a schedule parameter of these instances). Traffic: the input once,
 y written and read once, the output written once (1.75 GB on the 64 x 32 x 254 x 254 gap task) against
 cuDNN then the `norm` template's split strategy (y written, read twice, output written: 2.28 GB), so the
 partials are fused rather than composing with `norm`; recomputing the convolution instead of storing y
@@ -78,8 +81,11 @@ SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
 #: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
 #: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
 FMA_MIN_ACC = 32
-#: The GroupNorm kernels' block (streaming kernels: one block size serves).
-NORM_BLOCK = 1024
+#: The GroupNorm apply kernel's blocks (`NORM_BLOCK`, a schedule parameter of the instances with a GroupNorm: a
+#: program normalizes one block of one image plane, 8 values a thread), the smallest first; the statistics
+#: kernel takes the smallest.
+NORM_BLOCKS = (1024, 2048, 4096)
+NORM_BLOCK = NORM_BLOCKS[0]
 
 
 @dataclass(frozen=True)
@@ -236,8 +242,11 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
     bm = min(128, max(32, next_pow2(cv.hw)))
-    return SPACE, (("strategy", "dot"), ("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", _k_blocks(cv.k)),
-                   ("num_warps", 4), ("num_stages", 2))
+    default: tuple[tuple[str, object], ...] = (("strategy", "dot"), ("BLOCK_M", bm), ("BLOCK_N", bn),
+                                               ("BLOCK_K", _k_blocks(cv.k)), ("num_warps", 4), ("num_stages", 2))
+    if _norm_of(chain, cv) is None:
+        return SPACE, default
+    return (*SPACE, ("NORM_BLOCK", NORM_BLOCKS)), (*default, ("NORM_BLOCK", NORM_BLOCK))
 
 
 def valid(chain: Chain, p: Params) -> bool:
@@ -250,6 +259,8 @@ def valid(chain: Chain, p: Params) -> bool:
         return False
     if bm * bn > ACC_PER_THREAD * 32 * p["num_warps"]:
         return False
+    if p.get("NORM_BLOCK", NORM_BLOCK) > max(NORM_BLOCK, next_pow2(cv.hw)):  # a block past the plane's power of two
+        return False
     if p["strategy"] == "fma":
         return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
     if bk > max(16, next_pow2(cv.k)):
@@ -258,18 +269,18 @@ def valid(chain: Chain, p: Params) -> bool:
 
 
 def hints(chain: Chain) -> list[Params]:
-    """The FMA strategy at two tile sizes (the most warps that keep FMA_MIN_ACC accumulators a thread, and 128 a
-    thread), and a wider dot tile. The second is the schedule that won task 05 on the H200 (2026-12-02: 256x32,
-    2 warps, 1126 us against compile's 1517); task 04's tuning stopped after four schedules and never met it
-    when the hint kept 64 a thread (256x32, 4 warps)."""
+    """The FMA strategy at two tile sizes (128 accumulators a thread, and the most warps that keep FMA_MIN_ACC a
+    thread), and a wider dot tile. The first is the schedule that won task 05 on the H200 (2026-12-02: 256x32,
+    2 warps, 1126 us against compile's 1517; 2026-12-03: 986 us against the 128x32 4-warp hint's 1210 and the dot
+    default's 1859), first so that a short tuning of a GroupNorm instance (task 04) meets it."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
     def warps(bm: int, acc: int) -> int:
         return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
 
-    return [{"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
-            {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
+    return [{"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
+            {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
             {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
 
 
@@ -282,7 +293,8 @@ def description(chain: Chain) -> str:
     if g is None:
         return f"{geo}: {gemm}, epilogue {describe(chain.epilogue)} fused into its store"
     return (f"{geo}: {gemm}, prologue {describe(chain.prologue)} and group_norm ({g} groups) partial statistics "
-            f"fused into its store; normalized in place by a second pass, epilogue {describe(chain.epilogue)}")
+            f"per tile and group fused into its store; combined per (image, group) by a small kernel, normalized in "
+            f"place by a second pass, epilogue {describe(chain.epilogue)}")
 
 
 def _gather_mask(cv: Conv, ih: str, iw: str, k_tail: str) -> str:
@@ -333,9 +345,38 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
     return lines
 
 
-def _tile_stats(v: str, hw: int, co: int, tiles_m: int, part: int) -> list[str]:
-    """Kernel lines storing the tile's per-channel count, mean and M2 of `v` (corrected two-pass) to `part_ptr`,
-    laid out (3, N, tiles of M, C_out)."""
+@dataclass(frozen=True)
+class GroupTiles:
+    """Where the conv kernel's GroupNorm partials go: one (count, mean, M2) slot per (image, pixel tile,
+    channel tile, group the channel tile touches); `slots` a tile (the most groups one channel tile touches:
+    a group may straddle two tiles, a tile may hold several groups), `spans` the most channel tiles one
+    group touches."""
+
+    groups: int
+    cpg: int  # channels a group
+    block_n: int
+    tiles_m: int
+    tiles_n: int
+    slots: int
+    spans: int
+
+    @classmethod
+    def of(cls, co: int, groups: int, block_n: int, tiles_m: int) -> GroupTiles:
+        cpg, tiles_n = co // groups, cdiv(co, block_n)
+        slots = max((min(co, (t + 1) * block_n) - 1) // cpg - t * block_n // cpg + 1 for t in range(tiles_n))
+        spans = max(((g + 1) * cpg - 1) // block_n - g * cpg // block_n + 1 for g in range(groups))
+        return cls(groups, cpg, block_n, tiles_m, tiles_n, slots, spans)
+
+    def size(self, n: int) -> int:
+        """Slots of one statistic over `n` images."""
+        return n * self.tiles_m * self.tiles_n * self.slots
+
+
+def _tile_stats(v: str, hw: int, co: int, gt: GroupTiles, part: int) -> list[str]:
+    """Kernel lines storing, for each group the tile's channels touch, the tile's count, mean and M2 of `v` to
+    `part_ptr` (laid out (3, N, tiles of M, tiles of N, slots)): a channel's by a corrected two-pass over the
+    tile's registers, the channels of one group combined by Chan's formula (a one-hot channel x slot
+    selection; the slot of channel c is its group less the tile's first group)."""
     return [f"vs = tl.where(mask, {v}, 0.0)",
             f"cnt = tl.sum((rm < {hw}).to(tl.float32), axis=0)",
             "m0 = tl.sum(vs, axis=0) / cnt",
@@ -343,11 +384,17 @@ def _tile_stats(v: str, hw: int, co: int, tiles_m: int, part: int) -> list[str]:
             "sd = tl.sum(dv, axis=0)",
             "cmean = m0 + sd / cnt",
             "cm2 = tl.maximum(tl.sum(dv * dv, axis=0) - sd * sd / cnt, 0.0)",
-            f"pidx = (nb * {tiles_m} + pid_m) * {co} + rn",
-            f"pmask = rn < {co}",
-            "tl.store(part_ptr + pidx, cnt + tl.zeros([BLOCK_N], tl.float32), mask=pmask)",
-            f"tl.store(part_ptr + {part} + pidx, cmean, mask=pmask)",
-            f"tl.store(part_ptr + {2 * part} + pidx, cm2, mask=pmask)"]
+            f"slot = tl.arange(0, {next_pow2(gt.slots)})",
+            f"sel = ((rn // {gt.cpg} - (pid_n * BLOCK_N) // {gt.cpg})[:, None] == slot[None, :]) & (rn < {co})[:, None]",
+            "gn = tl.sum(tl.where(sel, cnt[:, None], 0.0), axis=0)",
+            "gmean = tl.sum(tl.where(sel, (cnt * cmean)[:, None], 0.0), axis=0) / tl.maximum(gn, 1.0)",
+            "gd = cmean[:, None] - gmean[None, :]",
+            "gm2 = tl.sum(tl.where(sel, cm2[:, None] + cnt[:, None] * gd * gd, 0.0), axis=0)",
+            f"pidx = ((nb * {gt.tiles_m} + pid_m) * {gt.tiles_n} + pid_n) * {gt.slots} + slot",
+            f"pmask = slot < {gt.slots}",
+            "tl.store(part_ptr + pidx, gn, mask=pmask)",
+            f"tl.store(part_ptr + {part} + pidx, gmean, mask=pmask)",
+            f"tl.store(part_ptr + {2 * part} + pidx, gm2, mask=pmask)"]
 
 
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
@@ -369,7 +416,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     em.lines.append(f"y = {res}.to({out_t})")
     em.lines.append("tl.store(out_ptr + idx, y, mask=mask)")
     if groups:
-        em.lines += _tile_stats("y.to(tl.float32)", hw, co, tiles_m, cv.n * tiles_m * co)  # the statistics of y as stored (eager's GroupNorm input)
+        gt = GroupTiles.of(co, groups, bn, tiles_m)
+        em.lines += _tile_stats("y.to(tl.float32)", hw, co, gt, gt.size(cv.n))  # the statistics of y as stored (eager's GroupNorm input)
     body = "\n".join("    " + line for line in [*_product(cv, params, policy, it), *em.lines])
     src = [f'''
 @triton.jit
@@ -393,38 +441,47 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh,
     fwd.append(f"out = torch.empty({chain.out_shape!r}, device=x_in.device, dtype=torch.{chain.out_dtype})")
     args = ["x_in", "w", "out", *([cv.bias] if cv.bias else [])]
     if groups:
-        fwd.append(f"part = torch.empty((3, {cv.n}, {tiles_m}, {co}), device=x_in.device, dtype=torch.float32)")
+        fwd.append(f"part = torch.empty((3, {cv.n}, {tiles_m}, {tiles_n}, {gt.slots}), device=x_in.device, "
+                   "dtype=torch.float32)")
         args.append("part")
     args += [*leaf_vals, "x_in.stride(0), x_in.stride(1), x_in.stride(2), x_in.stride(3)", upcast("x_in", cv.dtype)]
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": params["BLOCK_K"], "num_warps": params["num_warps"],
             "num_stages": params["num_stages"]}
     fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))
     if groups:
-        src += _norm_kernels(chain, cv, groups, tiles_m, lsig, out_t, it)
+        src += _norm_kernels(chain, cv, gt, params["NORM_BLOCK"], lsig, out_t, it)
         core = chain.core
         assert core is not None
         affine = [f"self.{a.target}" for a in core.args[1:3] if a is not None]
         fwd.append(f"stats = torch.empty(({cv.n * groups * 2},), device=x_in.device, dtype=torch.float32)")
         fwd.append(launch("_conv_gn_stats_kernel", f"({cv.n * groups},)", ["part", "stats"],
-                          {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * (co // groups))), "num_warps": 4}))
-        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co * cdiv(hw, NORM_BLOCK)},)",
-                          ["out", "stats", *affine, *leaf_vals], {"BLOCK": NORM_BLOCK, "num_warps": 4}))
+                          {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * gt.spans)), "num_warps": 4}))
+        nblock = params["NORM_BLOCK"]
+        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co * cdiv(hw, nblock)},)",
+                          ["out", "stats", *affine, *leaf_vals], {"BLOCK": nblock, "num_warps": nblock // 256}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, src, fwd)
 
 
-def _norm_kernels(chain: Chain, cv: Conv, groups: int, tiles_m: int, lsig: str, out_t: str, it: str) -> list[str]:
-    """The GroupNorm's statistics kernel (per (image, group): Chan's combination of the conv kernel's partials,
-    lane-wise then across lanes) and its in-place apply kernel (one program per image plane and pixel block, on
-    grid axis 0)."""
+def _norm_kernels(chain: Chain, cv: Conv, gt: GroupTiles, nblock: int, lsig: str, out_t: str, it: str) -> list[str]:
+    """The GroupNorm's statistics kernel (per (image, group): Chan's combination of the conv kernel's partials of
+    that group, every pixel tile of each channel tile the group touches, lane-wise then across lanes, in a fixed
+    order: the same result every run) and its in-place apply kernel (one program per image plane and pixel
+    block, on grid axis 0)."""
     core = chain.core
     assert core is not None
-    co, hw = cv.co, cv.hw
-    cpg = co // groups
-    entries = tiles_m * cpg
+    co, hw, groups, cpg, bn = cv.co, cv.hw, gt.groups, gt.cpg, gt.block_n
+    entries = gt.tiles_m * gt.spans
     eps = float(core.attrs["eps"])
-    part = cv.n * tiles_m * co
+    part = gt.size(cv.n)
     combine = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
+    if gt.spans == 1:  # the group inside one channel tile: an entry is a pixel tile
+        where = [f"t = g * {cpg} // {bn}", "em = e < " + str(entries), "mt = e"]
+    else:  # entry = (pixel tile, k-th channel tile of the group); a group may touch fewer than `spans`
+        where = [f"t = g * {cpg} // {bn} + e % {gt.spans}",
+                 f"em = (e < {entries}) & (t <= ((g + 1) * {cpg} - 1) // {bn})", f"mt = e // {gt.spans}"]
+    body = "\n".join("        " + line for line in [
+        *where, f"off = ((nb * {gt.tiles_m} + mt) * {gt.tiles_n} + t) * {gt.slots} + g - t * {bn} // {cpg}"])
     stats = f'''
 @triton.jit
 def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
@@ -436,8 +493,7 @@ def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
     m2 = tl.zeros([BLOCK], tl.float32)
     for e0 in range(0, {entries}, BLOCK):
         e = e0 + tl.arange(0, BLOCK).to({it})
-        em = e < {entries}
-        off = (nb * {tiles_m} + e // {cpg}) * {co} + g * {cpg} + e % {cpg}
+{body}
         pn = tl.load(part_ptr + off, mask=em, other=0.0)
         pmean = tl.load(part_ptr + {part} + off, mask=em, other=0.0)
         pm2 = tl.load(part_ptr + {2 * part} + off, mask=em, other=0.0)
@@ -449,7 +505,7 @@ def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
         n = tot
 {combine}
     tl.store(stats_ptr + row * 2, tmean)
-    tl.store(stats_ptr + row * 2 + 1, 1.0 / tl.sqrt_rn(tm2 / tn + {eps!r}))
+    tl.store(stats_ptr + row * 2 + 1, 1.0 / tl.sqrt_rn(tm2 / {float(cpg * hw)!r} + {eps!r}))
 '''
     w, b = core.args[1], core.args[2]
     em = ExprEmitter("a", along=(1, "c"))  # a program's plane is one channel: its per-channel operands are scalars
@@ -467,8 +523,8 @@ def _conv_gn_stats_kernel(part_ptr, stats_ptr, BLOCK: tl.constexpr):
 @triton.jit
 def _conv_gn_apply_kernel(out_ptr, stats_ptr, {wsig}{lsig}BLOCK: tl.constexpr):
     pid = tl.program_id(0).to({it})  # one axis: grid axes 1 and 2 take 65535 programs, an image's blocks may be more
-    plane = pid // {cdiv(hw, NORM_BLOCK)}
-    p = (pid % {cdiv(hw, NORM_BLOCK)}) * BLOCK + tl.arange(0, BLOCK).to({it})
+    plane = pid // {cdiv(hw, nblock)}
+    p = (pid % {cdiv(hw, nblock)}) * BLOCK + tl.arange(0, BLOCK).to({it})
     mask = p < {hw}
     c = plane % {co}
     row = (plane // {co}) * {groups} + c // {cpg}

@@ -224,7 +224,7 @@ def autotune(m: TemplateMatch, *, budget_s: float = 60.0, cache_dir: str | Path 
         if k in trials:
             return trials[k].median_us
         try:
-            new = env.build(m.render(p), str(len(trials)))
+            new = env.build(m.render(p), f"{m.template}_{len(trials)}")  # one env may tune several templates
             with torch.no_grad():
                 out = new(*env.inputs)
                 torch.cuda.synchronize()

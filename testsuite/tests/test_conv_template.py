@@ -103,7 +103,9 @@ GN_TASK = """
 """
 #: GroupNorm after the convolution: 3 channels a group (not a power of two), 40 channels in tiles of 16 and 32
 #: (5 channels a group: groups span channel tiles), no affine, an epilogue after the norm, fp16 (y stored in
-#: fp16, as eager's GroupNorm input is)
+#: fp16, as eager's GroupNorm input is); 48 channels in 2 groups of 24 in tiles of 16 (a group straddles two
+#: channel tiles, the middle tile holds both groups), one group of 36 channels over three tiles of 16 (an N
+#: tail), and planes of 34 x 34 (1156 pixels: one NORM_BLOCK of 2048 with a tail, four pixel tiles of 256 and one of 132)
 GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
     ("cpg3-affine-relu", dict(ci=2, co=6, groups=2, padding=1, affine=True, n=2, h=9, w=10, dtype="float32",
                               body="torch.relu(self.gn(torch.sigmoid(self.conv(x))))"),
@@ -113,6 +115,15 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
      [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2, "num_stages": 1}]),
     ("fp16", dict(ci=3, co=8, groups=4, padding=1, affine=True, n=2, h=7, w=9, dtype="float16",
                   body="self.gn(torch.relu(self.conv(x)))"), [{}]),
+    ("c48-g2-straddle", dict(ci=2, co=48, groups=2, padding=1, affine=True, n=3, h=10, w=13, dtype="float32",
+                             body="self.gn(torch.sigmoid(self.conv(x) * 0.5))"),
+     [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
+      {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]),
+    ("c36-g1-spans3", dict(ci=2, co=36, groups=1, padding=0, affine=False, n=2, h=7, w=9, dtype="float32",
+                           body="self.gn(self.conv(x) + 1.0)"), [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
+    ("plane1156-normblock", dict(ci=1, co=8, groups=2, padding=0, affine=True, n=2, h=36, w=36, dtype="float32",
+                                 body="self.gn(torch.sigmoid(self.conv(x)))"),
+     [{"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "NORM_BLOCK": 2048}]),
 ]
 #: the gap tasks at reduced sizes (several pixel tiles per image with a tail), their schedules
 GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
@@ -179,12 +190,15 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         dot = jobs["3x3-s1-p1-bias"][0]
         fma = jobs["3x3-s1-p1-bias"][2]
         gn = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][1]
+        straddle = jobs["gn-c48-g2-straddle"][0]
         planted = [
             (dot, "ih = ih0[:, None] + ((r // 3) * 1)[None, :]", "ih = ih0[:, None] + (tl.minimum(r // 3, 1) * 1)[None, :]"),
             (fma, "for t in tl.static_range(9):", "for t in tl.static_range(8):"),
             (dot, "(ih >= 0) & (ih < 9)", "(ih >= 0) & (ih < 8)"),
-            (gn, "em = e < 16", "em = e < 12"),
-            (gn, "1.0 / tl.sqrt_rn(tm2 / tn + ", "1.0 / tl.sqrt_rn(1.01 * tm2 / tn + "),
+            (gn, "em = e < 4", "em = e < 3"),  # 99 pixels in 4 tiles of 32
+            (gn, "1.0 / tl.sqrt_rn(tm2 / 396.0 + ", "1.0 / tl.sqrt_rn(1.01 * tm2 / 396.0 + "),
+            # a group's statistics from its first channel tile only (24 channels a group over tiles of 16)
+            (straddle, "(t <= ((g + 1) * 24 - 1) // 16)", "(t <= g * 24 // 16)"),
         ]
         bad = []
         for job, old, new in planted:
@@ -217,11 +231,17 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "implicit GEMM 64x64516x32x72 (BxMxNxK) in Triton + bias" in m.description
     assert "prologue sigmoid(mul(add(x, bias), scale)) and group_norm (8 groups) partial statistics" in m.description
     assert m.default_params() == {"strategy": "dot", "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
-                                  "num_stages": 2}  # K = 72: 16-deep steps pad it to 80 (32: 96, 64: 128)
+                                  "num_stages": 2, "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
+    assert m.schedule_space()["NORM_BLOCK"] == (1024, 2048, 4096)
     src = m.render()
     assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
-    assert "part = torch.empty((3, 64, 505, 32)" in src  # (count, mean, M2) per image, pixel tile, channel
+    # (count, mean, M2) per image, pixel tile, channel tile and group: the 32 channels one tile, 8 groups of 4
+    assert "part = torch.empty((3, 64, 505, 1, 8)" in src and "atomic" not in src
+    assert "1.0 / tl.sqrt_rn(tm2 / 258064.0 + 1e-05)" in src  # the group's exact count: 4 channels x 254 x 254
     assert "_conv_gn_stats_kernel[(512,)]" in src and "_conv_gn_apply_kernel[(131072,)](out, stats" in src
+    assert "BLOCK=1024, num_warps=4)" in src.split("_conv_gn_apply_kernel[")[1]
+    wide = m.render({"NORM_BLOCK": 4096})  # 8 values a thread: 16 warps
+    assert "_conv_gn_apply_kernel[(32768,)](out, stats" in wide and "BLOCK=4096, num_warps=16)" in wide
     assert "ih * sxh + iw * sxw, mask=(rk < 72)[None, :], other=0.0)" in src  # padding 0: the K tail is the gather's mask
     tf32 = m.render(policy="tf32")
     assert 'input_precision="tf32"' in tf32 and "allow_tf32 = True" in tf32
@@ -230,6 +250,19 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "epilogue mul(relu(x), clamp(div(add(relu(x), 3), 6)" in a05.matches[0].description
     fma = a05.matches[0].render({"strategy": "fma", "num_stages": 1})
     assert "for t in tl.static_range(9):" in fma and "tl.dot(" not in fma
+
+
+def test_groupnorm_partials_slots_and_spans() -> None:
+    """Slots a channel tile holds (the groups it touches) and channel tiles a group spans: groups inside one
+    tile, a group straddling two tiles (the middle tile holds two groups), one group over three tiles."""
+    from kstrata.agents.templates.conv import GroupTiles
+
+    assert GroupTiles.of(32, 8, 32, 505) == GroupTiles(8, 4, 32, 505, 1, 8, 1)
+    assert GroupTiles.of(48, 2, 16, 5) == GroupTiles(2, 24, 16, 5, 3, 2, 2)
+    assert GroupTiles.of(36, 1, 16, 2) == GroupTiles(1, 36, 16, 2, 3, 1, 3)
+    assert GroupTiles.of(6, 2, 16, 3) == GroupTiles(2, 3, 16, 3, 1, 2, 1)  # one tile, wider than the channels
+    assert GroupTiles.of(40, 8, 16, 1).slots == 4 and GroupTiles.of(40, 8, 16, 1).spans == 2  # 5 a group: 0-3, 3-6, 6-7
+    assert GroupTiles.of(48, 2, 16, 5).size(3) == 3 * 5 * 3 * 2
 
 
 def test_schedule_space_rules_out_what_cannot_run() -> None:
@@ -320,11 +353,15 @@ def test_proposer_offers_conv_and_the_cudnn_templates() -> None:
         assert [c.params["template"] for c in cands] == templates, name
 
 
-def test_bench_prefers_conv_when_asked() -> None:
-    from kstrata.tools.bench_templates import pick
+def test_bench_tunes_both_task_04_templates_unless_one_is_preferred() -> None:
+    """Task 04: `norm` (after cuDNN's convolution) and `conv` (the GroupNorm's partials fused) are both tuned
+    and the faster kept; `--prefer conv` tunes only conv."""
+    from kstrata.tools.bench_templates import contenders, pick
 
     matches = match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py"))
     assert pick(matches, []).template == "norm" and pick(matches, ["conv"]).template == "conv"
+    assert [m.template for m in contenders(matches, [])] == ["norm", "conv"]
+    assert [m.template for m in contenders(matches, ["conv"])] == ["conv"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -359,13 +396,14 @@ def test_gap_tasks_at_reduced_sizes(interpreted: dict[str, Any], name: str) -> N
 
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_convolution(interpreted: dict[str, Any]) -> None:
-    assert [r["ok"] for r in interpreted["planted"]] == [False] * 5, interpreted["planted"]
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 6, interpreted["planted"]
 
 
 @pytest.mark.slow
 def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, Any]) -> None:
     """Every kernel launched above, compiled for cuda:90 with its launch's signature (UPCAST False, as on
-    the GPU), and the gap tasks' full-size default and hinted schedules through ptxas."""
+    the GPU), and the gap tasks' full-size default and hinted schedules through ptxas (task 04's GroupNorm
+    statistics and apply kernels with them; the default at each NORM_BLOCK)."""
     recorded = []
     for k, rs in interpreted.items():
         if k == "planted":
@@ -380,10 +418,25 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
         m = _conv_match(GAPS / name)
         for params in (m.default_params(), *m.hint_params()):
             src = m.render(params)
-            launch = _launch_of(src, "_conv_kernel", "*fp32", params, ("sxw",))
-            for leaf in [n for n in launch["signature"] if n.startswith(("p_", "in_"))]:  # the epilogue's tensors
-                launch["signature"][leaf] = "*fp32"
-            recorded.append({"candidate_source": src, "launches": [launch]})
+            launches = [_launch_of(src, "_conv_kernel", "*fp32", params, ("sxw",))]
+            for leaf in [n for n in launches[0]["signature"] if n.startswith(("p_", "in_"))]:  # the epilogue's tensors
+                launches[0]["signature"][leaf] = "*fp32"
+            recorded.append({"candidate_source": src, "launches": launches})
+            if "NORM_BLOCK" not in params:
+                continue
+            # every NORM_BLOCK with the default, the hints' own (the statistics kernel follows the pixel tiles)
+            for block in m.schedule_space()["NORM_BLOCK"] if params == m.default_params() else (params["NORM_BLOCK"],):
+                s = m.render({**params, "NORM_BLOCK": block})
+                norm = []
+                for kernel in ("_conv_gn_stats_kernel", "_conv_gn_apply_kernel"):
+                    meta = re.search(rf"{kernel}\[.*BLOCK=(\d+), num_warps=(\d+)\)", s)
+                    assert meta, kernel
+                    launch = _launch_of(s, kernel, "*fp32", {"BLOCK": int(meta[1]), "num_warps": int(meta[2]),
+                                                            "num_stages": 1}, ())
+                    launch["signature"].update({n: "*fp32" for n in launch["signature"] if n.startswith(("p_", "in_"))})
+                    del launch["constexprs"]["UPCAST"]  # the conv kernel's alone
+                    norm.append(launch)
+                recorded.append({"candidate_source": s, "launches": norm})
     failures = compile_recorded(recorded, "cuda:90")
     assert failures == [[] for _ in recorded], [f for f in failures if f]
 
@@ -431,6 +484,29 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
     task = _shrunk(tmp_path, name, {"batch": 4})
     m = _conv_match(task)
     assert_schedules_match(task, m, tmp_path, [m.default_params()], sample=6, noncontiguous=(False,))
+
+
+@pytest.mark.gpu
+@gpu
+def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
+    """Gap task 04 at a quarter of its batch: two runs of the fused conv + GroupNorm give the same bits (no
+    atomics; the partials combined in a fixed order), for the default, the FMA hint and the widest NORM_BLOCK."""
+    import torch
+
+    from kstrata.agents.tasks import import_task_module
+
+    task = _shrunk(tmp_path, "04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 4})
+    m = _conv_match(task)
+    mod = import_task_module(task)
+    for i, params in enumerate([{}, m.hint_params()[0], {"NORM_BLOCK": 4096}]):
+        cand = tmp_path / f"model_new_det_{i}.py"
+        cand.write_text(m.render(params))
+        torch.manual_seed(0)
+        model = import_task_module(cand).ModelNew(*mod.get_init_inputs()).cuda().eval()
+        x = [t.cuda() for t in mod.get_inputs()]
+        with torch.no_grad():
+            a, b = model(*x).clone(), model(*x)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), params
 
 
 # ---------------------------------------------------------------------------------------------------

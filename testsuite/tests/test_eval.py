@@ -391,6 +391,32 @@ def test_speed_of_light_and_flags() -> None:
     assert roofline.Ceilings.from_json(json.loads(json.dumps(CEILINGS.to_json()))) == CEILINGS
 
 
+def test_speed_of_light_under_a_tf32_policy_bounds_matmuls_by_the_tensor_cores() -> None:
+    """Gap task 06 (GEMM 32768x1024x4096 + Swish + sum + GroupNorm, fp32; 2.75e11 of its 2.76e11 FLOPs a GEMM)
+    as the H200 measured it on 2026-12-03 (its ceilings' fp32 and TF32 rates): the tf32 table's template at
+    1152 us was flagged 4.76x faster than light because the fp32 SIMT rate bounded its GEMM; under `tf32`
+    the TF32 rate does and it is 66% of SOL, unflagged. `strict` keeps the fp32 bound."""
+    h200 = roofline.Ceilings(device="NVIDIA H200", date="2026-12-03", copy_bytes_per_s=4.075e12,
+                             matmul_flops_per_s={"float32": 50.38e12, "tf32": 376.0e12, "float16": 677.8e12,
+                                                 "bfloat16": 756.6e12})
+    task06 = _Spec(276362690560, 687931392, matmul=275012124672)
+    strict = roofline.assess(task06, h200, 1152e-6, 1475 / 1152, baseline_seconds=1475e-6)
+    assert strict.fraction == pytest.approx(4.76, abs=0.01) and "faster than speed of light" in strict.flags[0]
+    tf32 = roofline.assess(task06, h200, 1152e-6, 1475 / 1152, baseline_seconds=1475e-6, policy="tf32")
+    assert tf32.fraction == pytest.approx(0.658, abs=0.002) and not tf32.flags and tf32.bound == "compute"
+    other = (276362690560 - 275012124672) / 50.38e12  # pointwise, reductions: still at the fp32 rate
+    assert tf32.compute_seconds == pytest.approx(275012124672 / 376.0e12 + other)
+    assert roofline.speed_of_light(task06, h200, "bf16")[1] == pytest.approx(275012124672 / 756.6e12 + other)
+    # which rate a policy takes: fp16/bf16 tasks keep their own; without a measured TF32 rate the datasheet's
+    # dense peak where it is known (the H200's 494 TFLOP/s), else fp32's
+    assert roofline.matmul_precision("float32", "tf32") == "tf32" and roofline.matmul_precision("float16", "tf32") == "float16"
+    assert roofline.matmul_precision("float32", "strict") == "float32"
+    old = roofline.Ceilings(device="NVIDIA H200", date="2026-11-01", copy_bytes_per_s=4e12,
+                            matmul_flops_per_s={"float32": 50e12})
+    assert old.matmul_rate("float32", "tf32") == 494e12 and old.matmul_rate("float32") == 50e12
+    assert roofline.Ceilings(**{**old.to_json(), "device": "Other GPU"}).matmul_rate("float32", "tf32") == 50e12
+
+
 def test_fast_p_and_geomean_follow_kernelbench() -> None:
     correct = [True, True, False, True]
     speed = [2.0, 0.5, 3.0, 1.2]
