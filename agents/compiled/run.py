@@ -543,7 +543,7 @@ def _write_outputs(src: Path, out: Path, program: Program, searches: dict[str, K
         searched = s.started_from or {}
         override_key = searched.get("override_key") if s.started_from is not None else k.override_key
         recorded = s.against_recorded()
-        over_recorded = {"recorded_config": s.baseline, "speedup_vs_recorded": recorded.speedup} \
+        over_recorded: dict[str, Any] = {"recorded_config": s.baseline, "speedup_vs_recorded": recorded.speedup} \
             if s.started_from is not None and recorded is not None else {}
         ptxas = (tool_env(s.record) or os.environ).get("TRITON_PTXAS_PATH")
         if best is not None and best.entry:
