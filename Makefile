@@ -19,7 +19,7 @@ demo: setup
 	$(BIN)/kstrata suite build --target cuda:90 --target hip:gfx942 --cache-dir $(OUT)/suite-cache
 
 test: setup
-	$(BIN)/python -m pytest -n 2 --durations=10
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=10
 
 # everything but the tests marked slow (more than a few seconds each)
 test-fast: setup
