@@ -261,6 +261,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
         tmp_traj = out / ".trajectory.jsonl.tmp"
         prior = opts.prior if opts.prior is not None else SearchPrior()
         ranked = list(program.ranked())
+        ncu_failed: str | None = None  # why ncu gave no hot window on an earlier kernel of this run
         with tmp_traj.open("w") as traj:
             for i, k in enumerate(ranked):  # largest first: ncu profiles the NCU_KERNELS largest ones
                 now = time.perf_counter()
@@ -270,7 +271,12 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                 until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
                 try:
                     start_at = kernel_start(engine, k, device, opts, program, say)
-                    windows[k.entry] = hot_window(start_at.kernel, device, profile=len(windows) < NCU_KERNELS)
+                    windows[k.entry] = hot_window(start_at.kernel, device, profile=len(windows) < NCU_KERNELS,
+                                                  ncu_failed=ncu_failed)
+                    why_static = windows[k.entry].why_static or ""
+                    if ncu_failed is None and why_static.startswith("ncu "):
+                        # a profile costs tens of seconds: one that gave nothing is not tried on the next kernels
+                        ncu_failed = f"{why_static} on {k.name}"
                     say(f"{k.name} ({k.target}, share {_pct(k.share)}): searching ({windows[k.entry].words()}; "
                         f"{until - time.perf_counter():.0f} s of the run's {deadline - now:.0f} s left)")
                     searches[k.entry] = search_one(engine, k, device, opts, say, deadline=until,
@@ -356,10 +362,12 @@ class KernelWindow:
         return out
 
 
-def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWindow:
+def hot_window(k: ProgramKernel, device: str, profile: bool = True, ncu_failed: str | None = None) -> KernelWindow:
     """The kernel's hot window and where it came from: Nsight Compute's warp-stall samples mapped to PTX lines
     on an NVIDIA GPU (when ncu runs, for the `NCU_KERNELS` largest kernels: a profile takes tens of
-    seconds), else the static loop-weighted window, with the reason."""
+    seconds), else the static loop-weighted window, with the reason. `ncu_failed`: why ncu gave nothing on an
+    earlier kernel of the run (then it is not run again: on the H200, 2026-12-03, it gave no source-level
+    samples on every kernel of three models, each profile time lost to the kernels' searches)."""
     import sys
 
     from kstrata.backends.hotwindow import profile_ptx_samples, static_hot_window, window_from_samples
@@ -375,6 +383,8 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True) -> KernelWin
         why = "no launch record to profile"
     elif level == "ptx" and device == "cuda" and not profile:
         why = f"ncu profiles the {NCU_KERNELS} largest kernels only"
+    elif level == "ptx" and device == "cuda" and ncu_failed:
+        why = f"not profiled: {ncu_failed}"
     elif level == "ptx" and device == "cuda":
         from kstrata.agents.optimize.profile import find_ncu
 

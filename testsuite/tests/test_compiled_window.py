@@ -340,3 +340,33 @@ def test_a_sampled_window_edit_comes_first_in_its_stage() -> None:
                   window=WindowUse("ptx", "hot", 5, 9, "static", "static"))
     assert pipeline_of([hints, reorder]) == f"ptx({reorder.spelling},{hints.spelling})"
     assert pipeline_of([hints, static]) == f"ptx({hints.spelling},{static.spelling})"  # the static one: as given
+
+
+def test_ncu_is_not_run_again_after_it_gave_nothing_on_an_earlier_kernel(
+        suite_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 (2026-12-03) ncu gave no source-level samples on every kernel of three models, each profile
+    time lost to the searches: once it gave nothing, the run's later kernels keep the static window, saying why."""
+    import kstrata.agents.optimize.profile as profile
+    import kstrata.backends.hotwindow as hotwindow
+    from kstrata.agents.compiled.program import ProgramKernel
+    from kstrata.agents.compiled.run import hot_window
+    from kstrata.ir.triton_layout import read_index
+
+    from .conftest import copy_suite_subset
+
+    cache = copy_suite_subset(suite_cache, tmp_path / "c", (NAME,), ("cuda:90",))
+    key = next(iter(read_index(cache)))
+    k = ProgramKernel(str(cache / key), key, "layernorm_bwd_dx_kernel", "cuda:90", record="/r.json")
+    asked: list[str] = []
+
+    def no_samples(ncu: str, command: list[str], kernel: str, timeout: float = 0) -> dict[int, float]:
+        asked.append(kernel)
+        return {}
+
+    monkeypatch.setattr(profile, "find_ncu", lambda: "/fake/ncu")
+    monkeypatch.setattr(hotwindow, "profile_ptx_samples", no_samples)
+    first = hot_window(k, "cuda")
+    assert asked == ["layernorm_bwd_dx_kernel"] and first.why_static == "ncu gave no source-level samples"
+    later = hot_window(k, "cuda", ncu_failed=f"{first.why_static} on layernorm_bwd_dx_kernel")
+    assert asked == ["layernorm_bwd_dx_kernel"] and not later.sampled
+    assert later.why_static == "not profiled: ncu gave no source-level samples on layernorm_bwd_dx_kernel"
