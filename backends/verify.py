@@ -849,9 +849,8 @@ def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBund
                             "differential run checks the rebuilt binary")
         interpreted = []
     for level in interpreted:
-        if level in report.differing_levels:
-            planned += [(f"interpreter: {s.label}", level, s, {**job_base, "kind": "interp", "level": level,
-                                                                "input_set": s}) for s in sets]
+        planned += [(f"interpreter: {s.label}", level, s, {**job_base, "kind": "interp", "level": level,
+                                                            "input_set": s}) for s in sets]
     gpu_runs = False
     vendor = "an NVIDIA" if original.target.backend == "cuda" else "an AMD"
     if binary_level in report.differing_levels:

@@ -367,7 +367,7 @@ def hot_window(k: ProgramKernel, device: str, profile: bool = True, ncu_failed: 
     on an NVIDIA GPU (when ncu runs, for the `NCU_KERNELS` largest kernels: a profile takes tens of
     seconds), else the static loop-weighted window, with the reason. `ncu_failed`: why ncu gave nothing on an
     earlier kernel of the run (then it is not run again: on the H200, 2026-12-03, it gave no source-level
-    samples on every kernel of three models, each profile time lost to the kernels' searches)."""
+    samples on each of the 7 kernels it profiled in three models, each profile time lost to the kernels' searches)."""
     import sys
 
     from kstrata.backends.hotwindow import profile_ptx_samples, static_hot_window, window_from_samples

@@ -708,21 +708,19 @@ def _timings_against(engine: Engine, built: BuildResult, record: str, siblings: 
 
 
 class SearchPrior:
-    """What won on the kernels already searched in one run: pipeline spelling -> the best log speedup of a
-    winner with that edit. Kernels of one program are often alike (Inductor's pointwise kernels): on the H200
-    `ttgir(num-warps{n=2})` won on the MLP's silu and the transformer's gelu kernel, while most kernels got
-    one to three trials before the run's time ran out, so the next kernel tries the run's winners first."""
+    """What won on the kernels already searched in one run, by kind of kernel (`spaces.kernel_kind`): pipeline
+    spelling -> the best log speedup of a winner with that edit. Kernels of one program are often alike
+    (Inductor's pointwise kernels): on the H200 `ttgir(num-warps{n=2})` won on the MLP's silu and the
+    transformer's gelu kernel, while most kernels got one to three trials before the run's time ran out, so the
+    next kernel tries the run's winners first; only those of its kind: what won on a pointwise kernel (fewer
+    warps) is not tried first on a reduction, whose first trial may be its only one."""
 
     def __init__(self) -> None:
-        self.scores: dict[str, float] = {}
-        #: The same by kind of kernel (`spaces.kernel_kind`): what won on a pointwise kernel (fewer warps) is
-        #: not tried first on a reduction, whose first trial may be its only one.
         self.by_kind: dict[str, dict[str, float]] = {}
 
     def learn(self, search: KernelSearch) -> None:
         w = search.best
         if w is not None and w.score is not None and w.score > 0:
-            self.scores[w.pipeline] = max(self.scores.get(w.pipeline, 0.0), w.score)
             mine = self.by_kind.setdefault(kernel_kind(search.kernel), {})
             mine[w.pipeline] = max(mine.get(w.pipeline, 0.0), w.score)
 

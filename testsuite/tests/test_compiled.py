@@ -553,9 +553,9 @@ def test_the_runs_winners_are_tried_first_on_the_next_kernel() -> None:
     first = search_kernel(engine, "b" * 64, "k0", "/c/k0", "cuda:90", "/l/k0.json", _atoms(),  # type: ignore[arg-type]
                           SearchConfig(budget=6, device="cuda"), mode="measured", mode_note="test")
     prior.learn(first)
-    assert first.best is not None and prior.scores == {cache_hints: pytest.approx(first.best.score)}
+    assert first.best is not None and prior.for_kernel("k") == {cache_hints: pytest.approx(first.best.score)}
     second = search_kernel(engine, "b" * 64, "k", "/c/k", "cuda:90", "/l/k.json", _atoms(), cfg,  # type: ignore[arg-type]
-                           mode="measured", mode_note="test", prior=prior.scores)
+                           mode="measured", mode_note="test", prior=prior.for_kernel("k"))
     assert [t.pipeline for t in second.trials] == [cache_hints]
 
 

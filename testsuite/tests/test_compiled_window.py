@@ -344,7 +344,7 @@ def test_a_sampled_window_edit_comes_first_in_its_stage() -> None:
 
 def test_ncu_is_not_run_again_after_it_gave_nothing_on_an_earlier_kernel(
         suite_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the H200 (2026-12-03) ncu gave no source-level samples on every kernel of three models, each profile
+    """On the H200 (2026-12-03) ncu gave no source-level samples on each of the 7 kernels it profiled in three models, each profile
     time lost to the searches: once it gave nothing, the run's later kernels keep the static window, saying why."""
     import kstrata.agents.optimize.profile as profile
     import kstrata.backends.hotwindow as hotwindow
