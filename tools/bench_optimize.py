@@ -70,6 +70,15 @@ STARTUP_S = 30.0
 SAFETY_SHARE = 0.05
 
 
+def findings_cell(kinds: list[str]) -> str:
+    """The findings that fired, each once, in the order they first fired, with a count where one fired for
+    several kernels ("narrow-loads x19"): a batch-1 MLP's table cell listed narrow-loads 19 times."""
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items())
+
+
 def default_tasks(suite: Path) -> list[str]:
     """The gap tasks (when `suite/gaps` holds any) plus `DEFAULT_WITH_GAPS`; `DEFAULT_TASKS` otherwise."""
     gaps = sorted(p for p in (suite / "gaps").glob("[0-9]*.py")) if (suite / "gaps").is_dir() else []
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             body.append(f"| {r['name']} | unfinished | {r.get('incumbent_baseline', '')} | {r.get('chosen_space', '')} | "
                         f"{r['chosen'][:60].replace('|', '/')} (provisional) | {_fmt(r.get('speedup'))} | | | "
                         f"{_fmt(r.get('sol_before'), '.1f', 100)} | {_fmt(r.get('sol_after'), '.1f', 100)} | "
-                        f"{r.get('seconds', 0):.0f} | {', '.join(r.get('findings', []))} | "
+                        f"{r.get('seconds', 0):.0f} | {findings_cell(r.get('findings', []))} | "
                         f"killed before its final re-evaluation |")
             continue
         if r.get("status") != "done":
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['chosen_space']} | {r['chosen'][:60].replace('|', '/')} | {_fmt(r.get('speedup'))} | "
                     f"{_confirmed(r)} | {_fmt(r.get('speedup_vs_eager'))} | {_fmt(r.get('sol_before'), '.1f', 100)} | "
                     f"{_fmt(r.get('sol_after'), '.1f', 100)} | {r.get('seconds', 0):.0f}{' (cut)' if r.get('cut_short') else ''} | "
-                    f"{', '.join(r.get('findings', []))} | "
+                    f"{findings_cell(r.get('findings', []))} | "
                     f"{'ok' if r.get('final_ok') else r.get('final_reason', '')[:50]} |")
     # made faster: the search's choice beat the best baseline, and the end's re-measurement against it (when it
     # ran) found it faster by more than the noise, not only within it

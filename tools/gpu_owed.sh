@@ -5,7 +5,7 @@
 #
 #   OUT=DIR tools/gpu_owed.sh STEP [STEP ...]
 #
-# Logs and outputs are written under WORK (default /tmp/kstrata-gpu-owed); OUT (default gpu-owed/; the device
+# Logs and outputs are written under WORK (default /tmp/kstrata-gpu-owed/run-<time>, one per call); OUT (default gpu-owed/; the device
 # tool's $OUT) receives only results.tgz: the logs, today's results files and the skill library.
 #
 #   setup         install the wheels carried in .whl/ (../shared/tools/device-wheels.sh) and kstrata itself
@@ -35,7 +35,9 @@
 set -u
 SFX=${TAG_SUFFIX:-}
 OUT=${OUT:-gpu-owed}
-WORK=${WORK:-/tmp/kstrata-gpu-owed}
+# one WORK per call: a machine kept warm between calls keeps /tmp, and a shared WORK packed the previous call's
+# files again and refused to move this call's optimizer output over the last one's (2026-12-04)
+WORK=${WORK:-/tmp/kstrata-gpu-owed/run-$(date -u +%Y%m%dT%H%M%S)}
 PY=${PYTHON:-python3}
 SCALE=${LIMIT_SCALE:-1}
 mkdir -p "$OUT" "$WORK/results" "$WORK/out"
@@ -136,7 +138,9 @@ cp testsuite/results/*"$today"* "$WORK/results/" 2>/dev/null
 # bench_optimize also copies its results into $OUT when that is set: what this run added to OUT goes into
 # the archive too, so OUT ends with one file (the device tool brings back only a few)
 for f in $(ls -A "$OUT"); do
-  case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$WORK/out/" ;; esac
+  # (a second optimizer step in the same call writes the same name: kept beside the first, numbered)
+  dest="$WORK/out/$f"; n=1; while [ -e "$dest" ]; do dest="$WORK/out/$f.$n"; n=$((n + 1)); done
+  case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$dest" ;; esac
 done
 # the compiled benchmark's work directories keep their reports and trajectories, not its caches and builds
 tar czf "$OUT/results.tgz" --exclude='triton-cache' --exclude='inductor-cache' --exclude='engine' \

@@ -192,7 +192,12 @@ def render_task_report(search: Any, result: Any, plots: list[str]) -> str:
             lines += [""] + [f"- pruned {s}: {why}" for s, why in search.pruned.items()]
     notes = {k: v for k, v in search.notes.items() if k != "baselines"}
     if notes:
-        lines += ["", "Proposer notes (why a proposer had nothing):", ""] + [f"- {k}: {v}" for k, v in notes.items()]
+        made: dict[str, int] = {}
+        for n in search.nodes.values():
+            made[n.candidate.proposer] = made.get(n.candidate.proposer, 0) + 1
+        lines += ["", "Proposer notes (why a proposer had nothing, on the parent it was last asked about):", ""]
+        lines += [f"- {k}: {v}" + (f" (it proposed {made[k]} candidate{'s' if made[k] != 1 else ''} on other parents)"
+                                   if made.get(k) else "") for k, v in notes.items()]
     lines += ["", "## Candidates", "", "| # | space | proposer | edit | status | speedup | %SOL | note |",
               "|---:|---|---|---|---|---:|---:|---|"]
     for k in search.order:

@@ -181,7 +181,12 @@ class SearchState:
     notes: dict[str, str] = field(default_factory=dict)
 
     def note(self, proposer: str, why: str) -> None:
-        self.notes[proposer] = why
+        """Why `proposer` had nothing for this state's parent. The parent is named: a proposer is asked once per
+        parent, and the last answer is the one kept (on the H200, 2026-12-04, the report said "no addmm-epilogue
+        pattern in the task's graph" beside the addmm-epilogue candidate that won: it had been asked again on
+        that winner, where the pattern was gone)."""
+        where = self.parent.candidate.description if self.parent is not None else ""
+        self.notes[proposer] = f"{why} (asked on {where})" if where and where not in why else why
 
     def finding(self, kind: str) -> Finding | None:
         return next((f for f in self.findings if f.kind == kind), None)

@@ -448,6 +448,24 @@ def test_search_picks_best_baseline_and_guard_promotes_a_real_gain(tmp_path: Pat
     assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / "tree.png").exists()
 
 
+def test_a_proposers_note_names_its_parent_and_the_report_says_it_proposed_elsewhere(tmp_path: Path) -> None:
+    """On the H200 (2026-12-04) the report said "addmm-epilogue: no addmm-epilogue pattern in the task's graph"
+    beside the addmm-epilogue candidate that won: the proposer had last been asked on that winner."""
+    from kstrata.agents.optimize.report import render_task_report
+
+    ev = FakeEvaluator(tmp_path, _rule_us)
+    s = _search(tmp_path, ev)
+    r = s.run()
+    state = s._state(s.incumbent, "compiler")
+    state.note("inductor-options", "nothing left to try")
+    assert s.notes["inductor-options"] == f"nothing left to try (asked on {s.incumbent.candidate.description})"
+    text = render_task_report(s, r, [])
+    made = sum(n.candidate.proposer == "inductor-options" for n in s.nodes.values())
+    assert made and f"(it proposed {made} candidate" in text and "asked on" in text
+    s._state(None, "compiler").note("other", "no parent")
+    assert s.notes["other"] == "no parent"
+
+
 def test_a_guard_drowned_in_noise_is_taken_again_in_the_quiet_after_the_search(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """On the H200 a CUDA-graph candidate (rounds 89-95 us) lost its guard to a launch-bound incumbent whose
@@ -922,6 +940,14 @@ def test_bench_default_tasks_and_per_task_budget(tmp_path: Path) -> None:
     assert default_tasks(tmp_path) == ["gaps/01_a_fp32", "gaps/02_b_fp32", *DEFAULT_WITH_GAPS]
     # the per-task limits (optimize --minutes covers the final re-evaluation): test_optimize_final.py
     assert per_task_minutes(9.0, 10, 10) == pytest.approx(2 * per_task_minutes(9.0, 10, 5))  # one wave, not two
+
+
+def test_bench_findings_cell_counts_a_finding_that_fired_for_several_kernels() -> None:
+    from kstrata.tools.bench_optimize import findings_cell
+
+    kinds = ["roofline", "narrow-loads", "launch-bound", "narrow-loads", "narrow-loads", "latency-bound"]
+    assert findings_cell(kinds) == "roofline, narrow-loads x3, launch-bound, latency-bound"
+    assert findings_cell([]) == ""
 
 
 def test_a_drift_common_to_both_sides_cancels_in_the_paired_ratio_and_independent_noise_does_not() -> None:
