@@ -657,6 +657,7 @@ class TaskSearch:
             rewrites = applicable_rewrites(self.info.path, self.info.spec.sha256)
         ev = Evidence(spec=self.info.spec, policy=self.opts.policy, device=self.opts.device,
                       incumbent=inc.candidate.description, incumbent_us=inc.timing.median_us if inc.timing else None,
+                      incumbent_best_us=min(inc.timing.rounds_us) if inc.timing and inc.timing.rounds_us else None,
                       degeneracy=self.contract.degeneracy if self.contract else None, graph_ops=ops, rewrites=rewrites)
         if self.opts.ceilings is not None and inc.timing:
             from kstrata.agents.roofline import assess

@@ -230,6 +230,18 @@ def test_launch_analyzer_and_broken_analyzer_is_a_finding() -> None:
                     profile={"wall_us_per_call": 90.0, "kernel_us_per_call": 12.0, "launches_per_call": 6, "kernels": []})
     f = LaunchAnalyzer().analyze(tiny)
     assert [x.kind for x in f] == ["launch-bound"] and f[0].data["wall_source"] == "timer" and "30%" in f[0].text
+    # a slow host inflates the median (131 us on 2026-12-02, the same kernels): judged by the fastest round (88 us)
+    noisy = Evidence(spec=spec, policy="strict", device="cuda", incumbent="compile", incumbent_us=131.1,
+                     incumbent_best_us=87.7, profile=gn)
+    assert LaunchAnalyzer().analyze(noisy) == []
+    noisy.incumbent_best_us = None
+    assert [x.kind for x in LaunchAnalyzer().analyze(noisy)] == ["launch-bound"]
+    # a launch-bound call stays one at its fastest round, and the text gives both figures
+    graphless = Evidence(spec=spec, policy="strict", device="cuda", incumbent="compile", incumbent_us=158.1,
+                         incumbent_best_us=140.0, profile={"wall_us_per_call": 234.0, "kernel_us_per_call": 15.4,
+                                                           "launches_per_call": 11, "kernels": []})
+    f = LaunchAnalyzer().analyze(graphless)
+    assert [x.kind for x in f] == ["launch-bound"] and "140 us as timed at its fastest round (median 158 us)" in f[0].text
 
     class Boom:
         name = "boom"
