@@ -1426,18 +1426,10 @@ def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 def output_write_bound_us(record: Any, device_name: str) -> float | None:
     """A lower bound on the kernel's time: writing its outputs once at the device's peak bandwidth."""
-    import torch
-
     from kstrata.ir.launch import TensorArg
 
     bandwidth = next((bw for key, bw in _BANDWIDTH.items() if key in device_name), max(_BANDWIDTH.values()))
-    written = 0
-    for arg in record.args:
-        if isinstance(arg, TensorArg) and arg.written:
-            numel = 1
-            for n in arg.shape:
-                numel *= n
-            written += numel * int(getattr(torch, arg.dtype).itemsize)
+    written = sum(arg.nbytes for arg in record.args if isinstance(arg, TensorArg) and arg.written)
     return written / bandwidth * 1e6 if written else None
 
 

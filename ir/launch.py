@@ -33,6 +33,16 @@ class LaunchRecordError(KstrataError):
     """A launch record that cannot be read or does not fit the kernel it is used with."""
 
 
+def dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of a torch dtype named without "torch." ("float16": 2)."""
+    import torch
+
+    t = getattr(torch, dtype, None)
+    if not isinstance(t, torch.dtype):
+        raise LaunchRecordError(f"{dtype!r} is not a torch dtype: its element size is unknown")
+    return int(t.itemsize)
+
+
 @dataclass(frozen=True)
 class TensorArg:
     name: str
@@ -52,6 +62,17 @@ class TensorArg:
         if not self.shape or 0 in self.shape:
             return self.storage_offset
         return self.storage_offset + 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride, strict=True))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements the view addresses: a broadcast dimension (stride 0) counts once. Raises
+        LaunchRecordError when the dtype's element size is unknown."""
+        numel = 1
+        for n, s in zip(self.shape, self.stride, strict=True):
+            if n == 0:
+                return 0
+            numel *= n if s else 1
+        return numel * dtype_itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,27 @@ class LaunchRecord:
         grid = tuple(model.grid) + (1,) * (3 - len(model.grid))
         return cls(model.kernel, model.target, (grid[0], grid[1], grid[2]), tuple(args), model.num_warps,
                    model.num_stages, model.cache_key, model.override_key, dict(model.extra), origin)
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the buffers the launch was given: each tensor argument's view (`TensorArg.nbytes`) once,
+        read or written; two arguments that are the same view of one storage (by the recorded address,
+        `extra["storage"]`) count once. Raises LaunchRecordError, naming the argument, when a size is unknown,
+        and when the launch has no tensor argument."""
+        storage = self.extra.get("storage") or {}
+        views: dict[tuple[Any, ...], int] = {}
+        for a in self.args:
+            if not isinstance(a, TensorArg):
+                continue
+            where = storage.get(a.name)
+            key = ("address", where[0]) if where else ("argument", a.name)
+            try:
+                views[(*key, a.dtype, a.storage_offset, a.shape, a.stride)] = a.nbytes
+            except LaunchRecordError as exc:
+                raise LaunchRecordError(f"kernel {self.kernel}: argument {a.name}: {exc.message}",
+                                        path=self.origin) from None
+        if not views:
+            raise LaunchRecordError(f"kernel {self.kernel}: the launch has no tensor argument", path=self.origin)
+        return sum(views.values())
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         p = Path(path)

@@ -17,13 +17,19 @@ tasks, or every task with `--all-tasks`):
 3. **re-check**: every winner verified again with fresh seeds (3 input sets, the GPU differential run):
    a failure counts as a wrong result;
 4. **end to end**: plain `torch.compile(model)` against `torch.compile(model, backend="kstrata",
-   options={"tuned": OUT/tuned})`, outputs compared, each timed (CUDA events, L2 flushed, median of 50).
+   options={"tuned": OUT/tuned})`, outputs compared, each timed (CUDA events, L2 flushed, median of 50);
+   then both profiled (`backends/device_profile.py`: torch.profiler, a few calls, L2 flushed before each):
+   each kernel's device time per call inside each program, and the device-busy time per call beside the
+   wall time per call. The end-to-end figure the kernels predict (`expected_end_to_end`) comes from isolated,
+   L2-flushed kernel timings; the in-program device times are its check.
 
 Writes `compiled-bench-<date>.json` and `.md` under `--results` (after every model, so a run cut short
 keeps what it measured): per kernel the space and edit that won, speedup with its range over A/B rounds,
-trials and verdict counts; per model the tuned backend's speedup over Inductor and how many kernels it
-replaced; the geomean over changed kernels, wrong results, and the wall time of the whole run. Exit 0
-when the run completed with zero wrong results, 1 otherwise, 2 without an NVIDIA GPU.
+trials and verdict counts, and its %SOL before and after (the bytes of its launch record's buffers over the
+peak bandwidth: an estimate, `buffer_sol`); per model the tuned backend's speedup over Inductor, how many
+kernels it replaced, and each tuned kernel's in-program device time beside its isolated A/B; the geomean
+over changed kernels, wrong results, and the wall time of the whole run. Exit 0 when the run completed with
+zero wrong results, 1 otherwise, 2 without an NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from kstrata.backends.device_profile import PROFILE_CALLS, DeviceProfile, profile_calls
+from kstrata.backends.timing import L2_FLUSH_BYTES, CudaClock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,6 +170,13 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             for _ in range(CENSUS_CALLS):
                 ours(*inputs)
             torch.cuda.synchronize()
+        # the check of the prediction: each kernel's device time inside the program, as the A/B ran it (L2
+        # flushed before each call); the kernel-level A/B ran each kernel alone with the L2 flushed before it
+        allocate = CudaClock.cuda().scratch
+        scratch = allocate(L2_FLUSH_BYTES) if allocate is not None else None
+        profiles = {side: _profile(functools.partial(_call, model_, inputs), scratch)
+                    for side, model_ in (("inductor", inductor), ("tuned", ours))}
+    launched = census.rows(CENSUS_CALLS)
     records = tb.report()[before:]
     kernels = [k for k in records if k["status"] != "autotune"]  # one per compiled kernel
     tuned_n = sum(k["status"] == "tuned" for k in kernels)
@@ -175,7 +191,10 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             "autotune": [{"name": k["name"], "reason": k.get("reason", "")[:400]} for k in records
                          if k["status"] == "autotune"],
             "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
-            "launched": census.rows(CENSUS_CALLS),
+            "launched": launched,
+            "in_program": in_program(profiles["inductor"], profiles["tuned"],
+                                     {r["kernel"]: r["edit"] for r in launched if r["tuned"]},
+                                     {"inductor": ab.median_a_us, "tuned": ab.median_b_us}),
             # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
             "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup}
 
@@ -184,12 +203,83 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
 CENSUS_CALLS = 3
 
 
+def _profile(fn: Any, scratch: Any) -> DeviceProfile:
+    """`profile_calls` with the timer's L2 flush before each call; a failure is a reason, never the bench's end."""
+    try:
+        return profile_calls(fn, PROFILE_CALLS, before=scratch.zero_ if scratch is not None else None)
+    except Exception as exc:  # the profiler is a check of the timing, not part of it
+        return DeviceProfile(PROFILE_CALLS, reason=f"profiling failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def in_program(inductor: DeviceProfile, tuned: DeviceProfile, tuned_edits: dict[str, str | None],
+               wall_us: dict[str, float]) -> dict[str, Any]:
+    """The end-to-end JSON's in-program figures: per kernel name its device time per call in plain Inductor's
+    program and in the tuned one (`inductor_us`, `tuned_us`; a name launched several times a call sums), and for
+    the kernels whose tuned binary ran (`tuned_edits`: name to edit, from the census) their ratio; per side the
+    device-busy time per call beside the wall time per call (the A/B's median: CUDA events around one call,
+    L2 flushed), so a reader sees whether the model is launch-bound. `reason` says why figures are missing."""
+    a, b = inductor.by_name(), tuned.by_name()
+    kernels = []
+    for name in sorted(a.keys() | b.keys(), key=lambda n: -max(k.us_per_call for k in (a.get(n), b.get(n)) if k)):
+        ka, kb = a.get(name), b.get(name)
+        row: dict[str, Any] = {"kernel": name, "inductor_us": ka.us_per_call if ka else None,
+                               "tuned_us": kb.us_per_call if kb else None,
+                               "inductor_launches": ka.launches_per_call if ka else None,
+                               "tuned_launches": kb.launches_per_call if kb else None, "tuned": name in tuned_edits}
+        if name in tuned_edits:
+            row["edit"] = tuned_edits[name]
+            row["in_program_ratio"] = ka.us_per_call / kb.us_per_call if ka and kb and kb.us_per_call else None
+        kernels.append(row)
+    reasons = [f"{side}: {p.reason}" for side, p in (("inductor", inductor), ("tuned", tuned)) if p.reason]
+    return {"method": f"torch.profiler (CUDA activity), device time per call by kernel name over {inductor.calls} "
+                      "calls of each compiled model, L2 flushed before each call as in the A/B",
+            "calls": inductor.calls, "reason": "; ".join(reasons) or None,
+            "busy_us": {"inductor": inductor.busy_us, "tuned": tuned.busy_us},
+            "span_us": {"inductor": inductor.span_us, "tuned": tuned.span_us},
+            "wall_us": wall_us, "kernels": kernels}
+
+
+def attach_isolated(row: dict[str, Any]) -> None:
+    """Beside each tuned kernel's in-program figures, the isolated kernel-level A/B of the same edit (the search's
+    time before and after, each kernel alone on its launch record, L2 flushed)."""
+    isolated = {(k["kernel"], k.get("edit")): k for k in row.get("kernels", [])
+                if k.get("time_before_us") and k.get("time_after_us")}
+    for k in (row.get("end_to_end", {}).get("in_program") or {}).get("kernels", []):
+        m = isolated.get((k["kernel"], k.get("edit"))) if k.get("tuned") else None
+        if m:
+            k["isolated_before_us"], k["isolated_after_us"] = m["time_before_us"], m["time_after_us"]
+            k["isolated_ratio"] = m["time_before_us"] / m["time_after_us"]
+
+
+def buffer_sol(record_path: str | None, bytes_per_s: float | None, before_us: float | None,
+               after_us: float | None, bandwidth_reason: str = "no bandwidth") -> dict[str, Any]:
+    """A kernel's fraction of speed of light from its launch record: the bytes of its buffers (each tensor
+    argument once, read or written: `LaunchRecord.buffer_bytes`) over the peak bandwidth, against its measured
+    time before and after. An estimate from buffer sizes, not measured traffic (a buffer read and written counts
+    once; a read served by the L2 counts all the same); a missing figure carries its reason."""
+    from kstrata.ir.launch import LaunchRecord
+
+    if not record_path:
+        return {"reason": "no launch record"}
+    try:
+        nbytes = LaunchRecord.load(record_path).buffer_bytes()
+    except Exception as exc:  # an unreadable record or an unknown size: the figure is left out
+        return {"reason": str(exc)[:300]}
+    if not bytes_per_s:
+        return {"bytes": nbytes, "reason": bandwidth_reason}
+    sol_us = nbytes / bytes_per_s * 1e6
+    return {"bytes": nbytes, "bytes_per_s": bytes_per_s, "sol_us": sol_us,
+            "before": sol_us / before_us if before_us else None, "after": sol_us / after_us if after_us else None}
+
+
 def expected_end_to_end(row: dict[str, Any]) -> float | None:
     """What the kernels' own measurements predict end to end: Inductor's time per call less, for every tuned
-    binary that ran, its launches per call times the time it saved per launch in the kernel-level A/B (with
-    an L2 flush, in isolation: inside the model a kernel may find its inputs in L2). A kernel autotuned over
-    several configs saves at most what it saved against the fastest of them (plain Inductor's autotuner may
-    run any). None without a tuned binary that ran."""
+    binary that ran, its launches per call times the time it saved per launch in the kernel-level A/B. Those
+    timings are isolated and L2-flushed: each kernel alone on its launch record, the L2 flushed before each run;
+    inside the model a kernel may find its inputs in L2 (the preceding kernel's output), and save more or less
+    there. The check is the end-to-end JSON's `in_program` figures: each kernel's device time inside both
+    programs (torch.profiler). A kernel autotuned over several configs saves at most what it saved against the
+    fastest of them (plain Inductor's autotuner may run any). None without a tuned binary that ran."""
     e = row.get("end_to_end") or {}
     saved = {(k["kernel"], k.get("edit")): min([k["time_before_us"] - k["time_after_us"]]
                                                + [t["time_us"] - t["winner_us"] for t in k.get("siblings") or ()
@@ -200,6 +290,62 @@ def expected_end_to_end(row: dict[str, Any]) -> float | None:
     if not total or not e.get("inductor_us"):
         return None
     return float(e["inductor_us"]) / max(1e-9, float(e["inductor_us"]) - total)
+
+
+#: What the kernel table's %SOL is, in its header: so nobody reads it as exact.
+SOL_LABEL = "%SOL (bytes of its buffers / peak bandwidth)"
+
+
+def _sol_cell(sol: dict[str, Any] | None) -> str:
+    if not sol:
+        return ""
+    fractions = [f"{100 * sol[w]:.3g}%" for w in ("before", "after") if sol.get(w)]
+    if fractions:
+        return " -> ".join(fractions)
+    return f"? ({sol['reason'][:100]})" if sol.get("reason") else ""
+
+
+def _us(x: float | None) -> str:
+    return f"{x:.1f}" if x is not None else "?"
+
+
+def in_program_lines(model: str, ip: dict[str, Any]) -> list[str]:
+    """The markdown's in-program check of one model: per tuned kernel its isolated A/B beside its device time in
+    the program, and the device-busy time per call beside the wall time per call."""
+    if ip.get("reason") and not ip.get("kernels"):
+        return [f"- {model} in the program: no figures: {ip['reason']}"]
+    lines = []
+    for k in ip.get("kernels", []):
+        if not k.get("tuned"):
+            continue
+        iso = (f"isolated A/B {k['isolated_before_us']:.1f} -> {k['isolated_after_us']:.1f} us "
+               f"({k['isolated_ratio']:.3f}x)" if k.get("isolated_ratio") else "no isolated A/B of this edit")
+        ratio = f" ({k['in_program_ratio']:.3f}x)" if k.get("in_program_ratio") else ""
+        lines.append(f"- {model} `{k['kernel']}` ({k.get('edit')}): {iso}; in the program "
+                     f"{_us(k['inductor_us'])} -> {_us(k['tuned_us'])} us{ratio} "
+                     f"(device time per call, torch.profiler over {ip.get('calls')} calls)")
+    busy, wall = ip.get("busy_us") or {}, ip.get("wall_us") or {}
+    sides = []
+    for side, label in (("inductor", "Inductor"), ("tuned", "tuned")):
+        b, w = busy.get(side), wall.get(side)
+        share = f" ({100 * b / w:.0f}%)" if b is not None and w else ""
+        sides.append(f"{label} {_us(b)} us of {_us(w)} us{share}")
+    lines.append(f"- {model} device busy per call of the wall time per call: " + ", ".join(sides)
+                 + " (busy: the union of its device events' intervals; wall: the A/B's median per call)"
+                 + (f"; {ip['reason']}" if ip.get("reason") else ""))
+    return lines
+
+
+def _bandwidth(cache: Path) -> tuple[float | None, str]:
+    """The peak DRAM bandwidth as the roofline has it (its measured copy bandwidth, cached under `cache`), and
+    where it came from; None and why without it."""
+    from kstrata.agents.roofline import load_or_measure
+
+    try:
+        ceilings, path = load_or_measure(cache)
+    except Exception as exc:  # the %SOL figures are left out, the run goes on
+        return None, f"no bandwidth: measuring the roofline's ceilings failed: {type(exc).__name__}: {exc}"
+    return ceilings.copy_bytes_per_s, f"the roofline's measured copy bandwidth, {path.name}"
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -230,10 +376,11 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
              f"- end to end (tuned backend vs Inductor, models with a tuned kernel), geomean: "
              f"{summary['geomean_end_to_end']:.3f}x" if summary["geomean_end_to_end"]
              else "- end to end: no model ran a tuned kernel", "",
-             "| model | kernel | share | space | edit | speedup (range) | trials | end to end |", "|---|---|---|---|---|---|---|---|"]
+             "| model | kernel | share | space | edit | speedup (range) | trials | end to end "
+             f"| {SOL_LABEL} before -> after |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | error: {r['error'][:160]} | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error'][:160]} | | | | | | | |")
             continue
         e = r.get("end_to_end", {})
         diff = '' if e.get('bitwise_equal', True) else ', max diff ' + format(e['max_abs_diff'], '.3g')
@@ -247,11 +394,20 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
         else:
             e2e_cell = ""
         if not r.get("kernels"):
-            lines.append(f"| {r['model']} | (no kernel searched) | | | | | 0 | {e2e_cell} |")
+            lines.append(f"| {r['model']} | (no kernel searched) | | | | | 0 | {e2e_cell} | |")
         for i, k in enumerate(r.get("kernels", [])):
             sp = f"{k['speedup']:.3f}x ({k['range'][0]:.3f}-{k['range'][1]:.3f})" if k.get("speedup") else k.get("result", "")
             lines.append(f"| {r['model'] if i == 0 else ''} | {k['kernel']} | {k['share']} | {k.get('space', '')} | "
-                         f"`{k.get('edit', '')}` | {sp} | {k['trials']} | {e2e_cell if i == 0 else ''} |")
+                         f"`{k.get('edit', '')}` | {sp} | {k['trials']} | {e2e_cell if i == 0 else ''} | "
+                         f"{_sol_cell(k.get('sol'))} |")
+    if any(k.get("sol") for r in rows for k in r.get("kernels", [])):
+        bw = env.get("bandwidth") or {}
+        peak = (f"{bw['bytes_per_s'] / 1e12:.2f} TB/s, {bw.get('source', '')}" if bw.get("bytes_per_s")
+                else bw.get("reason", "unknown"))
+        lines.append(f"- {SOL_LABEL}: the bytes of the kernel's buffers (each tensor argument of its launch record "
+                     f"once, read or written) / peak bandwidth ({peak}), over its measured time before -> after the "
+                     "search: an estimate from buffer sizes, not measured traffic (a buffer both read and written, "
+                     "Inductor's `in_out_ptr`, moves twice its bytes)")
     for r in rows:  # which binaries of the tuned kernels ran end to end, and what their kernel A/B predicts
         e = r.get("end_to_end", {})
         names = {x["kernel"] for x in e.get("launched", []) if x.get("tuned")} | \
@@ -260,9 +416,12 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
                f"{x['launches_per_call']:g}/call" for x in e.get("launched", []) if x["kernel"] in names]
         if ran:
             lines.append(f"- {r['model']} end to end ran: " + "; ".join(ran)
-                         + (f"; the kernels' own A/B predicts {e['expected']:.3f}x" if e.get("expected") else ""))
+                         + (f"; the kernels' own A/B predicts {e['expected']:.3f}x (from isolated, L2-flushed kernel "
+                            "timings; the in-program device times are the check)" if e.get("expected") else ""))
         elif names and "launched" in e:
             lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
+        if e.get("in_program"):
+            lines += in_program_lines(r["model"], e["in_program"])
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
         for k in r.get("kernels", []):
             if k.get("configs"):
@@ -318,6 +477,9 @@ def command(
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "budget": budget, "minutes": minutes}
+    bytes_per_s, bandwidth_source = _bandwidth(root / "ceilings")
+    env["bandwidth"] = {"bytes_per_s": bytes_per_s, "source": bandwidth_source} if bytes_per_s else \
+        {"reason": bandwidth_source}
     rows: list[dict[str, Any]] = []
     overheads: list[float] = []  # minutes per model outside the search: record, re-check, end to end
     prior = SearchPrior()  # what won on one model's kernels is tried first on the next model's
@@ -374,11 +536,15 @@ def command(
                                   "range": t["speedup_range"], "time_us": t["time_us"], "winner_us": t["winner_us"]}
                                  for t in sibling_timings or ()],
                     "sibling_verdict": s.get("sibling_verdict"),
+                    "sol": buffer_sol(k.get("record") or s.get("record"), bytes_per_s,
+                                      best.get("time_before_us") if best else k.get("time_us"),
+                                      best.get("time_after_us") if best else None, bandwidth_source),
                     "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
                                  for st in ("equivalent", "unproven", "different", "failed", "error")}})
             row["recheck"] = _recheck(report)
             row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
             row["end_to_end"]["expected"] = expected_end_to_end(row)
+            attach_isolated(row)
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         overheads.append((time.perf_counter() - t_model) / 60 - search_min)

@@ -1,0 +1,266 @@
+"""The compiled bench's in-program check and %SOL (tools/bench_compiled.py, backends/device_profile.py), on the CPU:
+profiler events built as torch's own parser builds them (`FunctionEvent`, the objects `prof.events()` holds), a
+launch record as `kstrata record` writes it, and the markdown written from rows shaped as the run makes them. The
+figures are those of the H200's `mlp_fp16` run (2026-12-04): the silu's isolated A/B 68.2 -> 47.3 us."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+from kstrata.backends.device_profile import DeviceProfile, KernelTime, device_profile
+from kstrata.ir.launch import LaunchRecord, LaunchRecordError, ScalarArg, TensorArg
+from kstrata.tools import bench_compiled
+
+from .conftest import has_cuda
+
+SILU = "triton_poi_fused_silu_0"
+NORM = "triton_per_fused_native_layer_norm_1"
+GEMM = "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64"
+
+
+def _event(name: str, start: float, end: float, activity: str = "kernel", device: Any = DeviceType.CUDA) -> Any:
+    """A device event as `_parse_kineto_results` makes it from a kineto event (times in us from the trace start)."""
+    return FunctionEvent(id=1, name=name, thread=7, start_us=start, end_us=end, device_type=device,
+                         activity_type=activity, use_device="cuda", linked_correlation_id=1)
+
+
+def _call(offset: float, silu_us: float) -> list[Any]:
+    """One call of the MLP as the profiler sees it: a CPU op, Inductor's graph call projected onto the GPU timeline
+    (a user annotation over the whole call), a GEMM, the silu, a second GEMM overlapping the silu by 1 us, the
+    layer norm, and the synchronize's wait."""
+    t = offset
+    return [_event("aten::mm", t, t + 5, "cpu_op", DeviceType.CPU),
+            _event("## Call CompiledFxGraph fabc ##", t, t + 300, "gpu_user_annotation"),
+            _event(GEMM, t + 10, t + 60),
+            _event(SILU, t + 60, t + 60 + silu_us),
+            _event(GEMM, t + 59 + silu_us, t + 109 + silu_us),
+            _event(NORM, t + 120 + silu_us, t + 150 + silu_us),
+            _event("Context Sync", t + 150 + silu_us, t + 400, "cuda_sync")]
+
+
+def test_device_time_per_call_sums_a_names_launches_and_leaves_out_annotations_and_waits() -> None:
+    p = device_profile([_call(0.0, 60.0), _call(1000.0, 64.0)])
+    times = {k.name: (k.us_per_call, k.launches_per_call) for k in p.kernels}
+    assert times == {GEMM: pytest.approx((100.0, 2.0)), SILU: pytest.approx((62.0, 1.0)), NORM: (30.0, 1.0)}
+    assert p.kernels[0].name == GEMM  # longest first
+    # busy: the union of the kernels' intervals (the 1 us where the GEMM overlaps the silu counts once), not the
+    # annotation over the whole call nor the synchronize's wait; span: first start to last end
+    assert p.busy_us == pytest.approx((50 + 60 + 49 + 30 + 50 + 64 + 49 + 30) / 2)
+    assert p.span_us == pytest.approx(((210 - 10) + (214 - 10)) / 2)
+    assert p.reason is None
+
+
+def test_events_without_an_activity_type_drop_annotations_and_synchronizations_by_their_flags() -> None:
+    """An older torch's `FunctionEvent` has no `activity_type`: a user annotation says so by `is_user_annotation`."""
+
+    def old(name: str, start: float, end: float, annotation: bool = False) -> Any:
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=start, end=end),
+                               is_user_annotation=annotation, is_async=False)
+
+    p = device_profile([[old("CompiledFxGraph", 0, 100, annotation=True), old(SILU, 10, 40),
+                         old("Context Sync", 40, 90)]])
+    assert [(k.name, k.us_per_call) for k in p.kernels] == [(SILU, 30.0)] and p.busy_us == 30.0
+
+
+def test_a_profile_without_device_work_says_why_instead_of_figures() -> None:
+    none = device_profile([[_event("aten::mm", 0, 5, "cpu_op", DeviceType.CPU)]] * 3)
+    assert none.kernels == () and none.busy_us is None
+    assert none.reason is not None and "no CUDA events in 3 calls" in none.reason
+    only_waits = device_profile([[_event("graph", 0, 9, "gpu_user_annotation"),
+                                  _event("Context Sync", 0, 9, "cuda_sync")]])
+    assert only_waits.reason is not None and "2 CUDA events in 1 calls, none a kernel" in only_waits.reason
+    assert "gpu_user_annotation x 1" in only_waits.reason
+    assert device_profile([]).reason == "no call was profiled"
+
+
+def test_the_events_torch_profiler_gives_have_what_the_aggregation_reads() -> None:
+    """A real profile on the CPU (no CUDA activity here): its events carry the attributes `device_profile` reads, and
+    with no CUDA event among them the profile says so instead of giving figures."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(64).add_(1)
+    events = list(prof.events())
+    assert events and all(e.device_type == DeviceType.CPU for e in events)
+    e = events[0]
+    assert isinstance(e.name, str) and e.time_range.end >= e.time_range.start and e.device_type.name == "CPU"
+    assert hasattr(e, "activity_type") and hasattr(e, "is_user_annotation")
+    p = device_profile([events])
+    assert p.kernels == () and p.reason is not None and "no CUDA events" in p.reason
+
+
+def _profiles(silu_tuned_us: float) -> tuple[DeviceProfile, DeviceProfile]:
+    inductor = DeviceProfile(5, (KernelTime(GEMM, 100.0, 2.0), KernelTime(SILU, 62.0, 1.0),
+                                 KernelTime(NORM, 30.0, 1.0)), busy_us=190.0, span_us=200.0)
+    tuned = DeviceProfile(5, (KernelTime(GEMM, 101.0, 2.0), KernelTime(SILU, silu_tuned_us, 1.0),
+                              KernelTime(NORM, 30.0, 1.0)), busy_us=188.0, span_us=199.0)
+    return inductor, tuned
+
+
+def _row(silu_tuned_us: float) -> dict[str, Any]:
+    inductor, tuned = _profiles(silu_tuned_us)
+    ip = bench_compiled.in_program(inductor, tuned, {SILU: "config(5AODIZKJTAWE)"}, {"inductor": 262.2, "tuned": 264.4})
+    return {"model": "mlp_fp16", "share_source": "measured",
+            "kernels": [{"kernel": SILU, "key": "ZJFZBYHFS7MF", "share": "68.7%", "trials": 5, "space": "config",
+                         "edit": "config(5AODIZKJTAWE)", "speedup": 1.442, "range": [1.430, 1.451],
+                         "time_before_us": 68.19, "time_after_us": 47.28, "verdicts": {},
+                         "sol": {"bytes": 1 << 26, "before": 0.246, "after": 0.355}},
+                        {"kernel": NORM, "key": "645KPEVZU7P7", "share": "31.3%", "trials": 2, "verdicts": {},
+                         "result": "no candidate beat the original beyond the noise",
+                         "sol": {"reason": "kernel x: argument in_ptr0: 'float4' is not a torch dtype"}}],
+            "recheck": [],
+            "end_to_end": {"speedup": 0.991, "tuned_kernels": 1, "untouched_kernels": 2, "bitwise_equal": True,
+                           "max_abs_diff": 0.0, "timing": {"speedup_range": [0.978, 1.036]}, "inductor_us": 262.2,
+                           "launched": [{"kernel": SILU, "binary": "7956", "launches_per_call": 1.0, "tuned": True,
+                                         "edit": "config(5AODIZKJTAWE)"}],
+                           "expected": 1.087, "in_program": ip}}
+
+
+def test_in_program_figures_put_each_tuned_kernels_device_time_beside_its_isolated_ab() -> None:
+    row = _row(58.0)
+    ip = row["end_to_end"]["in_program"]
+    by = {k["kernel"]: k for k in ip["kernels"]}
+    assert [k["kernel"] for k in ip["kernels"]] == [GEMM, SILU, NORM]
+    assert (by[SILU]["inductor_us"], by[SILU]["tuned_us"], by[SILU]["tuned"]) == (62.0, 58.0, True)
+    assert by[SILU]["in_program_ratio"] == pytest.approx(62 / 58) and "in_program_ratio" not in by[GEMM]
+    assert by[GEMM]["inductor_launches"] == 2.0 and not by[GEMM]["tuned"]
+    assert ip["busy_us"] == {"inductor": 190.0, "tuned": 188.0} and ip["wall_us"]["inductor"] == 262.2
+    assert ip["reason"] is None and ip["calls"] == 5
+    bench_compiled.attach_isolated(row)
+    assert by[SILU]["isolated_ratio"] == pytest.approx(68.19 / 47.28) and by[SILU]["isolated_before_us"] == 68.19
+    assert "isolated_ratio" not in by[NORM]
+    lines = bench_compiled.in_program_lines("mlp_fp16", ip)
+    assert lines[0].startswith(f"- mlp_fp16 `{SILU}` (config(5AODIZKJTAWE)): isolated A/B 68.2 -> 47.3 us (1.442x); "
+                               "in the program 62.0 -> 58.0 us (1.069x)")
+    assert lines[1].startswith("- mlp_fp16 device busy per call of the wall time per call: Inductor 190.0 us of "
+                               "262.2 us (72%), tuned 188.0 us of 264.4 us (71%)")
+
+
+def test_a_kernel_missing_from_one_profile_has_no_ratio_and_a_failed_profile_says_why() -> None:
+    inductor, _ = _profiles(58.0)
+    failed = DeviceProfile(5, reason="profiling failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED")
+    ip = bench_compiled.in_program(inductor, failed, {SILU: "e"}, {"inductor": 262.2, "tuned": 264.4})
+    silu = next(k for k in ip["kernels"] if k["kernel"] == SILU)
+    assert silu["tuned_us"] is None and silu["in_program_ratio"] is None
+    assert ip["reason"] == "tuned: profiling failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    lines = bench_compiled.in_program_lines("m", ip)
+    assert "in the program 62.0 -> ? us (device time" in lines[0] and "no isolated A/B of this edit" in lines[0]
+    assert lines[1].endswith("; tuned: profiling failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED")
+    nothing = bench_compiled.in_program(failed, failed, {}, {})
+    assert bench_compiled.in_program_lines("m", nothing) == [f"- m in the program: no figures: {nothing['reason']}"]
+
+
+def test_the_profile_failing_inside_the_bench_is_a_reason_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: Any, **kw: Any) -> DeviceProfile:
+        raise RuntimeError("CUPTI could not be loaded")
+
+    monkeypatch.setattr(bench_compiled, "profile_calls", boom)
+    p = bench_compiled._profile(lambda: None, None)
+    assert p.kernels == () and p.reason == "profiling failed: RuntimeError: CUPTI could not be loaded"
+
+
+def _silu_record(tmp_path: Path, *args: Any, storage: dict[str, list[int]] | None = None) -> str:
+    record = LaunchRecord(SILU, "cuda:90", (32768, 1, 1),
+                          (TensorArg("in_out_ptr0", "float16", (8192, 4096), (4096, 1), 0, 33554432, True),
+                           *args, ScalarArg("xnumel", "i32", 33554432)),
+                          num_warps=4, extra={"storage": storage or {"in_out_ptr0": [139741490053120, 67108864]}})
+    return str(record.save(tmp_path / f"{SILU}-{len(args)}.json"))
+
+
+def test_sol_is_the_bytes_of_the_records_buffers_over_the_bandwidth_against_the_times_before_and_after(
+        tmp_path: Path) -> None:
+    path = _silu_record(tmp_path)
+    sol = bench_compiled.buffer_sol(path, 4.0e12, 68.19, 47.28)
+    # the silu's in-out buffer once (read and written): 8192 x 4096 halves, 64 MiB, 16.8 us at 4 TB/s
+    assert sol["bytes"] == 1 << 26 and sol["sol_us"] == pytest.approx((1 << 26) / 4.0e12 * 1e6)
+    assert sol["before"] == pytest.approx(sol["sol_us"] / 68.19)
+    assert sol["after"] == pytest.approx(sol["sol_us"] / 47.28)
+    assert bench_compiled.buffer_sol(path, 4.0e12, 31.5, None)["after"] is None
+    assert bench_compiled.buffer_sol(path, None, 68.19, 47.28, "no bandwidth: boom") == {"bytes": 1 << 26,
+                                                                                         "reason": "no bandwidth: boom"}
+    assert bench_compiled.buffer_sol(None, 4.0e12, 1.0, 1.0) == {"reason": "no launch record"}
+
+
+def test_buffer_bytes_counts_each_buffer_once_and_names_an_unknown_size(tmp_path: Path) -> None:
+    silu = 1 << 26
+    # the same view of the same storage passed twice counts once; another storage counts; a broadcast bias
+    # (stride 0 over the rows) counts its 4096 elements once
+    same = TensorArg("in_ptr0", "float16", (8192, 4096), (4096, 1), 0, 33554432, False)
+    other = TensorArg("in_ptr1", "float32", (16,), (1,), 0, 16, False)
+    bias = TensorArg("in_ptr2", "float16", (8192, 4096), (0, 1), 0, 4096, False)
+    storage = {"in_out_ptr0": [100, silu], "in_ptr0": [100, silu], "in_ptr1": [900, 64], "in_ptr2": [5000, 8192]}
+    record = LaunchRecord.load(_silu_record(tmp_path, same, other, bias, storage=storage))
+    assert record.buffer_bytes() == silu + 16 * 4 + 4096 * 2
+    # without recorded addresses each argument is a buffer of its own
+    assert LaunchRecord.load(_silu_record(tmp_path, same, storage={"x": [1, 1]})).buffer_bytes() == 2 * silu
+    odd = TensorArg("in_ptr0", "float4_e2m1", (16,), (1,), 0, 16, False)
+    with pytest.raises(LaunchRecordError, match="argument in_ptr0: 'float4_e2m1' is not a torch dtype"):
+        LaunchRecord.load(_silu_record(tmp_path, odd)).buffer_bytes()
+    sol = bench_compiled.buffer_sol(_silu_record(tmp_path, odd), 4.0e12, 68.19, 47.28)
+    assert "bytes" not in sol and "'float4_e2m1' is not a torch dtype" in sol["reason"]
+    scalars = LaunchRecord("k", "cuda:90", (1, 1, 1), (ScalarArg("n", "i32", 3),))
+    with pytest.raises(LaunchRecordError, match="no tensor argument"):
+        scalars.buffer_bytes()
+
+
+def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_under_the_prediction(
+        tmp_path: Path) -> None:
+    row = _row(58.0)
+    bench_compiled.attach_isolated(row)
+    env = {"date": "2026-12-04T00:00:00+00:00", "device": "NVIDIA H200", "torch": "t", "triton": "t", "cuda": "t",
+           "bandwidth": {"bytes_per_s": 4.075e12, "source": "the roofline's measured copy bandwidth, ceilings.json"}}
+    bench_compiled._write(tmp_path, env, [row, {"model": "conv_block_fp32", "error": "RuntimeError: boom"}],
+                          final=True, seconds=60.0)
+    md = (tmp_path / "compiled-bench-2026-12-04.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model |"))
+    assert header.endswith("| %SOL (bytes of its buffers / peak bandwidth) before -> after |")
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
+    assert any(f"| {SILU} |" in line and line.endswith("| 24.6% -> 35.5% |") for line in table)
+    assert any(f"| {NORM} |" in line and "| ? (kernel x: argument in_ptr0: 'float4' is not a torch dtype) |" in line
+               for line in table)
+    assert ("- %SOL (bytes of its buffers / peak bandwidth): the bytes of the kernel's buffers (each tensor argument "
+            "of its launch record once, read or written) / peak bandwidth (4.08 TB/s, the roofline's measured copy "
+            "bandwidth, ceilings.json), over its measured time before -> after the search: an estimate from buffer "
+            "sizes, not measured traffic") in md
+    assert ("the kernels' own A/B predicts 1.087x (from isolated, L2-flushed kernel timings; the in-program device "
+            "times are the check)") in md
+    assert "isolated A/B 68.2 -> 47.3 us (1.442x); in the program 62.0 -> 58.0 us (1.069x)" in md
+    assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md
+    assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
+    assert "| conv_block_fp32 | error: RuntimeError: boom |" in md
+
+
+def test_expected_end_to_end_says_its_timings_are_isolated_and_names_the_check() -> None:
+    doc = bench_compiled.expected_end_to_end.__doc__ or ""
+    assert "isolated and L2-flushed" in doc and "`in_program`" in doc
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_the_end_to_end_profiles_both_programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny MLP through `_end_to_end` with an empty tuned database: both programs run the same kernels, and the
+    profile gives each Inductor kernel's device time in both, and a busy time within the wall time."""
+    import torch
+    from torch import nn
+
+    def tiny(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
+        model = nn.Sequential(nn.Linear(256, 1024), nn.SiLU(), nn.Linear(1024, 256), nn.LayerNorm(256))
+        return model.cuda().half(), (torch.randn(512, 256, device="cuda", dtype=torch.half),)
+
+    monkeypatch.setattr(bench_compiled, "_model", tiny)
+    e = bench_compiled._end_to_end("tiny", False, tmp_path / "tuned", tmp_path)
+    ip = e["in_program"]
+    assert ip["reason"] is None, ip
+    triton = [k for k in ip["kernels"] if k["kernel"].startswith("triton_")]
+    assert triton and all(k["inductor_us"] > 0 and k["tuned_us"] > 0 and not k["tuned"] for k in triton)
+    for side in ("inductor", "tuned"):
+        assert 0 < ip["busy_us"][side] <= ip["span_us"][side] + 1e-6
+        assert ip["busy_us"][side] < ip["wall_us"][side]
