@@ -64,7 +64,8 @@ def _is_device_event(e: Any) -> bool:
     return getattr(getattr(e, "device_type", None), "name", None) == "CUDA"
 
 
-def _is_work(e: Any) -> bool:
+def is_device_work(e: Any) -> bool:
+    """A CUDA event that is work on the device (a kernel, memcpy or memset), not an annotation or a wait."""
     activity = getattr(e, "activity_type", None)
     if activity:
         return str(activity).lower() in DEVICE_WORK
@@ -96,7 +97,7 @@ def device_profile(sessions: Sequence[Iterable[Any]]) -> DeviceProfile:
             if not _is_device_event(e):
                 continue
             seen_device += 1
-            if not _is_work(e):
+            if not is_device_work(e):
                 kind = str(getattr(e, "activity_type", None) or e.name)
                 dropped[kind] = dropped.get(kind, 0) + 1
                 continue

@@ -133,7 +133,8 @@ class LaunchRecord:
 
     def buffer_bytes(self) -> int:
         """Bytes of the buffers the launch was given: each tensor argument's view (`TensorArg.nbytes`) once,
-        read or written; two arguments that are the same view of one storage (by the recorded address,
+        read or written, but twice for one that is read and written in place (Inductor's `in_out_ptr*`, written
+        in the record); two arguments that are the same view of one storage (by the recorded address,
         `extra["storage"]`) count once. Raises LaunchRecordError, naming the argument, when a size is unknown,
         and when the launch has no tensor argument."""
         storage = self.extra.get("storage") or {}
@@ -142,9 +143,12 @@ class LaunchRecord:
             if not isinstance(a, TensorArg):
                 continue
             where = storage.get(a.name)
-            key = ("address", where[0]) if where else ("argument", a.name)
+            key = (*(("address", where[0]) if where else ("argument", a.name)), a.dtype, a.storage_offset, a.shape,
+                   a.stride)
+            # Inductor's `in_out_ptr` is read and written in place: its bytes cross twice (read, then written)
+            times = 2 if a.written and a.name.startswith("in_out_ptr") else 1
             try:
-                views[(*key, a.dtype, a.storage_offset, a.shape, a.stride)] = a.nbytes
+                views[key] = max(views.get(key, 0), times * a.nbytes)
             except LaunchRecordError as exc:
                 raise LaunchRecordError(f"kernel {self.kernel}: argument {a.name}: {exc.message}",
                                         path=self.origin) from None

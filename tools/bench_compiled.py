@@ -405,9 +405,8 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
         peak = (f"{bw['bytes_per_s'] / 1e12:.2f} TB/s, {bw.get('source', '')}" if bw.get("bytes_per_s")
                 else bw.get("reason", "unknown"))
         lines.append(f"- {SOL_LABEL}: the bytes of the kernel's buffers (each tensor argument of its launch record "
-                     f"once, read or written) / peak bandwidth ({peak}), over its measured time before -> after the "
-                     "search: an estimate from buffer sizes, not measured traffic (a buffer both read and written, "
-                     "Inductor's `in_out_ptr`, moves twice its bytes)")
+                     f"once, read or written; twice for Inductor's in-place `in_out_ptr`) / peak bandwidth ({peak}), over its "
+                     "measured time before -> after the search: an estimate from buffer sizes, not measured traffic")
     for r in rows:  # which binaries of the tuned kernels ran end to end, and what their kernel A/B predicts
         e = r.get("end_to_end", {})
         names = {x["kernel"] for x in e.get("launched", []) if x.get("tuned")} | \

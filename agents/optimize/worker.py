@@ -307,7 +307,6 @@ def _cpu_wall_clock(fn: Any, runs: int, warmup: int = 3) -> dict[str, Any]:
 
 def profile(job: dict[str, Any]) -> dict[str, Any]:
     import torch
-    from torch.autograd import DeviceType  # type: ignore[attr-defined]
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -340,9 +339,20 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
             for _ in range(calls):
                 model(*inputs)
             _sync(device)
+    return {"ok": True, "wall_us_per_call": wall_us, **kernel_rows(prof.events(), calls)}
+
+
+def kernel_rows(events: Any, calls: int) -> dict[str, Any]:
+    """The device work of `calls` profiled calls by kernel name: time and launches per call, each name's share,
+    their sum per call. Only kernels, memcpys and memsets count (`device_profile.is_device_work`): a
+    `record_function` range projected onto the GPU (Inductor's graph call) would count its kernels twice."""
+    from torch.autograd import DeviceType  # type: ignore[attr-defined]
+
+    from kstrata.backends.device_profile import is_device_work
+
     kernels: dict[str, dict[str, float]] = {}
-    for e in prof.events():
-        if e.device_type != DeviceType.CUDA:
+    for e in events:
+        if e.device_type != DeviceType.CUDA or not is_device_work(e):
             continue
         k = kernels.setdefault(e.name, {"time_us": 0.0, "launches": 0})
         k["time_us"] += float(e.time_range.elapsed_us())
@@ -351,8 +361,8 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = sorted(({"name": n, "time_us_per_call": k["time_us"] / calls, "launches_per_call": k["launches"] / calls,
                     "share": k["time_us"] / total if total else 0.0} for n, k in kernels.items()),
                   key=lambda r: -float(r["time_us_per_call"]))
-    return {"ok": True, "wall_us_per_call": wall_us, "kernel_us_per_call": total / calls,
-            "launches_per_call": sum(k["launches"] for k in kernels.values()) / calls, "kernels": rows[:50]}
+    return {"kernel_us_per_call": total / calls, "launches_per_call": sum(k["launches"] for k in kernels.values()) / calls,
+            "kernels": rows[:50]}
 
 
 JOBS = {"probe": probe, "contract": contract, "measure": measure, "profile": profile}

@@ -178,12 +178,12 @@ def test_sol_is_the_bytes_of_the_records_buffers_over_the_bandwidth_against_the_
         tmp_path: Path) -> None:
     path = _silu_record(tmp_path)
     sol = bench_compiled.buffer_sol(path, 4.0e12, 68.19, 47.28)
-    # the silu's in-out buffer once (read and written): 8192 x 4096 halves, 64 MiB, 16.8 us at 4 TB/s
-    assert sol["bytes"] == 1 << 26 and sol["sol_us"] == pytest.approx((1 << 26) / 4.0e12 * 1e6)
+    # the silu's in-out buffer, read and written: twice 8192 x 4096 halves, 128 MiB, 33.6 us at 4 TB/s
+    assert sol["bytes"] == 1 << 27 and sol["sol_us"] == pytest.approx((1 << 27) / 4.0e12 * 1e6)
     assert sol["before"] == pytest.approx(sol["sol_us"] / 68.19)
     assert sol["after"] == pytest.approx(sol["sol_us"] / 47.28)
     assert bench_compiled.buffer_sol(path, 4.0e12, 31.5, None)["after"] is None
-    assert bench_compiled.buffer_sol(path, None, 68.19, 47.28, "no bandwidth: boom") == {"bytes": 1 << 26,
+    assert bench_compiled.buffer_sol(path, None, 68.19, 47.28, "no bandwidth: boom") == {"bytes": 1 << 27,
                                                                                          "reason": "no bandwidth: boom"}
     assert bench_compiled.buffer_sol(None, 4.0e12, 1.0, 1.0) == {"reason": "no launch record"}
 
@@ -196,10 +196,15 @@ def test_buffer_bytes_counts_each_buffer_once_and_names_an_unknown_size(tmp_path
     other = TensorArg("in_ptr1", "float32", (16,), (1,), 0, 16, False)
     bias = TensorArg("in_ptr2", "float16", (8192, 4096), (0, 1), 0, 4096, False)
     storage = {"in_out_ptr0": [100, silu], "in_ptr0": [100, silu], "in_ptr1": [900, 64], "in_ptr2": [5000, 8192]}
+    # (the record's in-place `in_out_ptr0`, written, is read and written: twice its bytes; `in_ptr0` is the same
+    # view of it and adds nothing)
     record = LaunchRecord.load(_silu_record(tmp_path, same, other, bias, storage=storage))
-    assert record.buffer_bytes() == silu + 16 * 4 + 4096 * 2
+    assert record.buffer_bytes() == 2 * silu + 16 * 4 + 4096 * 2
     # without recorded addresses each argument is a buffer of its own
-    assert LaunchRecord.load(_silu_record(tmp_path, same, storage={"x": [1, 1]})).buffer_bytes() == 2 * silu
+    assert LaunchRecord.load(_silu_record(tmp_path, same, storage={"x": [1, 1]})).buffer_bytes() == 3 * silu
+    # an in-out buffer the kernel did not write counts once
+    kept = TensorArg("in_out_ptr0", "float16", (8192, 4096), (4096, 1), 0, 33554432, False)
+    assert LaunchRecord(SILU, "cuda:90", (1, 1, 1), (kept,)).buffer_bytes() == silu
     odd = TensorArg("in_ptr0", "float4_e2m1", (16,), (1,), 0, 16, False)
     with pytest.raises(LaunchRecordError, match="argument in_ptr0: 'float4_e2m1' is not a torch dtype"):
         LaunchRecord.load(_silu_record(tmp_path, odd)).buffer_bytes()
@@ -227,9 +232,9 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert any(f"| {NORM} |" in line and "| ? (kernel x: argument in_ptr0: 'float4' is not a torch dtype) |" in line
                for line in table)
     assert ("- %SOL (bytes of its buffers / peak bandwidth): the bytes of the kernel's buffers (each tensor argument "
-            "of its launch record once, read or written) / peak bandwidth (4.08 TB/s, the roofline's measured copy "
-            "bandwidth, ceilings.json), over its measured time before -> after the search: an estimate from buffer "
-            "sizes, not measured traffic") in md
+            "of its launch record once, read or written; twice for Inductor's in-place `in_out_ptr`) / peak bandwidth "
+            "(4.08 TB/s, the roofline's measured copy bandwidth, ceilings.json), over its measured time before -> after "
+            "the search: an estimate from buffer sizes, not measured traffic") in md
     assert ("the kernels' own A/B predicts 1.087x (from isolated, L2-flushed kernel timings; the in-program device "
             "times are the check)") in md
     assert "isolated A/B 68.2 -> 47.3 us (1.442x); in the program 62.0 -> 58.0 us (1.069x)" in md
@@ -264,3 +269,15 @@ def test_on_a_gpu_the_end_to_end_profiles_both_programs(tmp_path: Path, monkeypa
     for side in ("inductor", "tuned"):
         assert 0 < ip["busy_us"][side] <= ip["span_us"][side] + 1e-6
         assert ip["busy_us"][side] < ip["wall_us"][side]
+
+
+def test_the_optimizers_profile_counts_kernels_not_the_graph_calls_annotation() -> None:
+    """The optimizer's profile job (`worker.profile`, read by the launch-bound finding) summed every CUDA event,
+    Inductor's graph-call range over the GPU timeline among them: its kernels counted twice."""
+    from kstrata.agents.optimize.worker import kernel_rows
+
+    events = _call(0.0, 68.0) + _call(1000.0, 68.0)
+    rows = kernel_rows(events, 2)
+    assert {r["name"] for r in rows["kernels"]} == {GEMM, SILU, NORM}
+    assert rows["kernel_us_per_call"] == pytest.approx(50 + 68 + 50 + 30) and rows["launches_per_call"] == 4
+    assert rows["kernels"][0]["name"] == GEMM and rows["kernels"][0]["launches_per_call"] == 2
