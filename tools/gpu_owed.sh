@@ -23,7 +23,7 @@
 #   conv          issue 19: the convolution template on the two conv gap tasks, strict only (3.5 min), then its
 #                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
-#   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (3 min), to see it work end to end
+#   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (4 min), to see it work end to end
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
@@ -104,7 +104,7 @@ for step in "$@"; do
         --total-s "$(lim 170)" --no-tf32
       run conv-tests 240 $PY -m pytest -q -p no:cacheprovider -m gpu testsuite/tests/test_conv_template.py ;;
     compiled-smoke)
-      run compiled-smoke 240 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "smoke$SFX" \
+      run compiled-smoke 300 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "smoke$SFX" \
         --models mlp_fp16 --minutes "$(lim 2.5)" --budget 8 --work "$WORK/compiled-smoke" ;;
     compiled-models)
       run compiled-models 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "models$SFX" \
