@@ -500,7 +500,8 @@ def command(
             report = optimize_cache(cache, records, root / safe / "out",
                                     CompiledOptions(budget=budget, minutes=slice_min,
                                                     device="cuda", engine_cache=str(root / "engine"),
-                                                    progress=lambda m: print(m, flush=True), prior=prior))
+                                                    progress=lambda m: print(m, flush=True), prior=prior,
+                                                    bandwidth=bytes_per_s))
             search_min = (time.perf_counter() - t_search) / 60
             row["share_source"] = report.share_source
             row["kernels"] = []

@@ -38,7 +38,9 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
                            spaces=tuple(s.strip() for s in spaces.split(",") if s.strip()) or None, seed=seed,
                            jobs=jobs, engine_cache=str(engine_cache) if engine_cache else None,
                            only=tuple(only or ()), max_edits=max_edits, timeout_s=timeout, progress=progress,
-                           llm=llm.kernel if llm is not None else None)
+                           llm=llm.kernel if llm is not None else None,
+                           # the roofline's measured ceilings, where `kstrata optimize TASK` keeps them
+                           ceilings_dir=str(Path.home() / ".cache" / "kstrata"))
     report = optimize_cache(cache_dir, launches, out_dir, opts)
     payload: dict[str, Any] = report.to_json()
     if llm is not None:  # tokens and cost of the model's answers; never the key

@@ -52,6 +52,9 @@ class ProgramKernel:
     #: The original's time per launch on its record (us), when measured.
     time_us: float | None = None
     share: float | None = None
+    #: The bytes of its launch record's buffers over the copy bandwidth, as a fraction of `time_us`
+    #: (`LaunchRecord.buffer_bytes`; an estimate: the memory side of its speed of light), when known.
+    sol: float | None = None
     skip: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -85,6 +85,11 @@ class CompiledOptions:
     #: On a GPU, start each kernel's search from the fastest of its compiled configs (`kernel_start`); False:
     #: from the recorded one (the task optimizer's `ir` space, whose deployment replaces that config's kernel).
     best_config: bool = True
+    #: The device's copy bandwidth (bytes/s) for each kernel's memory speed of light (`kernel_sol`): a kernel
+    #: near it gets less of the run's time (`headroom_weights`). None: the roofline's cached measurement is
+    #: read (or taken) under `ceilings_dir`, when that is set; otherwise no kernel's headroom is known.
+    bandwidth: float | None = None
+    ceilings_dir: str | None = None
 
 
 @dataclass
@@ -121,7 +126,8 @@ class CompiledReport:
             s = k["search"]
             counts = {st: sum(1 for t in s["trials"] if t["status"] == st)
                       for st in ("equivalent", "unproven", "different", "failed")}
-            lines.append(f"| {k['name']} | {k['target']} | {_pct(k.get('share'))} | {s['mode']} | {len(s['trials'])} | "
+            share = _pct(k.get('share')) + (f" (memory SOL {_pct(k['sol'])})" if k.get("sol") is not None else "")
+            lines.append(f"| {k['name']} | {k['target']} | {share} | {s['mode']} | {len(s['trials'])} | "
                          f"{counts['equivalent']} / {counts['unproven']} / {counts['different']} / {counts['failed']} | "
                          f"{k['result']} |")
         lines += ["", "## Trials", ""]
@@ -213,6 +219,56 @@ def _shares(program: Program, engine: Engine, device: str) -> None:
     assign_shares(program, times, "some kernels could not be timed on their launch records: equal shares")
 
 
+#: A kernel's time is weighted by what it could still save: its share times the part of its time above its
+#: memory speed of light, at least this much (the estimate counts each buffer's bytes once and may miss work
+#: that is not memory traffic, so a kernel at its bound still gets a little).
+MIN_HEADROOM = 0.1
+
+
+def kernel_sol(k: ProgramKernel, bandwidth: float | None) -> float | None:
+    """The bytes of `k`'s launch record's buffers at `bandwidth`, over its measured time per launch: the
+    fraction of its memory speed of light it reaches (None when a figure is missing or unreadable)."""
+    from kstrata.ir.launch import LaunchRecord, LaunchRecordError
+
+    if not bandwidth or not k.time_us or k.record is None:
+        return None
+    try:
+        nbytes = LaunchRecord.load(k.record).buffer_bytes()
+    except (LaunchRecordError, OSError):
+        return None
+    return nbytes / bandwidth * 1e6 / k.time_us
+
+
+def headroom_weights(kernels: Sequence[ProgramKernel]) -> list[float | None]:
+    """Each kernel's weight in `kernel_deadline`: its share, times what lies above its memory speed of light
+    (`1 - sol`, at least `MIN_HEADROOM`) where that is known. On the H200 (2026-12-04) a transformer block's
+    twelve kernels each got 1 of their 8 edits with the time split by share alone."""
+    return [None if k.share is None else k.share * (1.0 if k.sol is None else max(MIN_HEADROOM, 1.0 - min(1.0, k.sol)))
+            for k in kernels]
+
+
+def _headroom(program: Program, opts: CompiledOptions, device: str) -> str:
+    """Each measured kernel's `sol` (`kernel_sol`); what the bandwidth was, or why there is none."""
+    bandwidth, where = opts.bandwidth, "given"
+    if bandwidth is None and device == "cuda" and opts.ceilings_dir:
+        from kstrata.agents.roofline import load_or_measure
+
+        if opts.progress is not None:
+            opts.progress(f"the device's copy bandwidth: cached under {opts.ceilings_dir}, or measured once (seconds)")
+        try:
+            ceilings, path = load_or_measure(opts.ceilings_dir)
+            bandwidth, where = ceilings.copy_bytes_per_s, f"the roofline's measured copy bandwidth, {path.name}"
+        except Exception as exc:  # the time is split by share alone
+            return f"no headroom: the roofline's ceilings could not be measured ({type(exc).__name__}: {exc})"
+    if not bandwidth:
+        return "no headroom: no bandwidth (kernels' time split by share alone)"
+    for k in program.kernels:
+        if k.skip is None:
+            k.sol = kernel_sol(k, bandwidth)
+    return (f"headroom: each kernel's buffers over {bandwidth / 1e12:.2f} TB/s ({where}); a kernel's time is its share "
+            f"times the part above that bound (at least {MIN_HEADROOM:.0%})")
+
+
 def kernel_deadline(now: float, deadline: float, shares: Sequence[float | None]) -> float:
     """When the search of the first of the kernels left (shares largest first, this one first) stops starting
     candidates: its share of the time left, among the kernels left (equal parts without shares). What a kernel
@@ -251,6 +307,8 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
     with Engine(opts.engine_cache, jobs=opts.jobs, build_timeout=opts.timeout_s) as engine:
         _shares(program, engine, device)
         report.share_source, report.share_note = program.share_source, program.share_note
+        if program.share_source == "measured":
+            report.notes.append(_headroom(program, opts, device))
         if program.unreadable_records:
             report.notes.append(f"{len(program.unreadable_records)} launch records unreadable: "
                                 + "; ".join(program.unreadable_records[:3]))
@@ -268,7 +326,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
                 if now > deadline:
                     k.skip = f"the time budget ({opts.minutes:g} min) ran out before this kernel"
                     continue
-                until = kernel_deadline(now, deadline, [x.share for x in ranked[i:]])
+                until = kernel_deadline(now, deadline, headroom_weights(ranked[i:]))
                 try:
                     start_at = kernel_start(engine, k, device, opts, program, say)
                     windows[k.entry] = hot_window(start_at.kernel, device, profile=len(windows) < NCU_KERNELS,

@@ -802,6 +802,44 @@ def test_each_kernel_gets_its_share_of_the_time_left() -> None:
     assert kernel_deadline(250.0, 200.0, [0.5]) == pytest.approx(250.0)  # past the run's deadline: nothing left
 
 
+def test_a_kernel_near_its_memory_bound_gets_less_of_the_time(tmp_path: Path) -> None:
+    """The time is split by what a kernel could still save: its share times the part of its time above the
+    bytes of its buffers at the copy bandwidth (at least MIN_HEADROOM); unknown headroom leaves the share."""
+    from kstrata.agents.compiled.run import (
+        MIN_HEADROOM,
+        CompiledOptions,
+        CompiledReport,
+        _headroom,
+        headroom_weights,
+        kernel_deadline,
+        kernel_sol,
+    )
+
+    def record(name: str, n: int) -> str:
+        x = TensorArg("in_ptr0", "float32", (n,), (1,), 0, n, False)
+        y = TensorArg("out_ptr0", "float32", (n,), (1,), 0, n, True)
+        return str(LaunchRecord(name, "cuda:90", (n // 1024, 1, 1), (x, y, ScalarArg("xnumel", "i32", n)))
+                   .save(tmp_path / f"{name}.json"))
+
+    n = 1 << 24  # 64 MiB in, 64 MiB out: 33.6 us at 4 TB/s
+    near = ProgramKernel("e1", "k1", "near", "cuda:90", record("near", n), time_us=35.0, share=0.5)
+    far = ProgramKernel("e2", "k2", "far", "cuda:90", record("far", n), time_us=4 * 2 * n * 4 / 4.0e12 * 1e6, share=0.5)
+    blind = ProgramKernel("e3", "k3", "blind", "cuda:90", None, time_us=10.0, share=0.2)
+    assert kernel_sol(near, 4.0e12) == pytest.approx(2 * n * 4 / 4.0e12 * 1e6 / 35.0)
+    assert kernel_sol(far, None) is None and kernel_sol(blind, 4.0e12) is None
+    program = Program(str(tmp_path), None, [near, far, blind])
+    note = _headroom(program, CompiledOptions(bandwidth=4.0e12), "cuda")
+    assert "4.00 TB/s" in note and near.sol == pytest.approx(0.959, abs=1e-3) and far.sol == pytest.approx(0.25)
+    w = headroom_weights([near, far, blind])
+    assert w == pytest.approx([0.5 * MIN_HEADROOM, 0.5 * 0.75, 0.2])  # `blind` keeps its share
+    # the near-bound kernel first: it gets its weighted part of the time, the far one most of what is left
+    assert kernel_deadline(0.0, 100.0, w) == pytest.approx(100.0 * 0.05 / (0.05 + 0.375 + 0.2))
+    assert "no bandwidth" in _headroom(program, CompiledOptions(), "cuda")
+    report = CompiledReport("c", None, "o", "cuda", True, "measured", "")
+    report.kernels = [{**far.to_json(), "result": "r", "search": {"mode": "search", "mode_note": "", "trials": []}}]
+    assert "| 50.0% (memory SOL 25.0%) |" in report.to_markdown()
+
+
 def test_the_end_to_end_comparison_uses_inputs_inductors_buffers_do_not_hold() -> None:
     """End to end, the tuned model ran right after Inductor's on the same inputs: the caching allocator hands it
     the blocks Inductor's intermediates just freed, holding their correct values, so a tuned kernel leaving
