@@ -220,8 +220,9 @@ def _shares(program: Program, engine: Engine, device: str) -> None:
 
 
 #: A kernel's time is weighted by what it could still save: its share times the part of its time above its
-#: memory speed of light, at least this much (the estimate counts each buffer's bytes once and may miss work
-#: that is not memory traffic, so a kernel at its bound still gets a little).
+#: memory speed of light, at least this much (the bound is an estimate from buffer sizes, not measured traffic,
+#: and says nothing of compute, so a kernel at it still gets a little). The time is the recorded config's: the
+#: faster config a search starts from (`kernel_start`) is a gain found before the search.
 MIN_HEADROOM = 0.1
 
 
