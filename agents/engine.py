@@ -108,9 +108,6 @@ POLICIES = ("strict", "tf32", "bf16", "fp16")
 BUILD_SCHEMA = "kstrata.engine.build/1"
 #: Speedups beyond this factor (either way) are flagged until explained (DESIGN.md, guarded measurement).
 SUSPICIOUS_FACTOR = 10.0
-#: Peak memory bandwidth by device name, bytes/s, for the output-write bound; an unknown device gets the
-#: highest in the table, which makes the bound lower and so flags less, never more.
-_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "MI300": 5.3e12, "B200": 8.0e12}
 
 
 class EngineError(KstrataError):
@@ -1426,9 +1423,10 @@ def measure_kernel_job(p: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 def output_write_bound_us(record: Any, device_name: str) -> float | None:
     """A lower bound on the kernel's time: writing its outputs once at the device's peak bandwidth."""
+    from kstrata.agents.roofline import datasheet_bandwidth
     from kstrata.ir.launch import TensorArg
 
-    bandwidth = next((bw for key, bw in _BANDWIDTH.items() if key in device_name), max(_BANDWIDTH.values()))
+    bandwidth = datasheet_bandwidth(device_name)
     written = sum(arg.nbytes for arg in record.args if isinstance(arg, TensorArg) and arg.written)
     return written / bandwidth * 1e6 if written else None
 

@@ -53,6 +53,17 @@ POLICY_MATMUL = {"tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
 #: Dense TF32 tensor-core peaks from the vendor's datasheets (FLOP/s, without sparsity), by device name: the
 #: bound where a ceilings file has no measured TF32 rate.
 DATASHEET_TF32 = {"NVIDIA H200": 494e12}
+#: Datasheet peak memory bandwidth (bytes/s) by a part of the device's name: a bound no kernel may beat (the
+#: engine's output-write bound flags a timing faster than it); the roofline's own figure is the measured copy
+#: bandwidth (`Ceilings.copy_bytes_per_s`), which a kernel can approach.
+DATASHEET_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "MI300": 5.3e12, "B200": 8.0e12}
+
+
+def datasheet_bandwidth(device_name: str) -> float:
+    """`DATASHEET_BANDWIDTH` of the device; an unknown device gets the table's highest, which makes a bound
+    from it lower and so flags less, never more."""
+    return next((bw for key, bw in DATASHEET_BANDWIDTH.items() if key in device_name),
+                max(DATASHEET_BANDWIDTH.values()))
 
 
 @dataclass(frozen=True)

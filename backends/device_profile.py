@@ -81,9 +81,11 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def device_profile(sessions: Sequence[Iterable[Any]]) -> DeviceProfile:
-    """Per-call device figures from profiler events, one iterable of events per call (module docstring)."""
-    calls = len(sessions)
+def device_profile(sessions: Sequence[Iterable[Any]], calls: int | None = None) -> DeviceProfile:
+    """Per-call device figures from profiler events, one iterable of events per call (module docstring), or
+    per `calls` calls in all when the sessions hold several calls each (busy time and span are then per call
+    on average, gaps between the calls of one session counted in the span)."""
+    calls = calls or len(sessions)
     if not calls:
         return DeviceProfile(0, reason="no call was profiled")
     time_us: dict[str, float] = {}

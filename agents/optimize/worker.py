@@ -343,25 +343,16 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def kernel_rows(events: Any, calls: int) -> dict[str, Any]:
-    """The device work of `calls` profiled calls by kernel name: time and launches per call, each name's share,
-    their sum per call. Only kernels, memcpys and memsets count (`device_profile.is_device_work`): a
-    `record_function` range projected onto the GPU (Inductor's graph call) would count its kernels twice."""
-    from torch.autograd import DeviceType  # type: ignore[attr-defined]
+    """The device work of `calls` profiled calls by kernel name (`device_profile`: kernels, memcpys and
+    memsets; a `record_function` range projected onto the GPU, such as Inductor's graph call, would count its
+    kernels twice): time and launches per call, each name's share, their sum per call."""
+    from kstrata.backends.device_profile import device_profile
 
-    from kstrata.backends.device_profile import is_device_work
-
-    kernels: dict[str, dict[str, float]] = {}
-    for e in events:
-        if e.device_type != DeviceType.CUDA or not is_device_work(e):
-            continue
-        k = kernels.setdefault(e.name, {"time_us": 0.0, "launches": 0})
-        k["time_us"] += float(e.time_range.elapsed_us())
-        k["launches"] += 1
-    total = sum(k["time_us"] for k in kernels.values())
-    rows: list[dict[str, Any]] = sorted(({"name": n, "time_us_per_call": k["time_us"] / calls, "launches_per_call": k["launches"] / calls,
-                    "share": k["time_us"] / total if total else 0.0} for n, k in kernels.items()),
-                  key=lambda r: -float(r["time_us_per_call"]))
-    return {"kernel_us_per_call": total / calls, "launches_per_call": sum(k["launches"] for k in kernels.values()) / calls,
+    p = device_profile([list(events)], calls=calls)
+    total = sum(k.us_per_call for k in p.kernels)
+    rows = [{"name": k.name, "time_us_per_call": k.us_per_call, "launches_per_call": k.launches_per_call,
+             "share": k.us_per_call / total if total else 0.0} for k in p.kernels]
+    return {"kernel_us_per_call": total, "launches_per_call": sum(k.launches_per_call for k in p.kernels),
             "kernels": rows[:50]}
 
 
