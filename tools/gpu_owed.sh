@@ -125,7 +125,8 @@ for step in "$@"; do
         --per-test-s "${PER_TEST_S:-200}" --log "$WORK/gpu-tests-detail.log" \
         testsuite/tests/test_cuda_graph_config.py testsuite/tests/test_templates.py::test_resident_teams_run_and_match_the_model_on_gpu \
         testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
-        testsuite/tests/test_compiled_window.py testsuite/tests/test_conv_template.py ;;
+        testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
+        testsuite/tests/test_conv_template.py ;;
     gpu-ir)
       # the GPU tests marked slow: the ir space end to end on a small LayerNorm (7 minutes), a model's kernel-level
       # answers joining its kernel searches
