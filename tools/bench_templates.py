@@ -218,6 +218,65 @@ def _speedup(x: float) -> str:
     return f"{x:.2f}x" if x >= 1 else f"{x:.2f}x (slower than the baseline)"
 
 
+#: The benchmark's targets (the template issue's "done when"), all under strict: the geomean of the outputs over
+#: the best baseline, the speedup where compile is below LOW_SOL of speed of light, the median SOL of the outputs.
+TARGET_GEOMEAN, TARGET_LOW_SOL_SPEEDUP, LOW_SOL, TARGET_MEDIAN_SOL = 1.3, 1.8, 0.6, 0.8
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    """The targets met or not, from the strict rows: each task's *output* is its template where that is correct
+    and faster than the best baseline, else that baseline (the optimizer's guard keeps it: 1.00x, the baseline's
+    SOL); a task without a template row counts as its baseline too when its baselines ran, and is listed."""
+    outs: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for e in results["tasks"]:
+        s = e.get("strict", {})
+        bases = {k: s[k] for k in ("eager", "compile", "compile-max-autotune") if "median_us" in s.get(k, {})}
+        if not bases:
+            missing.append(e["task"])
+            continue
+        best = min(bases.values(), key=lambda b: b["median_us"])
+        t = s.get("template")
+        wins = bool(t) and t.get("correct_strict") is True and t["speedup_vs_best_baseline"] > 1.0
+        outs.append({"task": e["task"], "speedup": t["speedup_vs_best_baseline"] if wins else 1.0,
+                     "sol": (t if wins else best)["sol_fraction"], "output": "template" if wins else "baseline",
+                     "compile_sol": s.get("compile", {}).get("sol_fraction"),
+                     "max_autotune": "compile-max-autotune" in bases})
+    g = _geomean([o["speedup"] for o in outs])
+    low = [o for o in outs if o["compile_sol"] is not None and o["compile_sol"] < LOW_SOL]
+    sols = sorted(o["sol"] for o in outs)
+    median = (sols[len(sols) // 2] if len(sols) % 2 else (sols[len(sols) // 2 - 1] + sols[len(sols) // 2]) / 2) \
+        if sols else None
+    return {"outputs": outs, "missing": missing, "geomean": g, "geomean_met": g is not None and g >= TARGET_GEOMEAN,
+            "low_sol": [{"task": o["task"], "speedup": o["speedup"], "met": o["speedup"] >= TARGET_LOW_SOL_SPEEDUP}
+                        for o in low],
+            "median_sol": median, "median_sol_met": median is not None and median >= TARGET_MEDIAN_SOL,
+            "without_max_autotune": [o["task"] for o in outs if not o["max_autotune"]]}
+
+
+def target_lines(t: dict[str, Any]) -> list[str]:
+    """The targets as the results file says them: each with its figure and met / not met."""
+    def met(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    lines = ["", "Targets (strict; each task's output is its template where correct and faster, else its best "
+             "baseline at 1.00x):", ""]
+    if t["geomean"] is not None:
+        lines.append(f"- geomean of the outputs over the best baseline {t['geomean']:.3f}x, target "
+                     f"{TARGET_GEOMEAN}x: {met(t['geomean_met'])}")
+    lines += [f"- {x['task']} (compile below {LOW_SOL:.0%} of SOL): {x['speedup']:.2f}x, target "
+              f"{TARGET_LOW_SOL_SPEEDUP}x: {met(x['met'])}" for x in t["low_sol"]]
+    if t["median_sol"] is not None:
+        lines.append(f"- median fraction of SOL of the outputs {t['median_sol']:.0%}, target {TARGET_MEDIAN_SOL:.0%}: "
+                     f"{met(t['median_sol_met'])}")
+    if t["without_max_autotune"]:
+        lines.append(f"- max-autotune not among the baselines of {', '.join(t['without_max_autotune'])}: their "
+                     "best baseline is eager's or compile's")
+    if t["missing"]:
+        lines.append(f"- no baseline measured, left out: {', '.join(t['missing'])}")
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"# Templates on the gap tasks — {results['device']}, {results['date']}", "",
              f"torch {results['versions']['torch']}, Triton {results['versions']['triton']}, CUDA {results['versions']['cuda']}; "
@@ -243,6 +302,7 @@ def markdown(results: dict[str, Any]) -> str:
     g = _geomean(speed)
     lines += ["", f"Geomean speedup over the best baseline (eager, compile, max-autotune where it ran): {g:.3f}x"
               if g else ""]
+    lines += target_lines(targets(results))
     several = [e for e in results["tasks"] if len(e.get("contenders", [])) > 1]
     if several:
         lines += ["", "Tasks several templates match, each tuned (its best schedule's median in the tuning; the "
@@ -324,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"  failed: {type(e).__name__}: {str(e)[:400]}")
             torch.cuda.empty_cache()
     results["seconds"] = round(time.monotonic() - start, 1)
+    results["targets"] = targets(results)
     md = markdown(results)
     stem = f"templates-bench-{results['date']}"
     for d in [results_dir, *([out_dir] if out_dir else [])]:

@@ -1298,3 +1298,23 @@ def test_bench_markdown_reports_speedups_and_labels_tf32() -> None:
     assert "Geomean speedup over the best baseline (eager, compile, max-autotune where it ran): 1.265x" in md
     assert "| 0.80x (slower than the baseline) | True |" in md
     assert "## tf32 (labelled" in md and "TF32 changes nothing" in md and "| 02_y | — |" in md
+    # the targets: 01 wins (2.00x, 100% of SOL), 03's template is slower so its output is the baseline (1.00x, 50%)
+    assert "- geomean of the outputs over the best baseline 1.414x, target 1.3x: met" in md
+    assert "- 01_x (compile below 60% of SOL): 2.00x, target 1.8x: met" in md
+    assert "- 03_z (compile below 60% of SOL): 1.00x, target 1.8x: **not met**" in md
+    assert "- median fraction of SOL of the outputs 75%, target 80%: **not met**" in md
+    assert "max-autotune not among the baselines of 03_z" in md and "no baseline measured, left out: 02_y" in md
+
+
+def test_bench_targets_on_the_measured_run_of_2026_12_03() -> None:
+    """The eleventh session's run: geomean 1.295x (its 04 row was slower, so its output is the baseline and the
+    geomean of the outputs is higher than the table's); none of the low-SOL tasks but 02 at 1.8x."""
+    from kstrata.tools.bench_templates import targets
+
+    results = json.loads((Path(__file__).resolve().parents[1] / "results" / "templates-bench-2026-12-03.json").read_text())
+    t = targets(results)
+    assert [o["output"] for o in t["outputs"]] == ["template", "template", "template", "baseline", "template", "template"]
+    assert t["geomean"] == pytest.approx((1.34 * 2.10 * 1.25 * 1.0 * 1.44 * 1.01) ** (1 / 6), rel=0.01)
+    assert [(x["task"][:2], x["met"]) for x in t["low_sol"]] == [("01", False), ("02", True), ("04", False),
+                                                                 ("05", False)]
+    assert not t["median_sol_met"]
