@@ -11,6 +11,11 @@ Two strategies (`strategy` in the schedule):
   and normalizes its chunk. The input is read twice and written once, by all SMs, where one program per
   row would leave most of the GPU idle; with GROUP_ROWS > 0 both kernels run per group of rows, so the
   second read of a group that fits in L2 does not go to DRAM.
+- `pipe`: `split` with row groups (GROUP_ROWS), one launch a group: the group's normalization and the next
+  group's statistics in one grid (its first programs normalize, the others take the next rows' partials), so
+  a group is read from DRAM once for its statistics and again, one launch later, from L2 while it is still
+  there; 1 + m / GROUP_ROWS launches instead of `split`'s 2 m / GROUP_ROWS (a host that launches slower than
+  a 16 MB row streams would otherwise leave the GPU waiting).
 - `resident` (GPU only): one persistent kernel; teams of SPLIT = ceil(segment / BLOCK) programs take a segment
   at a time, each holding its chunk of BLOCK elements in registers (at most 64 values a thread): the chunk's
   exact two-pass (count, mean, M2) published, the team's combined by Chan's formula in a fixed order (the
@@ -99,7 +104,7 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
     m, d, _ = geometry(chain)
     fused = d <= FUSED_MAX
-    strategies = ("fused", "split") if fused else ("split", "resident")
+    strategies = ("fused", "split") if fused else ("split", "resident", "pipe")
     sp: list[tuple[str, tuple[object, ...]]] = [("strategy", strategies)]
     sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
     sp.append(("BLOCK", (1024, 2048, 4096) if fused else (1024, 2048, 4096, 8192, 16384, 32768)))
@@ -130,6 +135,7 @@ def hints(chain: Chain) -> list[Params]:
         if g < m and 2 * g * 4 * d <= 48 << 20:
             out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(256, next_pow2(cdiv(512, g)))),
                         "BLOCK": 2048, "num_warps": 8})
+            out.append({**out[-1], "strategy": "pipe"})
     return out
 
 
@@ -141,6 +147,8 @@ def valid(chain: Chain, p: Params) -> bool:
     if p["strategy"] == "resident":  # the chunk is BLOCK (SPLIT follows), at most 64 values a thread
         return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and p["SPLIT"] == 1
                     and 2 <= cdiv(d, p["BLOCK"]) <= MAX_TEAM and p["BLOCK"] <= 64 * 32 * p["num_warps"])
+    if p["strategy"] == "pipe" and not 1 <= p["GROUP_ROWS"]:  # a launch per group: groups it must have
+        return False
     return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m and p["BLOCK"] <= 4096)
 
 
@@ -244,12 +252,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
         stats = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
         combine = "\n".join("    " + line for line in combine_lines("pn", "pmean", "pm2", "t"))
-        srcs.append(f'''
-@triton.jit
-def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}row0, BLOCK: tl.constexpr):
-    row = row0 + tl.program_id(0).to({it})
-    c = tl.program_id(1).to({it})
-    base = row * {d}
+        leaf_sig = "".join(a + ", " for a in leaf_names)
+        stats_rest = f'''    base = row * {d}
 {shift}
     n = tl.zeros([BLOCK], tl.float32)
     mean = tl.zeros([BLOCK], tl.float32)
@@ -261,7 +265,18 @@ def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}r
     tl.store(p, tn)
     tl.store(p + 1, tmean)
     tl.store(p + 2, tm2)
-''')
+'''
+        srcs.append(f'''
+@triton.jit
+def _norm_stats_kernel(h_ptr, part_ptr, {leaf_sig}row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
+    c = tl.program_id(1).to({it})
+{stats_rest}''')
+        if params["strategy"] == "pipe":
+            srcs.append(f'''
+@triton.jit
+def _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row, c, BLOCK: tl.constexpr):
+{stats_rest}''')
         # kernel 2: combine the row's partials, normalize this chunk
         em = ExprEmitter()
         em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
@@ -272,12 +287,7 @@ def _norm_stats_kernel(h_ptr, part_ptr, {''.join(a + ', ' for a in leaf_names)}r
         r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
         em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
         body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
-        srcs.append(f'''
-@triton.jit
-def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
-    row = row0 + tl.program_id(0).to({it})
-    c = tl.program_id(1).to({it})
-    base = row * {d}
+        apply_rest = f'''    base = row * {d}
     j = tl.arange(0, {sp2})
     pm = j < {split}
     pp = part_ptr + row * {split * 3} + j * 3
@@ -289,6 +299,30 @@ def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
 {shift}
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
+'''
+        srcs.append(f'''
+@triton.jit
+def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
+    row = row0 + tl.program_id(0).to({it})
+    c = tl.program_id(1).to({it})
+{apply_rest}''')
+        if params["strategy"] == "pipe":
+            args = ", ".join(["h_ptr", "out_ptr", *norm_names, *leaf_names])
+            srcs.append(f'''
+@triton.jit
+def _norm_apply_chunk({sig}, part_ptr, row, c, BLOCK: tl.constexpr):
+{apply_rest}
+
+@triton.jit
+def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.constexpr):
+    # the first n_apply * {split} programs normalize rows row_apply.. (their partials from the launch before);
+    # the others compute the partials of rows row_stats.. (the next group, normalized by the next launch)
+    pid = tl.program_id(0).to({it})
+    if pid < n_apply * {split}:
+        _norm_apply_chunk({args}, part_ptr, row_apply + pid // {split}, pid % {split}, BLOCK)
+    else:
+        q = pid - n_apply * {split}
+        _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row_stats + q // {split}, q % {split}, BLOCK)
 ''')
         if params["strategy"] == "resident":
             srcs += [RESIDENT_HELPER, _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split))]
@@ -304,6 +338,17 @@ def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
         # GROUP_ROWS > 0: statistics then normalization per group of rows, so that the second read of a
         # group can come from L2 (a group must fit in it: LayerNorm's 16 MB rows, one or two at a time)
         g = params["GROUP_ROWS"] or m
+        if params["strategy"] == "pipe":  # the first group's partials, then a launch a group (module docstring)
+            fwd.append(launch("_norm_stats_kernel", f"({min(g, m)}, {split})", ["h", "part", *leaf_vals, "0"],
+                              {"BLOCK": block, **meta_common}))
+            fwd.append(f"for row0 in range(0, {m}, {g}):")
+            fwd.append(f"    n_apply = min({g}, {m} - row0)")
+            fwd.append(f"    n_stats = max(0, min({g}, {m} - row0 - {g}))")
+            fwd.append("    " + launch("_norm_pipe_kernel", f"((n_apply + n_stats) * {split},)",
+                                        ["h", "out", *norm_vals, *leaf_vals, "part", "row0", "n_apply", f"row0 + {g}"],
+                                        {"BLOCK": block, **meta_common}))
+            fwd.append("return out")
+            return Kernel(NAME, policy, description(chain), params, srcs, fwd)
         fwd.append(f"for row0 in range(0, {m}, {g}):")
         fwd.append(f"    rows = min({g}, {m} - row0)")
         fwd.append("    " + launch("_norm_stats_kernel", f"(rows, {split})", ["h", "part", *leaf_vals, "row0"],

@@ -98,7 +98,7 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     space = m.schedule_space()
     assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps"}
     # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
-    assert space["strategy"] == ("split", "resident")
+    assert space["strategy"] == ("split", "resident", "pipe")
     configs = m.configs()
     assert configs[0] == m.default_params() and len(configs) > 20
     assert len({str(sorted(c.items())) for c in configs}) == len(configs)
@@ -115,8 +115,15 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     # even at one block an SM (128 registers by its ptxas)
     assert [(h["BLOCK"], h["num_warps"]) for h in resident] == [(32768, 16), (16384, 16), (16384, 8), (8192, 16),
                                                                 (8192, 8)]
-    assert m.hint_params()[len(resident):] == [{**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}]
-    assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[-1])
+    group = {**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}
+    assert m.hint_params()[len(resident):] == [group, {**group, "strategy": "pipe"}]
+    assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[-2])
+    # pipe: the first row's partials, then one launch a row: its normalization and the next row's partials
+    piped = m.render(m.hint_params()[-1])
+    assert "_norm_stats_kernel[(1, 256)](" in piped and "_norm_pipe_kernel[((n_apply + n_stats) * 256,)](" in piped
+    assert "_norm_apply_kernel[" not in piped
+    with pytest.raises(ValueError, match="not valid"):
+        m.render({**group, "strategy": "pipe", "GROUP_ROWS": 0})  # a launch a group needs groups
     held = m.render(resident[0])  # 128 programs a segment, their partials read in one vector of 128
     assert "c = pid % 128" in held and "j = tl.arange(0, 128)" in held and "_kstrata_resident(" in held
     with pytest.raises(ValueError, match="not valid"):
@@ -186,6 +193,15 @@ RESIDENT_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]]
                                                            "width": 89}, "norm", [{**RESIDENT, "BLOCK": 4096}]),
     "resident-softmax": ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 3, "dim": 20000}, "softmax",
                          [{**RESIDENT, "BLOCK": 4096, "RESIDENT": 1}, {**RESIDENT, "BLOCK": 8192, "RESIDENT": 1}]),
+}
+#: The `pipe` strategy (a launch a row group: its normalization and the next group's partials): three rows in
+#: groups of one and of two (the last group short), chunks with tails; GroupNorm with its affine per channel.
+PIPE = {"strategy": "pipe", "BLOCK_M": 1, "BLOCK": 1024, "SPLIT": 2, "num_warps": 4}
+PIPE_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
+    "pipe-layernorm": ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 3, "features": 2, "dim1": 97, "dim2": 89},
+                       "norm", [{**PIPE, "GROUP_ROWS": 1}, {**PIPE, "GROUP_ROWS": 2}]),
+    "pipe-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 3, "groups": 2, "channels": 4, "height": 97,
+                                                       "width": 89}, "norm", [{**PIPE, "GROUP_ROWS": 4}]),
 }
 #: GEMM + epilogue on the tiny tasks (policy, schedules): every size leaves a tail of the default blocks; the
 #: second schedules have several tiles per dim in groups of GROUP_M rows and a K tail. All also run on
@@ -473,6 +489,9 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         for key, (rel, sizes, template, schedules) in RESIDENT_CASES.items():
             (tmp / key).mkdir()
             jobs[key] = [_job(shrunk(tmp / key, rel, sizes), template, p) for p in schedules]
+        for key, (rel, sizes, template, schedules) in PIPE_CASES.items():
+            (tmp / key).mkdir()
+            jobs[key] = [_job(shrunk(tmp / key, rel, sizes), template, p) for p in schedules]
         path = write_task(tmp, "bcast.py", BCAST_TASK)
         jobs["bcast"] = [_job(path, "pointwise", {"BLOCK": 512})]
         for name, policy, schedules in GEMM_CASES:
@@ -539,6 +558,17 @@ def test_a_resident_schedule_computes_the_model_where_no_team_can_run(interprete
     for r in results:  # the persistent kernel is in the source, and only the two-kernel path ran here
         assert "_resident_kernel(" in r["candidate_source"] and "if h.is_cuda:" in r["candidate_source"]
         assert all("_resident_kernel" not in x["kernel"] for x in r["launches"]), r["launches"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(PIPE_CASES))
+def test_a_pipelined_schedule_computes_the_model(interpreted: dict[str, Any], key: str) -> None:
+    results = interpreted[key]
+    _assert_all_pass(results)
+    for r in results:  # the first group's partials, then a launch a group
+        kernels = [x["kernel"] for x in r["launches"]]
+        assert kernels[0].endswith("_norm_stats_kernel") and all(k.endswith("_norm_pipe_kernel") for k in kernels[1:])
+        assert len(kernels) > 1, r["launches"]
 
 
 @pytest.mark.slow
@@ -812,7 +842,7 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     # the gap tasks' schedules and the pooling variants: every kernel shape the templates emit, at the cost of
     # a compile each (the other suite tasks render the same kernels with other shapes and dtypes)
     gap_names = {Path(c[0]).stem for c in CASES if c[0].startswith("gaps/")}
-    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "poolnd-", "reduce-"))
+    recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "poolnd-", "reduce-", "pipe-"))
                 for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
@@ -1225,6 +1255,22 @@ def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str)
         model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
         split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
         assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("key", list(PIPE_CASES))
+def test_pipelined_schedules_match_the_model_on_gpu(tmp_path: Path, key: str) -> None:
+    """The pipelined norm on the GPU: a launch's normalizing programs run beside the next group's statistics,
+    reading partials the launch before wrote."""
+    rel, sizes, template, schedules = PIPE_CASES[key]
+    task_path = shrunk(tmp_path, rel, sizes)
+    m = one(task_path, template)
+    for i, params in enumerate(schedules):
+        cand = tmp_path / f"model_new_{i}.py"
+        cand.write_text(m.render(params))
+        r = compare(task_path, cand, device="cuda")
+        assert r["ok"], (params, r)
 
 
 #: every tiny task's case: (task, template, policy, schedules)
