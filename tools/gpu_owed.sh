@@ -124,6 +124,7 @@ for step in "$@"; do
       run gpu-tests "${GPU_TESTS_S:-570}" $PY -m kstrata.tools.gpu_tests --marker "gpu and not slow" \
         --per-test-s "${PER_TEST_S:-200}" --log "$WORK/gpu-tests-detail.log" \
         testsuite/tests/test_cuda_graph_config.py testsuite/tests/test_templates.py::test_resident_teams_run_and_match_the_model_on_gpu \
+        testsuite/tests/test_templates.py::test_pipelined_schedules_match_the_model_on_gpu \
         testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
         testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
         testsuite/tests/test_conv_template.py ;;

@@ -1237,14 +1237,7 @@ def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str)
 
     import torch
 
-    rel, sizes, template, schedules = RESIDENT_CASES[key]
-    task_path = shrunk(tmp_path, rel, sizes)
-    m = one(task_path, template)
-    for i, params in enumerate(schedules):
-        cand = tmp_path / f"model_new_{i}.py"
-        cand.write_text(m.render(params))
-        r = compare(task_path, cand, device="cuda")
-        assert r["ok"], (params, r)
+    for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, RESIDENT_CASES[key])):
         spec = importlib.util.spec_from_file_location(f"resident_{key}_{i}", cand)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
@@ -1263,14 +1256,23 @@ def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str)
 def test_pipelined_schedules_match_the_model_on_gpu(tmp_path: Path, key: str) -> None:
     """The pipelined norm on the GPU: a launch's normalizing programs run beside the next group's statistics,
     reading partials the launch before wrote."""
-    rel, sizes, template, schedules = PIPE_CASES[key]
+    assert len(_matches_the_model_on_gpu(tmp_path, PIPE_CASES[key])) == len(PIPE_CASES[key][3])
+
+
+def _matches_the_model_on_gpu(tmp_path: Path, case: tuple[str, dict[str, int], str, list[dict[str, Any]]]
+                              ) -> list[tuple[Path, Path]]:
+    """Each schedule of `case` rendered and compared with the task's model on the GPU (asserted): (task, source)."""
+    rel, sizes, template, schedules = case
     task_path = shrunk(tmp_path, rel, sizes)
     m = one(task_path, template)
+    out = []
     for i, params in enumerate(schedules):
         cand = tmp_path / f"model_new_{i}.py"
         cand.write_text(m.render(params))
         r = compare(task_path, cand, device="cuda")
         assert r["ok"], (params, r)
+        out.append((task_path, cand))
+    return out
 
 
 #: every tiny task's case: (task, template, policy, schedules)
