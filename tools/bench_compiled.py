@@ -352,6 +352,40 @@ def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+#: The compiled-kernel issue's targets: the geomean of the changed kernels, end to end on the models whose
+#: kernels have headroom (a searched kernel below HEADROOM_SOL of its memory bound before the search), and the
+#: whole run's minutes (this call and the other benchmark call of the whole run together).
+TARGET_CHANGED, TARGET_END_TO_END, HEADROOM_SOL, TARGET_MINUTES = 1.15, 1.05, 0.8, 20.0
+
+
+def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    """The targets met or not for this call's models (lines of the results file)."""
+    def met(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    lines = ["", f"Targets for this call's models (the whole run is this call and the other benchmark call of it, "
+             f"{TARGET_MINUTES:g} minutes together):", ""]
+    g = summary["geomean_changed"]
+    lines.append(f"- geomean of the changed kernels {g:.3f}x, target {TARGET_CHANGED}x: {met(g >= TARGET_CHANGED)}" if g
+                 else "- geomean of the changed kernels: no kernel changed (**not met**)")
+    lines.append(f"- wrong results {summary['wrong_results']}, target 0: {met(summary['wrong_results'] == 0)}")
+    for r in rows:
+        sols = [k["sol"]["before"] for k in r.get("kernels", []) if (k.get("sol") or {}).get("before") is not None]
+        if not sols:
+            continue
+        low = min(sols)
+        speedup = (r.get("end_to_end") or {}).get("speedup")
+        if low >= HEADROOM_SOL:
+            lines.append(f"- {r['model']}: every searched kernel at {HEADROOM_SOL:.0%} or more of its memory bound "
+                         f"before the search (lowest {low:.0%}): no headroom by that estimate")
+        else:
+            lines.append(f"- {r['model']} (a kernel at {low:.0%} of its memory bound): end to end "
+                         + (f"{speedup:.3f}x, target {TARGET_END_TO_END}x: {met(speedup >= TARGET_END_TO_END)}"
+                            if speedup else "no tuned kernel ran (**not met**)"))
+    lines.append(f"- this call's minutes: {summary['seconds'] / 60:.1f}")
+    return lines
+
+
 def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final: bool, seconds: float,
            tag: str = "") -> dict[str, Any]:
     results.mkdir(parents=True, exist_ok=True)
@@ -375,7 +409,7 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
              + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
              f"- end to end (tuned backend vs Inductor, models with a tuned kernel), geomean: "
              f"{summary['geomean_end_to_end']:.3f}x" if summary["geomean_end_to_end"]
-             else "- end to end: no model ran a tuned kernel", "",
+             else "- end to end: no model ran a tuned kernel", *target_lines(rows, summary), "",
              "| model | kernel | share | space | edit | speedup (range) | trials | end to end "
              f"| {SOL_LABEL} before -> after |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -241,6 +241,17 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md
     assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md
+    # the targets for this call's models: the silu at 25% of its memory bound gives the MLP headroom
+    assert "- geomean of the changed kernels 1.442x, target 1.15x: met" in md
+    assert "- wrong results 0, target 0: met" in md
+    assert "- mlp_fp16 (a kernel at 25% of its memory bound): end to end 0.991x, target 1.05x: **not met**" in md
+    near = {"model": "task:softmax", "kernels": [{"kernel": "k", "sol": {"before": 0.86, "after": 0.9}}],
+            "end_to_end": {"speedup": 1.034}}
+    lines = bench_compiled.target_lines([near], {"geomean_changed": None, "wrong_results": 1, "seconds": 60.0})
+    assert "- task:softmax: every searched kernel at 80% or more of its memory bound before the search (lowest 86%): " \
+           "no headroom by that estimate" in lines
+    assert "- geomean of the changed kernels: no kernel changed (**not met**)" in lines
+    assert "- wrong results 1, target 0: **not met**" in lines
 
 
 def test_expected_end_to_end_says_its_timings_are_isolated_and_names_the_check() -> None:
