@@ -149,6 +149,10 @@ def _slug(device: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
 
 
+#: Where the CLIs keep the measured ceilings unless told otherwise.
+DEFAULT_CEILINGS_DIR = Path.home() / ".cache" / "kstrata"
+
+
 def load_or_measure(cache_dir: str | Path, max_age_days: int = 30) -> tuple[Ceilings, Path]:
     """The newest cached ceilings of this device younger than `max_age_days`, else measure and cache them."""
     import torch

@@ -253,10 +253,10 @@ def attach_isolated(row: dict[str, Any]) -> None:
 
 def buffer_sol(record_path: str | None, bytes_per_s: float | None, before_us: float | None,
                after_us: float | None, bandwidth_reason: str = "no bandwidth") -> dict[str, Any]:
-    """A kernel's fraction of speed of light from its launch record: the bytes of its buffers (each tensor
-    argument once, read or written: `LaunchRecord.buffer_bytes`) over the peak bandwidth, against its measured
-    time before and after. An estimate from buffer sizes, not measured traffic (a buffer read and written counts
-    once; a read served by the L2 counts all the same); a missing figure carries its reason."""
+    """A kernel's fraction of speed of light from its launch record: the bytes of its buffers
+    (`LaunchRecord.buffer_bytes`: each tensor argument once, Inductor's in-place `in_out_ptr` twice) over the
+    peak bandwidth, against its measured time before and after. An estimate from buffer sizes, not measured
+    traffic (a read served by the L2 counts all the same); a missing figure carries its reason."""
     from kstrata.ir.launch import LaunchRecord
 
     if not record_path:

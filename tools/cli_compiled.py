@@ -22,6 +22,7 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
                  max_edits: int, timeout: float, as_json: bool, llm: Any = None) -> None:
     """`llm`: an `llm.setup.LLMSetup` whose kernel-level answers join each kernel's search (`--llm`)."""
     from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
+    from kstrata.agents.roofline import DEFAULT_CEILINGS_DIR
     from kstrata.ir.errors import KstrataError
 
     if device not in ("", "cuda", "cpu"):
@@ -39,8 +40,7 @@ def run_compiled(cache_dir: Path, out_dir: Path, launches: Path | None, *, budge
                            jobs=jobs, engine_cache=str(engine_cache) if engine_cache else None,
                            only=tuple(only or ()), max_edits=max_edits, timeout_s=timeout, progress=progress,
                            llm=llm.kernel if llm is not None else None,
-                           # the roofline's measured ceilings, where `kstrata optimize TASK` keeps them
-                           ceilings_dir=str(Path.home() / ".cache" / "kstrata"))
+                           ceilings_dir=str(DEFAULT_CEILINGS_DIR))
     report = optimize_cache(cache_dir, launches, out_dir, opts)
     payload: dict[str, Any] = report.to_json()
     if llm is not None:  # tokens and cost of the model's answers; never the key

@@ -168,9 +168,9 @@ def optimize_cmd(
         raise KstrataError(f"--gpus {gpus}: --device cpu runs no GPU job (leave --gpus out, or use --device cuda)")
     ceilings = None
     if dev == "cuda" and torch.cuda.is_available():  # measured here (a Ray cluster's driver may have no GPU)
-        from kstrata.agents.roofline import load_or_measure
+        from kstrata.agents.roofline import DEFAULT_CEILINGS_DIR, load_or_measure
 
-        ceilings, _ = load_or_measure(ceilings_dir or Path.home() / ".cache" / "kstrata")
+        ceilings, _ = load_or_measure(ceilings_dir or DEFAULT_CEILINGS_DIR)
     stream = err if as_json else out
     tty = stream.is_terminal
 

@@ -300,13 +300,14 @@ def _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row, c, BLOCK: tl.constexpr):
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {body}
 '''
-        srcs.append(f'''
+        if params["strategy"] != "pipe":  # pipe normalizes inside `_norm_pipe_kernel` only
+            srcs.append(f'''
 @triton.jit
 def _norm_apply_kernel({sig}, part_ptr, row0, BLOCK: tl.constexpr):
     row = row0 + tl.program_id(0).to({it})
     c = tl.program_id(1).to({it})
 {apply_rest}''')
-        if params["strategy"] == "pipe":
+        else:
             args = ", ".join(["h_ptr", "out_ptr", *norm_names, *leaf_names])
             srcs.append(f'''
 @triton.jit

@@ -121,7 +121,7 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     # pipe: the first row's partials, then one launch a row: its normalization and the next row's partials
     piped = m.render(m.hint_params()[-1])
     assert "_norm_stats_kernel[(1, 256)](" in piped and "_norm_pipe_kernel[((n_apply + n_stats) * 256,)](" in piped
-    assert "_norm_apply_kernel[" not in piped
+    assert "_norm_apply_kernel" not in piped and "def _norm_apply_chunk(" in piped
     with pytest.raises(ValueError, match="not valid"):
         m.render({**group, "strategy": "pipe", "GROUP_ROWS": 0})  # a launch a group needs groups
     held = m.render(resident[0])  # 128 programs a segment, their partials read in one vector of 128
