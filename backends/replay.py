@@ -320,7 +320,7 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
             def once(loaded: LoadedKernel = loaded, scratch: dict[str, Any] = scratch) -> None:
                 loaded.call_by_name(record.grid, scratch)
 
-            timings.append(time_gpu(once, runs=runs).to_json())
+            timings.append(time_gpu(once, runs=runs, span="device").to_json())
             stray = redzone_violations(scratch, record, f"{which}, one of the {runs} timed launches")
             if stray:
                 return Differential(a.name, False, None, out_of_bounds=stray, out_of_bounds_by=which)

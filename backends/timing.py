@@ -4,6 +4,18 @@
 event, `fn`, a device-wide synchronize, an end event; the median with p10/p90 and the minimum, in
 microseconds. Optionally the call is captured once as a CUDA graph and replayed.
 
+Two spans (`span`): `"call"` (the default) is the above: the end event is recorded after the host has seen
+the call finish, so the time includes the host's side of the call (its launches, its synchronize) — the
+right figure for a model, whose host overhead is part of its cost (a CUDA graph wins exactly there).
+`"device"` records the end event right after `fn` returns, before any synchronize: the device's time from
+the start event to the call's last kernel. With the flush on, the host enqueues the call while the device
+is still writing the flush buffer, so a launch's host cost stays off the clock. That is the figure for one
+kernel replayed on its launch record (the compiled-kernel search, `replay`, the pass twins). Measured on the
+H200 (`tools/timer_probe.py`, testsuite/results/timer-probe-gpu-2026-12-04.md): for one Triton silu launch
+the call span read 18-25 us above torch.profiler's kernel duration (79.6 vs 60.2 us, 57.9 vs 32.9 us,
+19.9 vs 1.7 us) and the device span within 3 us of it (57.9, 35.7, 4.7 us). Without the flush, both spans
+read the host's launch too (the device waits for it): 103.3 / 82.1 us on the first kernel.
+
 `interleaved_ab(fn_a, fn_b)`: A/B rounds against an incumbent in alternating order (ABBA…, so clock and
 thermal drift fall on both alike), each round `time_gpu`; stops early when B is clearly slower than the
 best time known (its fastest round slower than the best by more than `margin`), since no further round
@@ -33,6 +45,8 @@ class Timing:
     min_us: float
     runs: int
     cuda_graph: bool = False
+    #: What each run spanned (`SPANS`): the whole call, host side included, or the device's work.
+    span: str = "call"
 
     @property
     def spread_pct(self) -> float:
@@ -47,14 +61,14 @@ class Timing:
         return cls(**data)
 
     @classmethod
-    def of(cls, times_us: list[float], cuda_graph: bool = False) -> Timing:
+    def of(cls, times_us: list[float], cuda_graph: bool = False, span: str = "call") -> Timing:
         times = sorted(times_us)
         if len(times) >= 2:
             q = statistics.quantiles(times, n=10)
             p10, p90 = q[0], q[-1]
         else:
             p10 = p90 = times[0]
-        return cls(statistics.median(times), p10, p90, times[0], len(times), cuda_graph)
+        return cls(statistics.median(times), p10, p90, times[0], len(times), cuda_graph, span)
 
 
 @dataclass(frozen=True)
@@ -80,9 +94,15 @@ class CudaClock:
 L2_FLUSH_BYTES = 256 << 20
 
 
+#: What a timed run spans (the module docstring): the whole call, host side included, or the device's work.
+SPANS = ("call", "device")
+
+
 def time_gpu(fn: Callable[[], Any], runs: int = 100, warmup: int = 10, flush_l2_bytes: int = L2_FLUSH_BYTES,
-             cuda_graph: bool = False, clock: CudaClock | None = None) -> Timing:
+             cuda_graph: bool = False, clock: CudaClock | None = None, span: str = "call") -> Timing:
     """Time `fn` on the current CUDA stream (see the module docstring)."""
+    if span not in SPANS:
+        raise ValueError(f"span must be one of {', '.join(SPANS)}, not {span!r}")
     clock = clock or CudaClock.cuda()
     flush = clock.scratch(flush_l2_bytes) if clock.scratch is not None and flush_l2_bytes > 0 else None
     call = fn
@@ -110,11 +130,12 @@ def time_gpu(fn: Callable[[], Any], runs: int = 100, warmup: int = 10, flush_l2_
         end = clock.event(enable_timing=True)
         start.record()
         call()
-        clock.synchronize()
+        if span == "call":
+            clock.synchronize()
         end.record()
         end.synchronize()
         times.append(float(start.elapsed_time(end)) * 1000.0)
-    return Timing.of(times, cuda_graph)
+    return Timing.of(times, cuda_graph, span)
 
 
 @dataclass(frozen=True)
@@ -127,6 +148,8 @@ class ABResult:
     order: list[str] = field(default_factory=list)
     #: Why the rounds stopped before `rounds` (B clearly slower than the best), or None.
     stopped_early: str | None = None
+    #: What each timed run spanned (`SPANS`).
+    span: str = "call"
 
     @property
     def rounds(self) -> int:
@@ -168,12 +191,13 @@ class ABResult:
                 "speedup_range": [lo, hi], "spread_before_pct": self.spread_a_pct,
                 "spread_after_pct": self.spread_b_pct, "round_medians_us": [self.a_us, self.b_us],
                 "rounds": self.rounds, "runs_per_round": self.runs_per_round, "order": "".join(self.order),
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early, "span": self.span}
 
 
 def interleaved_ab(fn_a: Callable[[], Any], fn_b: Callable[[], Any], rounds: int = 6, runs: int = 50, *,
                    best_us: float | None = None, margin: float = 0.10, min_rounds: int = 2,
-                   warmup: int = 10, flush_l2_bytes: int = L2_FLUSH_BYTES, clock: CudaClock | None = None) -> ABResult:
+                   warmup: int = 10, flush_l2_bytes: int = L2_FLUSH_BYTES, clock: CudaClock | None = None,
+                   span: str = "call") -> ABResult:
     """`rounds` rounds of `time_gpu` on A (the incumbent) and B (the candidate) in ABBA order.
 
     After `min_rounds` rounds, stop when B's fastest round is slower than the best time known — `best_us`
@@ -185,7 +209,8 @@ def interleaved_ab(fn_a: Callable[[], Any], fn_b: Callable[[], Any], rounds: int
     for r in range(rounds):
         for which in ("ab" if r % 2 == 0 else "ba"):
             fn, sink = (fn_a, a) if which == "a" else (fn_b, b)
-            sink.append(time_gpu(fn, runs=runs, warmup=warmup, flush_l2_bytes=flush_l2_bytes, clock=clock).median_us)
+            sink.append(time_gpu(fn, runs=runs, warmup=warmup, flush_l2_bytes=flush_l2_bytes, clock=clock,
+                                 span=span).median_us)
             order.append(which.upper())
         if r + 1 >= min_rounds and r + 1 < rounds:
             best = min(x for x in (best_us, min(a)) if x is not None)
@@ -193,7 +218,7 @@ def interleaved_ab(fn_a: Callable[[], Any], fn_b: Callable[[], Any], rounds: int
                 stopped = (f"after {r + 1} of {rounds} rounds: the candidate's fastest round ({min(b):.2f} us) is "
                            f"{min(b) / best:.2f}x the best ({best:.2f} us)")
                 break
-    return ABResult(a, b, runs, order, stopped)
+    return ABResult(a, b, runs, order, stopped, span)
 
 
 def device_and_versions() -> dict[str, str]:

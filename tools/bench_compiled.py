@@ -275,7 +275,8 @@ def buffer_sol(record_path: str | None, bytes_per_s: float | None, before_us: fl
 def expected_end_to_end(row: dict[str, Any]) -> float | None:
     """What the kernels' own measurements predict end to end: Inductor's time per call less, for every tuned
     binary that ran, its launches per call times the time it saved per launch in the kernel-level A/B. Those
-    timings are isolated and L2-flushed: each kernel alone on its launch record, the L2 flushed before each run;
+    timings are isolated and L2-flushed: each kernel alone on its launch record, the L2 flushed before each run,
+    the device span (`backends/timing.py`: the end event right after the launch, no host synchronize between);
     inside the model a kernel may find its inputs in L2 (the preceding kernel's output), and save more or less
     there. The check is the end-to-end JSON's `in_program` figures: each kernel's device time inside both
     programs (torch.profiler). A kernel autotuned over several configs saves at most what it saved against the
@@ -450,7 +451,7 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
         if ran:
             lines.append(f"- {r['model']} end to end ran: " + "; ".join(ran)
                          + (f"; the kernels' own A/B predicts {e['expected']:.3f}x (from isolated, L2-flushed kernel "
-                            "timings; the in-program device times are the check)" if e.get("expected") else ""))
+                            "timings, device span; the in-program device times are the check)" if e.get("expected") else ""))
         elif names and "launched" in e:
             lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
         if e.get("in_program"):

@@ -80,7 +80,7 @@ def _check_kernel(name: str, runs: int) -> dict[str, Any]:
         def once(loaded: LoadedKernel = loaded, args: dict[str, Any] = args) -> None:
             loaded.call_by_name(grid, args)
 
-        timings[label] = time_gpu(once, runs=runs).to_json()
+        timings[label] = time_gpu(once, runs=runs, span="device").to_json()
     ref_mismatch = None
     for o in kernel.outputs:
         ref_mismatch = ref_mismatch or first_mismatch(o, outputs["triton"][o], expected[o], kernel.atol, kernel.rtol)

@@ -63,7 +63,7 @@ def _launch_and_time(bundle: Any, kernel: Any, host: dict[str, Any], grid: tuple
     def once() -> None:
         loaded.call_by_name(grid, args)
 
-    return outs, time_gpu(once, runs=runs).to_json()
+    return outs, time_gpu(once, runs=runs, span="device").to_json()
 
 
 def _twins(runs: int, pipelines: tuple[str, ...] = TWIN_PIPELINES) -> list[dict[str, Any]]:

@@ -198,7 +198,8 @@ def time_original_job(p: dict[str, Any]) -> dict[str, Any]:
     record.check_against(bundle.params)
     kernel = LoadedKernel(bundle)
     args = replay_args(record, "cuda", 0)
-    timing = time_gpu(functools.partial(kernel.call_by_name, record.grid, args), runs=p.get("runs", 50))
+    timing = time_gpu(functools.partial(kernel.call_by_name, record.grid, args), runs=p.get("runs", 50),
+                      span="device")
     return {**timing.to_json(), **device_and_versions()}
 
 

@@ -235,7 +235,7 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
             "of its launch record once, read or written; twice for Inductor's in-place `in_out_ptr`) / peak bandwidth "
             "(4.08 TB/s, the roofline's measured copy bandwidth, ceilings.json), over its measured time before -> after "
             "the search: an estimate from buffer sizes, not measured traffic") in md
-    assert ("the kernels' own A/B predicts 1.087x (from isolated, L2-flushed kernel timings; the in-program device "
+    assert ("the kernels' own A/B predicts 1.087x (from isolated, L2-flushed kernel timings, device span; the in-program device "
             "times are the check)") in md
     assert "isolated A/B 68.2 -> 47.3 us (1.442x); in the program 62.0 -> 58.0 us (1.069x)" in md
     assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md

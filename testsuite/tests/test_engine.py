@@ -158,6 +158,25 @@ def test_time_gpu_reports_median_and_spread() -> None:
     assert timing.runs == 9 and 1900 < timing.median_us < 20000 and timing.min_us <= timing.median_us <= timing.p90_us
 
 
+def test_the_device_span_records_the_end_before_the_host_synchronizes() -> None:
+    """The call span's end event waits for the host's synchronize (the host's side of the call is timed);
+    the device span's is recorded right after the call returns, so a synchronize that takes long (a host
+    waking up late) is not on its clock."""
+    def slow_sync() -> None:
+        time.sleep(0.004)
+
+    clock = CudaClock(_CpuEvent, slow_sync, lambda: None)
+    call = time_gpu(lambda: None, runs=5, warmup=0, clock=clock, flush_l2_bytes=0)
+    device = time_gpu(lambda: None, runs=5, warmup=0, clock=clock, flush_l2_bytes=0, span="device")
+    assert call.span == "call" and device.span == "device"
+    assert call.median_us > 3500 and device.median_us < 3000, (call, device)
+    ab = interleaved_ab(lambda: None, lambda: None, rounds=2, runs=2, warmup=0, clock=clock, flush_l2_bytes=0,
+                        span="device")
+    assert ab.to_json()["span"] == "device" and max(ab.a_us + ab.b_us) < 3000
+    with pytest.raises(ValueError, match="span"):
+        time_gpu(lambda: None, runs=1, clock=clock, span="wall")
+
+
 def test_interleaved_rounds_alternate_and_stop_early_when_clearly_slower() -> None:
     calls: list[str] = []
     even = interleaved_ab(_sleeper(0.001, calls, "a"), _sleeper(0.001, calls, "b"), rounds=4, runs=3, warmup=0,
