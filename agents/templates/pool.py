@@ -13,7 +13,10 @@ Two strategies:
 - `rows` (2-D and 3-D, stride 1 and dilation 1 along H): a program walks BLOCK_H + kh - 1 input rows of a
   BLOCK_W wide column strip; per input row it loads the kd*kw shifted vectors once, reduces them to a
   max/sum over depth and width, and keeps the last kh of those in registers (a rolling window), so each
-  output costs kd*kw loads instead of kd*kh*kw.
+  output costs kd*kw loads instead of kd*kh*kw. Its `AHEAD` (0, 1, 2) software-prefetches: iteration r
+  issues the raw loads of input row r + AHEAD, carried in registers, before it reduces row r, so AHEAD + 1
+  rows of loads are in flight instead of one (0 is the plain loop). Untimed on a GPU so far: pool2d's hints
+  put it right after the default where `rows` is the default, and the tuner's measurement decides.
 PyTorch's max pooling also writes an int64 index per output, which this does not.
 """
 
@@ -40,6 +43,11 @@ from kstrata.agents.templates.graph import Chain, describe
 NAME = "pool2d"
 #: The tile sizes both strategies take (BLOCK_H: output rows, or planes of a 1-D pooling).
 _BLOCKS = (("BLOCK_H", (4, 8, 16, 32, 64)), ("BLOCK_W", (16, 32, 64, 128, 256)), ("num_warps", (2, 4, 8)))
+#: Input rows whose loads `rows` issues ahead of the row it reduces (0: none, the loop as it was).
+_AHEAD = ("AHEAD", (0, 1, 2))
+#: Carried prefetched values a thread may hold (AHEAD x kd*kw taps x its share of BLOCK_W), fp32-sized: past
+#: it the carried loads would spill, and the prefetch would cost what it hides.
+_AHEAD_REGS = 64
 
 
 @dataclass(frozen=True)
@@ -128,18 +136,39 @@ def _rows_ok(g: Geometry) -> bool:
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
     g = geometry(chain)
     rows = _rows_ok(g)
-    sp = (("strategy", ("direct", "rows") if rows else ("direct",)), *_BLOCKS)
+    sp = (("strategy", ("direct", "rows") if rows else ("direct",)), *_BLOCKS, _AHEAD)
     ow = g.dw.out
     bw = 64 if ow >= 64 else (32 if ow >= 32 else 16)
-    if rows and ow >= 64:
-        return sp, (("strategy", "rows"), ("BLOCK_H", 32), ("BLOCK_W", 128), ("num_warps", 4))
-    return sp, (("strategy", "direct"), ("BLOCK_H", 8), ("BLOCK_W", bw), ("num_warps", 4))
+    if _rows_default(g):
+        return sp, (("strategy", "rows"), ("BLOCK_H", 32), ("BLOCK_W", 128), ("num_warps", 4), ("AHEAD", 0))
+    return sp, (("strategy", "direct"), ("BLOCK_H", 8), ("BLOCK_W", bw), ("num_warps", 4), ("AHEAD", 0))
+
+
+def _rows_default(g: Geometry) -> bool:
+    return _rows_ok(g) and g.dw.out >= 64
+
+
+def hints(chain: Chain) -> list[Params]:
+    """Where `rows` is the default: it with rows prefetched ahead, also at 2 warps. The plain loop's best on the
+    H200 (2026-12, k=4 s=1 p=1 fp32 (16, 64, 384, 384): BLOCK_H 32, BLOCK_W 128, 2 warps, 598 us) reached 49% of
+    the copy bandwidth with about one row of loads in flight a warp; AHEAD is untimed there yet."""
+    if not _rows_default(geometry(chain)):
+        return []
+    return [{"AHEAD": 1}, {"AHEAD": 2}, {"num_warps": 2, "AHEAD": 1}]
 
 
 def valid(chain: Chain, p: Params) -> bool:
+    ahead = p.get("AHEAD", 0)
     if p["strategy"] == "rows":
-        return bool(_rows_ok(geometry(chain)) and p["BLOCK_W"] >= 32 and p["BLOCK_H"] >= 4)
-    return bool(64 <= p["BLOCK_H"] * p["BLOCK_W"] <= 4096)
+        g = geometry(chain)
+        carried = ahead * _taps(g) * max(1, p["BLOCK_W"] // (32 * p["num_warps"]))
+        return bool(_rows_ok(g) and p["BLOCK_W"] >= 32 and p["BLOCK_H"] >= 4 and carried <= _AHEAD_REGS)
+    return bool(ahead == 0 and 64 <= p["BLOCK_H"] * p["BLOCK_W"] <= 4096)  # AHEAD is a `rows` parameter
+
+
+def _taps(g: Geometry) -> int:
+    """Loads per input row of `rows`: the depth and width window."""
+    return (g.dd.k if g.rank == 3 else 1) * g.dw.k
 
 
 def description(chain: Chain) -> str:
@@ -227,24 +256,83 @@ def _common(chain: Chain) -> tuple[Geometry, tuple[int, ...], str, str, list[str
             "".join(x + ", " for x in leaf_names))
 
 
+def _tap(g: Geometry, kd: int, kw: int, ih: str, rowm: str, sfx: str) -> list[str]:
+    """Lines computing the mask `m{sfx}` and flat index `idx{sfx}` of window tap (kd, kw) on input row `ih`."""
+    dw, w = g.dw, g.dw.size
+    lines = [f"iw{sfx} = ow * {dw.s} + ({kw * dw.d - dw.p})"]
+    base, mask = "in_base", rowm
+    if g.rank == 3:
+        d = g.dd
+        lines += [f"idp{sfx} = od * {d.s} + ({kd * d.d - d.p})",
+                  f"dm{sfx} = {rowm} & (idp{sfx} >= 0) & (idp{sfx} < {d.size})"]
+        base, mask = f"in_base + idp{sfx} * {g.dh.size * w}", f"dm{sfx}"
+    return [*lines, f"m{sfx} = owm & {mask} & (iw{sfx} >= 0) & (iw{sfx} < {w})", f"idx{sfx} = {base} + {ih} * {w} + iw{sfx}"]
+
+
+def _row_loads(chain: Chain, g: Geometry, ih: str, rowm: str, sfx: str, into: list[str]) -> list[str]:
+    """The raw loads of every tap of input row `ih` (tap t into `into[t]`), in the input's dtype: converting
+    here would wait for the load, which the prefetch is there to defer."""
+    lines: list[str] = []
+    for t, var in enumerate(into):
+        lines += _tap(g, t // g.dw.k, t % g.dw.k, ih, rowm, sfx)
+        load = root_load(chain, chain.core_shape, f"idx{sfx}", f"m{sfx}", var)
+        assert load.endswith(".to(tl.float32)"), load
+        lines.append(load.removesuffix(".to(tl.float32)"))
+    return lines
+
+
+def _prefetch(chain: Chain, g: Geometry, ahead: int, inner: ExprEmitter) -> tuple[list[str], list[str], list[str]]:
+    """(lines before the row loop loading rows 0..ahead-1, lines opening an iteration r with the loads of row
+    r + ahead, lines ending it by shifting the carried rows), and `inner` given the reduction of row r from the
+    carried values (taps in the order of the plain loop's, so a sum adds in the same order)."""
+    h, kh = g.dh.size, g.dh.k
+    slot = [[f"x{j}_{t}" for t in range(_taps(g))] for j in range(ahead)]  # slot j: row r + j
+    before: list[str] = []
+    for j in range(ahead):
+        before += [f"ihp = oh0 + ({j - g.dh.p})", f"rowmp = (ihp >= 0) & (ihp < {h})",
+                   *_row_loads(chain, g, "ihp", "rowmp", "p", slot[j])]
+    # rows past the strip's last are never reduced: not loaded either
+    opening = [f"ihn = oh0 + r + ({ahead - g.dh.p})",
+               f"rowmn = (ihn >= 0) & (ihn < {h}) & (r + {ahead} < BLOCK_H + {kh - 1})",
+               *_row_loads(chain, g, "ihn", "rowmn", "n", [f"xn_{t}" for t in range(_taps(g))])]
+    for t, x in enumerate(slot[0]):
+        inner.lines += [*_tap(g, t // g.dw.k, t % g.dw.k, "ih", "rowm", ""), f"x = {x}.to(tl.float32)"]
+        _reduce(chain, g, inner)
+    shift = [f"{a} = {b}" for j in range(ahead - 1) for a, b in zip(slot[j], slot[j + 1], strict=True)]
+    return before, opening, [*shift, *(f"{a} = xn_{t}" for t, a in enumerate(slot[-1]))]
+
+
+def _reduce(chain: Chain, g: Geometry, inner: ExprEmitter) -> None:
+    """Lines folding the loaded `x` (masked by `m`, at `idx`) into the row's `hm`, the prologue applied."""
+    v = inner.emit(chain.prologue, "x", "idx", chain.core_shape, "m")
+    if g.is_max:
+        inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"hm = {_combine(True, 'hm', 'v')}"]
+    else:
+        inner.lines += [f"hm = hm + tl.where(m, {v}, 0.0)"]
+
+
 def _rows(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
     g, s, it, out_t, leaf_vals, lsig = _common(chain)
     kh, (h, w) = g.dh.k, (g.dh.size, g.dw.size)
     dw, ph = g.dw, g.dh.p
     is_max = g.is_max
     init = "tl.full([BLOCK_W], float('-inf'), tl.float32)" if is_max else "tl.zeros([BLOCK_W], tl.float32)"
-    opening, base, mask = _depth_loop(g, [], "in_base", "rowm")
     inner = ExprEmitter()
-    inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
-                    f"m = owm & {mask} & (iw >= 0) & (iw < {w})",
-                    f"idx = {base} + ih * {w} + iw",
-                    root_load(chain, s, "idx", "m")]
-    v = inner.emit(chain.prologue, "x", "idx", s, "m")
-    if is_max:
-        inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"hm = {_combine(True, 'hm', 'v')}"]
+    ahead = int(params.get("AHEAD", 0))
+    before: list[str] = []
+    opening: list[str] = []
+    after: list[str] = []
+    if ahead:
+        before, opening, after = _prefetch(chain, g, ahead, inner)
+        window = inner.lines
     else:
-        inner.lines += [f"hm = hm + tl.where(m, {v}, 0.0)"]
-    window = [*opening, *_nest([f"for kw in tl.static_range({dw.k}):", *_nest(inner.lines, 1)], 1 if opening else 0)]
+        depth, base, mask = _depth_loop(g, [], "in_base", "rowm")
+        inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
+                        f"m = owm & {mask} & (iw >= 0) & (iw < {w})",
+                        f"idx = {base} + ih * {w} + iw",
+                        root_load(chain, s, "idx", "m")]
+        _reduce(chain, g, inner)
+        window = [*depth, *_nest([f"for kw in tl.static_range({dw.k}):", *_nest(inner.lines, 1)], 1 if depth else 0)]
     inner_body = "\n".join(_nest(window, 2))
     hist = [f"h{i}" for i in range(kh - 1)]  # the previous kh - 1 horizontal results, oldest first
     acc = "hm"
@@ -262,8 +350,9 @@ def _rows(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
     out.lines += [f"{hist[i]} = {hist[i + 1]}" for i in range(len(hist) - 1)]
     if hist:
         out.lines.append(f"{hist[-1]} = hm")
-    out_body = "\n".join("        " + line for line in out.lines)
-    hist_init = "\n".join(f"    {hv} = {init}" for hv in hist)
+    out_body = "\n".join("        " + line for line in [*out.lines, *after])
+    hist_init = "\n".join([*(f"    {hv} = {init}" for hv in hist), *_nest(before, 1)])
+    prefetch = "".join(line + "\n" for line in _nest(opening, 2))
     coords = "\n".join("    " + line for line in _program_coords(g, it))
     kname = f"{_prefix(name)}_rows_kernel"
     src = f'''
@@ -276,7 +365,7 @@ def {kname}(h_ptr, out_ptr, {lsig}BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     in_base = plane * {g.dd.size * h * w}
 {hist_init}
     for r in range(0, BLOCK_H + {kh - 1}):
-        ih = oh0 + r - {ph}
+{prefetch}        ih = oh0 + r - {ph}
         rowm = (ih >= 0) & (ih < {h})
         hm = {init}
 {inner_body}

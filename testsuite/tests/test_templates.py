@@ -151,7 +151,8 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1, "GROUP_ROWS": 1},
       {"strategy": "fused", "BLOCK_M": 2}]),
     ("gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 1, "channels": 2, "height": 11, "width": 19}, "pool2d",
-     [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
+     [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32, "AHEAD": 1},
+      {"strategy": "rows", "BLOCK_H": 8, "BLOCK_W": 32, "AHEAD": 2}]),
     ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 19, "dim": 3000}, "softmax",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1},
       TEAM]),
@@ -241,7 +242,10 @@ POOL_VARIANTS = [  # small windows: the interpreter's cost is per op, and a wind
     ("avg_pool2d", "2, stride=2, padding=1"),
     ("avg_pool2d", "(2, 3), stride=(1, 2), padding=(1, 1), count_include_pad=False"),
     ("max_pool2d", "2, stride=2, padding=1, dilation=2"),
+    ("max_pool2d", "3, stride=(1, 2), padding=1"),
 ]
+#: `rows`' prefetch distances the variants it applies to run with (0: the plain loop)
+ROWS_AHEAD = (0, 1, 2)
 POOLND_TASK = """
     import torch
     import torch.nn as nn
@@ -277,7 +281,8 @@ POOLND_VARIANTS = [
 #: the tiny tasks' poolings (template, schedules), also run on non-contiguous inputs
 POOLND_CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
     ("04_avgpool1d_relu_scale_fp32.py", "pool1d", [{}, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16}]),
-    ("05_maxpool3d_tanh_fp16.py", "pool3d", [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}]),
+    ("05_maxpool3d_tanh_fp16.py", "pool3d", [{}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32},
+                                             {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32, "AHEAD": 2}]),
 ]
 ATTN_TASK = """
     import torch
@@ -460,13 +465,15 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
             path = write_task(tmp, f"pool_task_{i}.py", POOL_TASK.format(op=op, args=args))
             jobs[f"pool-{i}"] = [_job(path, "pool2d", {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 16})]
             if "stride=(1," in args:  # unit stride along H: the rolling-window strategy applies
-                jobs[f"pool-{i}"].append(_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+                jobs[f"pool-{i}"] += [_job(path, "pool2d", {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32, "AHEAD": a})
+                                      for a in ROWS_AHEAD]
         for i, (op, args, shape, rows) in enumerate(POOLND_VARIANTS):
             path = write_task(tmp, f"poolnd_task_{i}.py", POOLND_TASK.format(op=op, args=args, shape=shape))
             tmpl = "pool" + op[-2:]
             jobs[f"poolnd-{i}"] = [_job(path, tmpl, {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16})]
             if rows:
-                jobs[f"poolnd-{i}"].append(_job(path, tmpl, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}))
+                jobs[f"poolnd-{i}"] += [_job(path, tmpl, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32, "AHEAD": a})
+                                        for a in ROWS_AHEAD]
         for name, tmpl, schedules in POOLND_CASES:
             jobs["poolnd-" + name] = [_job(SMALL / name, tmpl, p) for p in schedules]
             jobs["poolnd-noncontiguous-" + name] = [_job(SMALL / name, tmpl, {}, noncontiguous=True)]
@@ -602,6 +609,157 @@ def test_1d_and_3d_pooling_variants(interpreted: dict[str, Any], tmp_path: Path,
 def test_1d_and_3d_pooling_tasks_on_tails_and_strided_inputs(interpreted: dict[str, Any], name: str) -> None:
     _assert_all_pass(interpreted["poolnd-" + name])
     _assert_all_pass(interpreted["poolnd-noncontiguous-" + name])
+
+
+def _ahead(result: dict[str, Any]) -> int:
+    """The `AHEAD` of the schedule a result's source was rendered for (its header; 0 where it has none)."""
+    found = re.search(r"^# schedule: (.*)$", result["candidate_source"], re.M)
+    assert found, "no schedule line in the source"
+    return int(json.loads(found.group(1)).get("AHEAD", 0))
+
+
+@pytest.mark.slow
+def test_pool_rows_prefetch_matches_the_model_under_the_interpreter(interpreted: dict[str, Any]) -> None:
+    """`rows` with input rows loaded 1 and 2 iterations ahead: max and average (padding counted or not), with
+    the prologue and epilogue, 2-D and 3-D, fp32 and fp16, on masked tails (output rows and columns that are not
+    multiples of the blocks, strips that end past the input)."""
+    ahead = [r for k, rs in interpreted.items() if k.startswith(("pool-", "poolnd-", "02_maxpool")) for r in rs
+             if "_rows_kernel" in r["candidate_source"] and _ahead(r) > 0]
+    _assert_all_pass(ahead)
+    heads = [r["candidate_source"].splitlines()[0] for r in ahead]  # "# kstrata template `pool3d`: max_pool3d ..."
+    assert {("max_pool" in h, "pool3d" in h) for h in heads} == {(True, False), (False, False), (True, True), (False, True)}
+    assert {_ahead(r) for r in ahead} == {1, 2} and len(ahead) >= 10
+    [src] = [r["candidate_source"] for r in interpreted["poolnd-05_maxpool3d_tanh_fp16.py"] if _ahead(r) == 2]
+    assert "xn_5 = tl.load(" in src and "x = x0_5.to(tl.float32)" in src  # fp16 carried raw, converted when reduced
+
+
+#: the child that runs `rows` on inputs with NaNs under the interpreter: argv task, candidates (JSON); prints, per
+#: candidate, None when its output has NaNs where the model's has and equals it elsewhere, else why not
+NAN_SCRIPT = """
+import json, sys
+import torch
+from kstrata.agents.tasks import import_task_module
+task = import_task_module(sys.argv[1])
+torch.manual_seed(0)
+x = task.get_inputs()[0]
+for at in ((0, 0, 0, 3), (0, 1, 4, 0), (0, 1, 5, 6), (-1, -1, -1, -1)):  # first row, rows at a strip's edge, corner
+    x[(slice(None),) * (x.dim() - 4) + at] = float("nan")
+with torch.no_grad():
+    torch.manual_seed(1)
+    ref = task.Model(*task.get_init_inputs())(x)
+    why = []
+    for path in json.loads(sys.argv[2]):
+        torch.manual_seed(1)
+        out = import_task_module(path).ModelNew(*task.get_init_inputs())(x)
+        nan = torch.isnan(ref)
+        if not bool(nan.any()) or not torch.equal(nan, torch.isnan(out)):
+            why.append(f"NaNs at {torch.isnan(out).sum()} outputs, the model's at {nan.sum()}")
+        elif not torch.allclose(out[~nan].float(), ref[~nan].float(), rtol=1e-3, atol=1e-5):
+            why.append("differs where the model's output is a number")
+        else:
+            why.append(None)
+print(json.dumps(why))
+"""
+
+
+@pytest.mark.slow
+def test_pool_rows_prefetch_propagates_nan_like_pytorch(tmp_path: Path) -> None:
+    """A NaN in a window makes its max or average NaN (PyTorch's pooling), whichever iteration loaded it: the
+    plain loop and rows loaded 1 and 2 ahead, 2-D max and average with a prologue, 3-D max in fp16."""
+    import os
+    import subprocess
+    import sys
+
+    rows = {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32}
+    tasks = [shrunk(tmp_path, "gaps/02_maxpool2d_k4_s1_p1_fp32.py", {"batch": 1, "channels": 2, "height": 11, "width": 19}),
+             write_task(tmp_path, "avg.py", POOL_TASK.format(op="avg_pool2d", args=POOL_VARIANTS[1][1])),
+             write_task(tmp_path, "max.py", POOL_TASK.format(op="max_pool2d", args=POOL_VARIANTS[3][1])),
+             SMALL / "05_maxpool3d_tanh_fp16.py"]
+    for task in tasks:
+        m = next(x for x in match(load_task(task)) if x.template.startswith("pool"))
+        cands = []
+        for a in ROWS_AHEAD:
+            cand = tmp_path / f"{task.stem}_ahead{a}.py"
+            cand.write_text(m.render({**rows, "AHEAD": a}))
+            cands.append(str(cand))
+        proc = subprocess.run([sys.executable, "-c", NAN_SCRIPT, str(task), json.dumps(cands)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [None] * len(ROWS_AHEAD), task.name
+
+
+def test_pool_rows_prefetch_is_a_rows_schedule_the_tuner_tries_early(tmp_path: Path) -> None:
+    """AHEAD is in the space for `rows` only (a direct schedule keeps 0: no duplicates), the full-size gap
+    task's hints try 1 and 2 right after the default, AHEAD 0 renders the plain loop as before the parameter
+    existed, and the carried loads are bounded per thread."""
+    from kstrata.agents.templates import pool
+
+    m = one(GAPS / "02_maxpool2d_k4_s1_p1_fp32.py", "pool2d")
+    d = m.default_params()
+    assert m.schedule_space()["AHEAD"] == ROWS_AHEAD
+    assert d == {"strategy": "rows", "BLOCK_H": 32, "BLOCK_W": 128, "num_warps": 4, "AHEAD": 0}
+    # the tuner times the default, then the hints in order (tune.autotune)
+    assert m.hint_params() == [{**d, "AHEAD": 1}, {**d, "AHEAD": 2}, {**d, "num_warps": 2, "AHEAD": 1}]
+    configs = m.configs()
+    assert all(c["AHEAD"] == 0 for c in configs if c["strategy"] == "direct")
+    assert {c["AHEAD"] for c in configs if c["strategy"] == "rows"} == set(ROWS_AHEAD)
+    with pytest.raises(ValueError, match="not valid"):
+        m.render({"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 64, "AHEAD": 1})
+    # AHEAD 0: the same kernels as a schedule without the parameter (tuned results from before it), the plain loop
+    plain = m.render()
+    assert plain == m.render({"AHEAD": 0}) and '"AHEAD": 0' in plain
+    for task, template in ((GAPS / "02_maxpool2d_k4_s1_p1_fp32.py", "pool2d"), (SMALL / "05_maxpool3d_tanh_fp16.py", "pool3d")):
+        c = one(task, template).chain
+        for params in ({"strategy": "rows", "BLOCK_H": 32, "BLOCK_W": 128, "num_warps": 2},
+                       {"strategy": "direct", "BLOCK_H": 8, "BLOCK_W": 64, "num_warps": 4}):
+            assert (pool.render(c, params, "strict", template).kernels
+                    == pool.render(c, {**params, "AHEAD": 0}, "strict", template).kernels)
+    assert "    " + textwrap.dedent("""
+            for r in range(0, BLOCK_H + 3):
+                ih = oh0 + r - 1
+                rowm = (ih >= 0) & (ih < 384)
+                hm = tl.full([BLOCK_W], float('-inf'), tl.float32)
+                for kw in tl.static_range(4):
+                    iw = ow * 1 + (kw * 1 - 1)
+                    m = owm & rowm & (iw >= 0) & (iw < 384)
+                    idx = in_base + ih * 384 + iw
+                    x = tl.load(h_ptr + (idx), mask=m, other=0.0).to(tl.float32)
+                    v = tl.where(m, x, float('-inf'))
+                    hm = tl.where((v > hm) | (v != v), v, hm)
+                acc = """)[1:].replace("\n", "\n    ") in plain
+    assert "xn_" not in plain and "ihn" not in plain
+    # AHEAD 2: rows 0 and 1 loaded before the loop, row r + 2 at the top of iteration r (none past the strip's
+    # last row), the carried rows shifted at its end; the taps unrolled (a carried value a tap)
+    two = m.render({"AHEAD": 2})
+    assert "x1_3 = tl.load(h_ptr + (idxp), mask=mp, other=0.0)\n    for r in range(0, BLOCK_H + 3):" in two
+    assert "rowmn = (ihn >= 0) & (ihn < 384) & (r + 2 < BLOCK_H + 3)" in two
+    assert two.index("xn_3 = tl.load(") < two.index("x = x0_0.to(tl.float32)") < two.index("tl.store(")
+    shift = "".join(f"        x0_{t} = x1_{t}\n" for t in range(4)) + "".join(f"        x1_{t} = xn_{t}\n" for t in range(4))
+    assert two.index("tl.store(") < two.index(shift)
+    assert "tl.static_range" not in two.split("def _pool2d_rows_kernel(")[1].split("class ModelNew")[0]
+    # a thread carries at most 64 prefetched values: 2 rows of 27 taps at 4 columns a thread is past it
+    path = write_task(tmp_path, "big.py", POOLND_TASK.format(op="max_pool3d", args="3, stride=1, padding=1",
+                                                             shape=(1, 2, 4, 5, 6)))
+    big = one(path, "pool3d")
+    wide = {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 256, "num_warps": 2}
+    assert big._valid({**wide, "AHEAD": 1}) and not big._valid({**wide, "AHEAD": 2})
+    assert big.hint_params() == []  # no pool3d hints: the tuner reaches AHEAD one parameter at a time
+
+
+@pytest.mark.slow
+def test_full_size_pool_rows_prefetch_schedules_compile_for_the_gpu() -> None:
+    """The gap task's default and its hinted prefetching schedules at full size (BLOCK_H 32, BLOCK_W 128) compile
+    for cuda:90."""
+    m = one(GAPS / "02_maxpool2d_k4_s1_p1_fp32.py", "pool2d")
+    recorded = []
+    for params in (m.default_params(), *m.hint_params()):
+        recorded.append({"candidate_source": m.render(params), "launches": [{
+            "kernel": "_pool2d_rows_kernel", "num_warps": params["num_warps"],
+            "signature": {"h_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK_H": "constexpr", "BLOCK_W": "constexpr"},
+            "constexprs": {"BLOCK_H": params["BLOCK_H"], "BLOCK_W": params["BLOCK_W"]}, "divisible": ["h_ptr", "out_ptr"]}]})
+    assert [_ahead(r) for r in recorded] == [0, 1, 2, 1]
+    failures = compile_recorded(recorded, "cuda:90")
+    assert failures == [[] for _ in recorded], [f for f in failures if f]
 
 
 @pytest.mark.slow
@@ -845,6 +1003,7 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     recorded = [r for k, rs in interpreted.items() if k in gap_names or k.startswith(("pool-", "poolnd-", "reduce-", "pipe-"))
                 for r in rs]
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
+    assert {_ahead(r) for r in recorded if "_rows_kernel" in r["candidate_source"]} == {0, 1, 2}
     # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
     for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32",
               "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2", "gemm_reduce-0",
