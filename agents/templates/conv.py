@@ -20,6 +20,13 @@ Two ways to compute the product (`strategy`):
 - `fma`: a loop over input channels with the KH x KW taps unrolled, one outer product (BLOCK_M pixels x
   BLOCK_N channels, fp32 FMAs) per tap: no padding of a small K (72 = 8 x 9 here pads to 80 in 16-deep
   dot steps), no operand staging in shared memory. IEEE fp32 under every policy.
+- `fmat`: the same products with the tile held as BLOCK_N channels x BLOCK_M pixels and the weight as (K, C_out),
+  transposed back once for the epilogue. Triton's default layout puts a warp's lanes along the last dim: in
+  `fma` that is the channels, so each thread needs every pixel of the tile and the compiled loop (cuda:90,
+  the 256x32 2-warp schedule) converts the gathered pixels through shared memory at every tap (a barrier, 128
+  shared loads a thread for 128 FMAs); in `fmat` the lanes run along pixels, the gather lands where the
+  product needs it, and a tap costs a thread 4 pixel loads and 8 vector loads of one weight row for 128 FMAs
+  (no shared memory in the loop; the epilogue's transpose converts once per tile).
 
 GroupNorm (`group_norm` core, groups over channels of one image): the conv kernel writes the prologue's
 value y into `out` and, per (image, pixel tile, channel tile, group the channel tile touches), the tile's
@@ -75,12 +82,14 @@ from kstrata.agents.templates.tensorcore import (
 
 NAME = "conv"
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
-    ("strategy", ("dot", "fma")), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
+    ("strategy", ("dot", "fma", "fmat")), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
     ("BLOCK_K", (16, 32, 64)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
 #: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
 #: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
 #: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
 FMA_MIN_ACC = 32
+#: The strategies that compute the product as FMA outer products (`fmat`: the tile held channels x pixels).
+FMA_STRATEGIES = ("fma", "fmat")
 #: The GroupNorm apply kernel's blocks (`NORM_BLOCK`, a schedule parameter of the instances with a GroupNorm: a
 #: program normalizes one block of one image plane, 8 values a thread), the smallest first; the statistics
 #: kernel takes the smallest.
@@ -261,7 +270,7 @@ def valid(chain: Chain, p: Params) -> bool:
         return False
     if p.get("NORM_BLOCK", NORM_BLOCK) > max(NORM_BLOCK, next_pow2(cv.hw)):  # a block past the plane's power of two
         return False
-    if p["strategy"] == "fma":
+    if p["strategy"] in FMA_STRATEGIES:
         return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
     if bk > max(16, next_pow2(cv.k)):
         return False
@@ -269,17 +278,21 @@ def valid(chain: Chain, p: Params) -> bool:
 
 
 def hints(chain: Chain) -> list[Params]:
-    """The FMA strategy at two tile sizes (128 accumulators a thread, and the most warps that keep FMA_MIN_ACC a
-    thread), and a wider dot tile. The first is the schedule that won task 05 on the H200 (2026-12-02: 256x32,
-    2 warps, 1126 us against compile's 1517; 2026-12-03: 986 us against the 128x32 4-warp hint's 1210 and the dot
-    default's 1859), first so that a short tuning of a GroupNorm instance (task 04) meets it."""
+    """The FMA strategies at a few tile sizes (64 and 128 accumulators a thread, and the most warps that keep
+    FMA_MIN_ACC a thread), and a wider dot tile. The `fma` 256x32 2-warp schedule won task 05 on the H200
+    (2026-12-02: 1126 us against compile's 1517; 2026-12-03: 986 us against the 128x32 4-warp hint's 1210 and the
+    dot default's 1859); `fmat` (untimed when written) comes first because its loop has no layout conversion
+    (the module docstring), so that a short tuning of a GroupNorm instance (task 04) meets both."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
     def warps(bm: int, acc: int) -> int:
         return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
 
-    return [{"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
+    return [{"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
+            {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
+            {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
+            {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
             {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
 
@@ -316,16 +329,23 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
     taps = cv.kh * cv.kw
     lines = [f"oh = pix // {cv.wo}", f"ow = pix % {cv.wo}", f"ih0 = oh * {sh} - {ph}", f"iw0 = ow * {sw} - {pw}",
              "x_img = x_ptr + nb * sxn", "acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)"]
-    if p["strategy"] == "fma":
+    if p["strategy"] in FMA_STRATEGIES:
         mask = _gather_mask(cv, "ih", "iw", "")
+        product = ("acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]" if p["strategy"] == "fma" else
+                   "acc += b.to(tl.float32)[:, None] * a.to(tl.float32)[None, :]")
+        if p["strategy"] == "fmat":  # channels x pixels: Triton's default layout puts a warp's lanes along pixels
+            lines[-1] = "acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)"
         lines += [f"for ci in range(0, {cv.ci}):",
                   f"    x_ch = x_img + tl.cast(ci, {it}) * sxc",  # the counter is int32 (an int interpreted): cast first
                   f"    for t in tl.static_range({taps}):",
                   f"        ih = ih0 + (t // {cv.kw}) * {dh}",
                   f"        iw = iw0 + (t % {cv.kw}) * {dw}",
                   f"        a = tl.load(x_ch + ih * sxh + iw * sxw{f', mask={mask}, other=0.0' if mask else ''})",
-                  f"        b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + t)",
-                  "        acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]"]
+                  (f"        b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + t)" if p["strategy"] == "fma" else
+                   f"        b = tl.load(w_ptr + (ci * {taps} + t) * {cv.co} + rb)"),  # (K, C_out): one tap's row
+                  f"        {product}"]
+        if p["strategy"] == "fmat":
+            lines.append("acc = tl.trans(acc)")
         return lines
     k = cv.k
     tail = k % p["BLOCK_K"] != 0
@@ -436,7 +456,7 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh,
 {body}
 ''']
     fwd = check_shapes(chain)
-    fwd.append(f"w = {cv.weight}.reshape({co}, {cv.k})")
+    fwd.append(f"w = {cv.weight}.reshape({co}, {cv.k})" + (".t().contiguous()" if params["strategy"] == "fmat" else ""))
     fwd.append(f"x_in = {cv.x}")
     fwd.append(f"out = torch.empty({chain.out_shape!r}, device=x_in.device, dtype=torch.{chain.out_dtype})")
     args = ["x_in", "w", "out", *([cv.bias] if cv.bias else [])]

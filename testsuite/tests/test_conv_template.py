@@ -74,9 +74,11 @@ VARIANTS: list[tuple[str, dict[str, Any], str]] = [
                        body="torch.relu(self.conv(x))"), "tf32"),
 ]
 #: the schedules every variant runs: the default (dot), small dot tiles with several M and N tiles and a K
-#: tail, the FMA strategy (its smallest tile: 32 accumulators a thread of 2 warps; an M tail everywhere)
+#: tail, the FMA strategy (its smallest tile: 32 accumulators a thread of 2 warps; an M tail everywhere) and its
+#: channels x pixels form (the (K, C_out) weight, the tile transposed back for the epilogue)
 SCHEDULES: list[dict[str, Any]] = [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
-                                   {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]
+                                   {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
+                                   {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]
 
 GN_TASK = """
     import torch
@@ -118,7 +120,8 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
     ("c48-g2-straddle", dict(ci=2, co=48, groups=2, padding=1, affine=True, n=3, h=10, w=13, dtype="float32",
                              body="self.gn(torch.sigmoid(self.conv(x) * 0.5))"),
      [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
-      {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]),
+      {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
+      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]),
     ("c36-g1-spans3", dict(ci=2, co=36, groups=1, padding=0, affine=False, n=2, h=7, w=9, dtype="float32",
                            body="self.gn(self.conv(x) + 1.0)"), [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
     ("plane1156-normblock", dict(ci=1, co=8, groups=2, padding=0, affine=True, n=2, h=36, w=36, dtype="float32",
@@ -128,9 +131,11 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
 #: the gap tasks at reduced sizes (several pixel tiles per image with a tail), their schedules
 GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
     ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 13, "width": 11},
-     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
+     [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
+      {"strategy": "fmat", "BLOCK_M": 128, "num_warps": 4, "num_stages": 1}]),
     ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
-     [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
+     [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
+      {"strategy": "fmat", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
 ]
 
 
@@ -250,6 +255,9 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "epilogue mul(relu(x), clamp(div(add(relu(x), 3), 6)" in a05.matches[0].description
     fma = a05.matches[0].render({"strategy": "fma", "num_stages": 1})
     assert "for t in tl.static_range(9):" in fma and "tl.dot(" not in fma
+    fmat = a05.matches[0].render({"strategy": "fmat", "num_stages": 1})  # channels x pixels, the (K, C_out) weight
+    assert "tl.zeros([BLOCK_N, BLOCK_M], tl.float32)" in fmat and "acc = tl.trans(acc)" in fmat
+    assert ".t().contiguous()" in fmat and ".t().contiguous()" not in fma
 
 
 def test_groupnorm_partials_slots_and_spans() -> None:
@@ -276,7 +284,9 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_K": 64})  # fma has no BLOCK_K
     assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64})  # 16 accumulators a thread: spills
     assert m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64, "num_warps": 2})
-    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 3
+    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 6
+    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fma", "fmat", "fmat", "fma", "dot"]
+    assert not m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 64})  # the fma rules hold for fmat
     configs = m.configs()
     assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) > 50
     assert all(m._valid(c) for c in configs)
@@ -490,7 +500,8 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
 @gpu
 def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     """Gap task 04 at a quarter of its batch: two runs of the fused conv + GroupNorm give the same bits (no
-    atomics; the partials combined in a fixed order), for the default, the FMA hint and the widest NORM_BLOCK."""
+    atomics; the partials combined in a fixed order), for the default, the two FMA hints (channels x pixels, pixels x
+    channels) and the widest NORM_BLOCK."""
     import torch
 
     from kstrata.agents.tasks import import_task_module
@@ -498,7 +509,7 @@ def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     task = _shrunk(tmp_path, "04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 4})
     m = _conv_match(task)
     mod = import_task_module(task)
-    for i, params in enumerate([{}, m.hint_params()[0], {"NORM_BLOCK": 4096}]):
+    for i, params in enumerate([{}, m.hint_params()[0], m.hint_params()[1], {"NORM_BLOCK": 4096}]):
         cand = tmp_path / f"model_new_det_{i}.py"
         cand.write_text(m.render(params))
         torch.manual_seed(0)
