@@ -354,9 +354,26 @@ def _geomean(xs: list[float]) -> float | None:
 
 
 #: The compiled-kernel issue's targets: the geomean of the changed kernels, end to end on the models whose
-#: kernels have headroom (a searched kernel below HEADROOM_SOL of its memory bound before the search), and the
+#: kernels have headroom (a searched kernel below HEADROOM_SOL of its memory bound before the search: inside the
+#: program where the end-to-end profile measured it, isolated otherwise), and the
 #: whole run's minutes (this call and the other benchmark call of the whole run together).
 TARGET_CHANGED, TARGET_END_TO_END, HEADROOM_SOL, TARGET_MINUTES = 1.15, 1.05, 0.8, 20.0
+
+
+def in_program_sol(row: dict[str, Any]) -> dict[str, float]:
+    """Each searched kernel's fraction of its memory bound inside the program: its buffers' bytes over the peak
+    bandwidth (the `sol` estimate) against its device time per launch in Inductor's build, as the end-to-end
+    profile measured it (empty without that profile). On 2026-12-04 the MLP's silu read 33% isolated (the L2
+    flushed before it) and about 100% inside the program, where its input is the GEMM's output still in L2."""
+    prof = ((row.get("end_to_end") or {}).get("in_program") or {}).get("kernels") or []
+    per_launch = {p["kernel"]: p["inductor_us"] / p["inductor_launches"] for p in prof
+                  if p.get("inductor_us") and p.get("inductor_launches")}
+    out: dict[str, float] = {}
+    for k in row.get("kernels", []):
+        sol_us = (k.get("sol") or {}).get("sol_us")
+        if sol_us and per_launch.get(k["kernel"]):
+            out[k["kernel"]] = sol_us / per_launch[k["kernel"]]
+    return out
 
 
 def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
@@ -375,14 +392,26 @@ def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[st
         if not sols:
             continue
         low = min(sols)
+        inside = in_program_sol(r)
         speedup = (r.get("end_to_end") or {}).get("speedup")
-        if low >= HEADROOM_SOL:
-            lines.append(f"- {r['model']}: every searched kernel at {HEADROOM_SOL:.0%} or more of its memory bound "
-                         f"before the search (lowest {low:.0%}): no headroom by that estimate")
+        if inside:  # measured inside the program: that decides (an input the previous kernel left in L2 is cheap)
+            low_in = min(inside.values())
+            where = (f"{low_in:.0%} of its memory bound inside the program (Inductor's build, torch.profiler), "
+                     f"{low:.0%} isolated")
+            if low_in >= HEADROOM_SOL:
+                lines.append(f"- {r['model']}: every searched kernel it launches at {HEADROOM_SOL:.0%} or more of its "
+                             f"memory bound inside the program (lowest {where}): no headroom there; end to end "
+                             + (f"{speedup:.3f}x" if speedup else "no tuned kernel ran"))
+                continue
         else:
-            lines.append(f"- {r['model']} (a kernel at {low:.0%} of its memory bound): end to end "
-                         + (f"{speedup:.3f}x, target {TARGET_END_TO_END}x: {met(speedup >= TARGET_END_TO_END)}"
-                            if speedup else "no tuned kernel ran (**not met**)"))
+            where = f"{low:.0%} of its memory bound"
+            if low >= HEADROOM_SOL:
+                lines.append(f"- {r['model']}: every searched kernel at {HEADROOM_SOL:.0%} or more of its memory bound "
+                             f"before the search (lowest {low:.0%}): no headroom by that estimate")
+                continue
+        lines.append(f"- {r['model']} (a kernel at {where}): end to end "
+                     + (f"{speedup:.3f}x, target {TARGET_END_TO_END}x: {met(speedup >= TARGET_END_TO_END)}"
+                        if speedup else "no tuned kernel ran (**not met**)"))
     lines.append(f"- this call's minutes: {summary['seconds'] / 60:.1f}")
     return lines
 
