@@ -2,7 +2,7 @@
 contiguous (N, C, *spatial) tensor, with the pointwise ops before (fused into the loads) and after (fused
 into the store), after at most one library op.
 
-Two strategies (`strategy` in the schedule):
+Strategies (`strategy` in the schedule):
 - `fused`: a segment fits in registers; a program normalizes BLOCK_M whole segments, reading the input once
   (mean, then the centered variance, from registers: exact two-pass statistics).
 - `split`: few, wide segments (LayerNorm over (64, 256, 256) with 16 rows: 16 segments of 4M elements) are
@@ -22,6 +22,13 @@ Two strategies (`strategy` in the schedule):
   same result every run), the chunk normalized from registers and stored. The input is read once and written
   once; teams are as many as the compiled kernel's occupancy keeps resident (`codegen.RESIDENT_HELPER`).
   Where not even one team fits (and on the CPU) the `split` kernels run with the same chunks.
+- `stream` (GPU only): one persistent kernel; teams of SPLIT programs take a segment at a time, at most
+  GROUP_ROWS teams (rows in flight; 0: as many as stay resident). A member streams its chunk (any size, in
+  BLOCK pieces) for `split`'s lane-wise partials, the team exchanges them as `resident` does, and the member
+  streams its chunk again to normalize it, from L2 where it was just read: one launch, DRAM read about once,
+  where `resident` is limited to 64 values a thread in registers (on the H200, 2026-12-04, LayerNorm's 4M-element
+  rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us, its 17 launches bound by
+  the host). Untimed on a GPU when written. On the CPU the `split` kernels run with the same chunks.
 """
 
 from __future__ import annotations
@@ -104,7 +111,7 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
     m, d, _ = geometry(chain)
     fused = d <= FUSED_MAX
-    strategies = ("fused", "split") if fused else ("split", "resident", "pipe")
+    strategies = ("fused", "split") if fused else ("split", "resident", "pipe", "stream")
     sp: list[tuple[str, tuple[object, ...]]] = [("strategy", strategies)]
     sp.append(("BLOCK_M", (1, 2, 4, 8, 16, 32, 64) if fused else (1,)))
     sp.append(("BLOCK", (1024, 2048, 4096) if fused else (1024, 2048, 4096, 8192, 16384, 32768)))
@@ -131,6 +138,11 @@ def hints(chain: Chain) -> list[Params]:
                          for b, w in resident_schedules(d, MAX_TEAM)]
     if m <= 1:
         return out
+    # a persistent team a row, its chunks read again from L2 right after the team's statistics
+    for g, split in ((1, 256), (2, 256), (2, 128)):
+        if g < m and g * 4 * d <= 40 << 20 and split <= cdiv(d, 2048):  # the rows in flight fit in L2
+            out.append({"strategy": "stream", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": split, "BLOCK": 2048,
+                        "num_warps": 8})
     for g in (1, 2, 4, 8):
         if g < m and 2 * g * 4 * d <= 48 << 20:
             out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(256, next_pow2(cdiv(512, g)))),
@@ -147,6 +159,8 @@ def valid(chain: Chain, p: Params) -> bool:
     if p["strategy"] == "resident":  # the chunk is BLOCK (SPLIT follows), at most 64 values a thread
         return bool(p["BLOCK_M"] == 1 and p["GROUP_ROWS"] == 0 and p["SPLIT"] == 1
                     and 2 <= cdiv(d, p["BLOCK"]) <= MAX_TEAM and p["BLOCK"] <= 64 * 32 * p["num_warps"])
+    if p["strategy"] == "stream" and p["SPLIT"] < 2:  # a team of one would stream a whole segment alone
+        return False
     if p["strategy"] == "pipe" and not 1 <= p["GROUP_ROWS"]:  # a launch per group: groups it must have
         return False
     return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m and p["BLOCK"] <= 4096)
@@ -249,7 +263,8 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         em.lines += ["cnt = n + mask.to(tl.float32)", f"delta = ({v} - x0) - mean",
                      "mean = mean + tl.where(mask, delta / tl.maximum(cnt, 1.0), 0.0)",
                      f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)", "n = cnt"]
-        body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
+        stats_lines = [line.replace("ITYPE", it) for line in em.lines]
+        body = "\n".join("        " + line for line in stats_lines)
         stats = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
         combine = "\n".join("    " + line for line in combine_lines("pn", "pmean", "pm2", "t"))
         leaf_sig = "".join(a + ", " for a in leaf_names)
@@ -286,7 +301,8 @@ def _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row, c, BLOCK: tl.constexpr):
         y = _affine(chain, em, "y", widx, "mask")
         r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
         em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
-        body = "\n".join("        " + line.replace("ITYPE", it) for line in em.lines)
+        apply_lines = [line.replace("ITYPE", it) for line in em.lines]
+        body = "\n".join("        " + line for line in apply_lines)
         apply_rest = f'''    base = row * {d}
     j = tl.arange(0, {sp2})
     pm = j < {split}
@@ -335,6 +351,19 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
                                                           split, m, {"BLOCK": params["BLOCK"], **meta_common})]
             fwd.append("# the interpreter runs programs one after another (and no team fits: too few registers): the "
                        "same chunks, two kernels")
+        if params["strategy"] == "stream":
+            srcs += [RESIDENT_HELPER, _stream_kernel(chain, sig, it, m, d, eps, split, chunk, stats_lines,
+                                                     apply_lines)]
+            fwd.append("if h.is_cuda:")
+            fwd.append(f"    part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
+            fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
+            # GROUP_ROWS caps the teams, the rows in flight (their chunks must still be in L2 when read again)
+            fwd += ["    " + ln for ln in resident_launch("_norm_stream_kernel", ["h", "out", *norm_vals, *leaf_vals,
+                                                                                   "part", "cnt"],
+                                                          split, min(m, params["GROUP_ROWS"] or m),
+                                                          {"BLOCK": block, **meta_common})]
+            fwd.append("# under the interpreter (programs one after another) or without room for a team: the same "
+                       "chunks, two kernels")
         fwd.append(f"part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
         # GROUP_ROWS > 0: statistics then normalization per group of rows, so that the second read of a
         # group can come from L2 (a group must fit in it: LayerNorm's 16 MB rows, one or two at a time)
@@ -358,6 +387,41 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
                                     ["h", "out", *norm_vals, *leaf_vals, "part", "row0"], {"BLOCK": block, **meta_common}))
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, srcs, fwd)
+
+
+def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, split: int, chunk: int,
+                   stats_lines: list[str], apply_lines: list[str]) -> str:
+    """A persistent kernel (GPU only) of teams of `split` programs a row: each member streams its chunk for the
+    lane-wise Welford partials (the `split` statistics kernel's loop), the team's partials are exchanged and
+    combined in a fixed order, and the member streams its chunk again to normalize it, read from L2 where it
+    was just read (the `split` normalize kernel's loop). One launch, the input read from DRAM about once, with
+    chunks of any size (`resident` holds at most 64 values a thread in registers)."""
+    def block(lines: list[str], depth: int) -> str:
+        return "\n".join(" " * (4 * depth) + line for line in lines)
+
+    shift = [ln.strip() for ln in _shift(chain, chain.core_shape).splitlines()]
+    exchange = team_exchange(["tn", "tmean", "tm2"], [("pn", "0.0"), ("pmean", "0.0"), ("pm2", "0.0")], split,
+                             next_pow2(split))
+    return f'''
+@triton.jit(do_not_specialize=["teams"])
+def _norm_stream_kernel({sig}, part_ptr, cnt_ptr, teams, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to({it})
+    c = pid % {split}
+    for row in range(pid // {split}, {m}, teams):
+        base = row * {d}
+{block(shift, 2)}
+        n = tl.zeros([BLOCK], tl.float32)
+        mean = tl.zeros([BLOCK], tl.float32)
+        m2 = tl.zeros([BLOCK], tl.float32)
+        for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{block(stats_lines, 3)}
+{block(combine_lines("n", "mean", "m2", "t"), 2)}
+{block(exchange, 2)}
+{block(combine_lines("pn", "pmean", "pm2", "t"), 2)}
+        rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})
+        for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
+{block(apply_lines, 3)}
+'''
 
 
 def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str, eps: float, split: int,

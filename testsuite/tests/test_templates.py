@@ -98,7 +98,7 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     space = m.schedule_space()
     assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps"}
     # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
-    assert space["strategy"] == ("split", "resident", "pipe")
+    assert space["strategy"] == ("split", "resident", "pipe", "stream")
     configs = m.configs()
     assert configs[0] == m.default_params() and len(configs) > 20
     assert len({str(sorted(c.items())) for c in configs}) == len(configs)
@@ -116,7 +116,14 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     assert [(h["BLOCK"], h["num_warps"]) for h in resident] == [(32768, 16), (16384, 16), (16384, 8), (8192, 16),
                                                                 (8192, 8)]
     group = {**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}
-    assert m.hint_params()[len(resident):] == [group, {**group, "strategy": "pipe"}]
+    # then a persistent team a row streaming its chunks twice (one and two rows in flight), then the row groups
+    streams = [{**group, "strategy": "stream", "GROUP_ROWS": g, "SPLIT": k} for g, k in ((1, 256), (2, 256), (2, 128))]
+    assert m.hint_params()[len(resident):] == [*streams, group, {**group, "strategy": "pipe"}]
+    streamed = m.render(streams[1])  # 256 programs a row, at most 2 teams: the launcher caps them
+    assert "c = pid % 256" in streamed and "teams = min(2, slots // 256)" in streamed
+    assert streamed.count("for start in range(c * 16384, c * 16384 + 16384, BLOCK):") == 4  # 2 in it, 2 in split's
+    with pytest.raises(ValueError, match="not valid"):
+        m.render({**streams[0], "SPLIT": 1})  # a team of one streams a whole 4M-element row alone
     assert "for row0 in range(0, 16, 1):" in m.render(m.hint_params()[-2])
     # pipe: the first row's partials, then one launch a row: its normalization and the next row's partials
     piped = m.render(m.hint_params()[-1])
@@ -203,6 +210,16 @@ PIPE_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
                        "norm", [{**PIPE, "GROUP_ROWS": 1}, {**PIPE, "GROUP_ROWS": 2}]),
     "pipe-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 3, "groups": 2, "channels": 4, "height": 97,
                                                        "width": 89}, "norm", [{**PIPE, "GROUP_ROWS": 4}]),
+}
+#: The `stream` strategy (a persistent team a row: the chunk's partials, the team's exchange, the chunk read again
+#: to normalize it): its GPU kernel never runs under the interpreter (a member would wait for siblings that run
+#: after it), its two-kernel path with the same chunks does; teams capped at one and two rows in flight.
+STREAM = {"strategy": "stream", "BLOCK_M": 1, "BLOCK": 1024, "SPLIT": 4, "num_warps": 4}
+STREAM_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
+    "stream-layernorm": ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 3, "features": 2, "dim1": 97, "dim2": 89},
+                         "norm", [{**STREAM, "GROUP_ROWS": 1}, {**STREAM, "GROUP_ROWS": 2, "SPLIT": 8}]),
+    "stream-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 3, "groups": 2, "channels": 4, "height": 97,
+                                                         "width": 89}, "norm", [{**STREAM, "GROUP_ROWS": 0}]),
 }
 #: GEMM + epilogue on the tiny tasks (policy, schedules): every size leaves a tail of the default blocks; the
 #: second schedules have several tiles per dim in groups of GROUP_M rows and a K tail. All also run on
@@ -496,7 +513,7 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         for key, (rel, sizes, template, schedules) in RESIDENT_CASES.items():
             (tmp / key).mkdir()
             jobs[key] = [_job(shrunk(tmp / key, rel, sizes), template, p) for p in schedules]
-        for key, (rel, sizes, template, schedules) in PIPE_CASES.items():
+        for key, (rel, sizes, template, schedules) in {**PIPE_CASES, **STREAM_CASES}.items():
             (tmp / key).mkdir()
             jobs[key] = [_job(shrunk(tmp / key, rel, sizes), template, p) for p in schedules]
         path = write_task(tmp, "bcast.py", BCAST_TASK)
@@ -565,6 +582,17 @@ def test_a_resident_schedule_computes_the_model_where_no_team_can_run(interprete
     for r in results:  # the persistent kernel is in the source, and only the two-kernel path ran here
         assert "_resident_kernel(" in r["candidate_source"] and "if h.is_cuda:" in r["candidate_source"]
         assert all("_resident_kernel" not in x["kernel"] for x in r["launches"]), r["launches"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(STREAM_CASES))
+def test_a_stream_schedule_computes_the_model_where_no_team_can_run(interpreted: dict[str, Any], key: str) -> None:
+    results = interpreted[key]
+    _assert_all_pass(results)
+    for r in results:  # the persistent kernel is in the source; here the two kernels ran, a pair per launch
+        assert "def _norm_stream_kernel(" in r["candidate_source"] and "if h.is_cuda:" in r["candidate_source"]
+        kernels = [x["kernel"] for x in r["launches"]]
+        assert kernels and all(k.endswith(("_norm_stats_kernel", "_norm_apply_kernel")) for k in kernels), kernels
 
 
 @pytest.mark.slow
@@ -1023,9 +1051,10 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     recorded.append(team)
     # the resident kernels (GPU only) at the gap tasks' full sizes, every hinted schedule
     for name, kernel in (("01_layernorm_three_dims_fp32.py", "_norm_resident_kernel"),
-                         ("03_softmax_wide_rows_fp32.py", "_softmax_resident_kernel")):
+                         ("03_softmax_wide_rows_fp32.py", "_softmax_resident_kernel"),
+                         ("01_layernorm_three_dims_fp32.py", "_norm_stream_kernel")):
         m = match(load_task(GAPS / name))[0]
-        hinted = [p for p in m.hint_params() if p["strategy"] == "resident"]
+        hinted = [p for p in m.hint_params() if p["strategy"] == kernel.split("_")[-2]]
         assert len(hinted) >= 3, m.hint_params()
         for params in hinted:
             src = m.render(params)
@@ -1398,6 +1427,30 @@ def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str)
 
     for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, RESIDENT_CASES[key])):
         spec = importlib.util.spec_from_file_location(f"resident_{key}_{i}", cand)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        task = load_task(task_path)
+        torch.manual_seed(0)
+        model = mod.ModelNew(*task.get_init_inputs()).cuda()
+        model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
+        split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
+        assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("key", list(STREAM_CASES))
+def test_stream_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str) -> None:
+    """The streaming norm on the GPU: every team member resident (the launcher's occupancy), the partials
+    exchanged within each team, the chunks read again; equal to the model's (a sibling that never arrived would
+    leave the spin limit's wrong statistics, which this catches)."""
+    import importlib.util
+
+    import torch
+
+    for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, STREAM_CASES[key])):
+        spec = importlib.util.spec_from_file_location(f"stream_{key}_{i}", cand)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
