@@ -1421,21 +1421,7 @@ def test_resident_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str)
     """The persistent kernels on the GPU: every team member resident (the launcher read the compiled kernel's
     occupancy, `_KSTRATA_RESIDENT`), the result equal to the model's (a sibling that never arrived would leave
     the spin limit's wrong statistics, which this catches)."""
-    import importlib.util
-
-    import torch
-
-    for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, RESIDENT_CASES[key])):
-        spec = importlib.util.spec_from_file_location(f"resident_{key}_{i}", cand)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        task = load_task(task_path)
-        torch.manual_seed(0)
-        model = mod.ModelNew(*task.get_init_inputs()).cuda()
-        model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
-        split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
-        assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
+    _assert_teams_resident(tmp_path, RESIDENT_CASES[key], f"resident_{key}")
 
 
 @pytest.mark.gpu
@@ -1445,21 +1431,7 @@ def test_stream_teams_run_and_match_the_model_on_gpu(tmp_path: Path, key: str) -
     """The streaming norm on the GPU: every team member resident (the launcher's occupancy), the partials
     exchanged within each team, the chunks read again; equal to the model's (a sibling that never arrived would
     leave the spin limit's wrong statistics, which this catches)."""
-    import importlib.util
-
-    import torch
-
-    for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, STREAM_CASES[key])):
-        spec = importlib.util.spec_from_file_location(f"stream_{key}_{i}", cand)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        task = load_task(task_path)
-        torch.manual_seed(0)
-        model = mod.ModelNew(*task.get_init_inputs()).cuda()
-        model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
-        split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
-        assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
+    _assert_teams_resident(tmp_path, STREAM_CASES[key], f"stream_{key}")
 
 
 @pytest.mark.gpu
@@ -1469,6 +1441,27 @@ def test_pipelined_schedules_match_the_model_on_gpu(tmp_path: Path, key: str) ->
     """The pipelined norm on the GPU: a launch's normalizing programs run beside the next group's statistics,
     reading partials the launch before wrote."""
     assert len(_matches_the_model_on_gpu(tmp_path, PIPE_CASES[key])) == len(PIPE_CASES[key][3])
+
+
+def _assert_teams_resident(tmp_path: Path, case: tuple[str, dict[str, int], str, list[dict[str, Any]]],
+                           label: str) -> None:
+    """Each schedule of `case` equal to the model's on the GPU, and its persistent kernel's team fitting the
+    slots its launcher counted (`_KSTRATA_RESIDENT`, from the compiled kernel's occupancy)."""
+    import importlib.util
+
+    import torch
+
+    for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, case)):
+        spec = importlib.util.spec_from_file_location(f"{label}_{i}", cand)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        task = load_task(task_path)
+        torch.manual_seed(0)
+        model = mod.ModelNew(*task.get_init_inputs()).cuda()
+        model(*[x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()])
+        split = int(re.search(r"c = pid % (\d+)", cand.read_text()).group(1))  # type: ignore[union-attr]
+        assert mod._KSTRATA_RESIDENT and min(mod._KSTRATA_RESIDENT.values()) >= split, (mod._KSTRATA_RESIDENT, split)
 
 
 def _matches_the_model_on_gpu(tmp_path: Path, case: tuple[str, dict[str, int], str, list[dict[str, Any]]]
