@@ -16,7 +16,7 @@
 #   templates     issue 19: the templates on the gap tasks (5 min), then the template tests' GPU twins
 #                 (at 45 s a task the max-autotune baseline is skipped, with a note in the table)
 #   templates-ma  issue 19: the same with room for the max-autotune baseline (9 min, no twins)
-#   templates-full  issue 19: the benchmark as the issue asks (all baselines, strict and tf32), 9.5 min, no twins
+#   templates-full  issue 19: the benchmark as the issue asks (all baselines, strict and tf32), 3-9.5 min, no twins
 #   ir            issues 13 and 15: GroupNorm (Inductor's kernels at 24-40% of SOL: the ir space's search, and a
 #                 CUDA-graph win before) against all three baselines, with skills (9 min for the one task: at 5 min
 #                 for two, 2026-12-02, each had 2.1 minutes, max-autotune was left out and no candidate fitted)
@@ -125,6 +125,7 @@ for step in "$@"; do
         --per-test-s "${PER_TEST_S:-200}" --log "$WORK/gpu-tests-detail.log" \
         testsuite/tests/test_cuda_graph_config.py testsuite/tests/test_templates.py::test_resident_teams_run_and_match_the_model_on_gpu \
         testsuite/tests/test_templates.py::test_pipelined_schedules_match_the_model_on_gpu \
+        testsuite/tests/test_templates.py::test_stream_teams_run_and_match_the_model_on_gpu \
         testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
         testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
         testsuite/tests/test_conv_template.py ;;
