@@ -1366,6 +1366,47 @@ def test_defaults_the_shapes_rule_out_are_replaced_by_the_nearest_valid_schedule
     assert nearest_valid(space, {"A": 4, "B": 2}, lambda p: False) is None
 
 
+def test_the_search_descends_again_from_another_strategys_best_while_time_is_left() -> None:
+    """Two strategies whose good schedules share no parameters: `a` valid with X 1 only, `b` with X >= 2. The
+    fastest start is a's; descent from it cannot reach b's optimum (a's parameters are invalid for b). With time
+    left the search descends again from b's fastest schedule scored so far and finds b's optimum; each schedule
+    is scored once, and a failing one is skipped. Out of time after the starts, the fastest start stands."""
+    from kstrata.agents.templates.tune import search
+
+    space = {"strategy": ("a", "b"), "X": (1, 2, 4, 8), "Y": (1, 2, 3)}
+
+    def valid(p: dict[str, Any]) -> bool:
+        return (p["X"] == 1) if p["strategy"] == "a" else p["X"] >= 2
+
+    def cost(p: dict[str, Any]) -> float | None:
+        if p == {"strategy": "b", "X": 4, "Y": 1}:
+            return None  # fails to compile, say
+        if p["strategy"] == "a":
+            return 50.0 + abs(p["Y"] - 2)  # a's best: Y 2 (50 us)
+        return 40.0 + 4 * {2: 2, 4: 1, 8: 0}[p["X"]] + 2 * abs(p["Y"] - 3)  # b's best: X 8, Y 3 (40 us)
+
+    calls: list[str] = []
+    memo: dict[str, float | None] = {}
+
+    def score(p: dict[str, Any]) -> float | None:
+        k = json.dumps(p, sort_keys=True)
+        if k not in memo:
+            calls.append(k)
+            memo[k] = cost(p)
+        return memo[k]
+
+    starts = [{"strategy": "a", "X": 1, "Y": 1}, {"strategy": "b", "X": 2, "Y": 1}]  # 51 and 52 us
+    best, us = search(starts, space, valid, score, lambda: False)
+    assert (best, us) == ({"strategy": "b", "X": 8, "Y": 3}, 40.0)
+    a_best = calls.index(json.dumps({"X": 1, "Y": 2, "strategy": "a"}, sort_keys=True))
+    first_b = min(i for i, c in enumerate(calls) if '"b"' in c and i > 1)
+    assert a_best < first_b  # a's descent ended before b's began
+    assert memo[json.dumps({"X": 4, "Y": 1, "strategy": "b"}, sort_keys=True)] is None
+    calls.clear()
+    memo.clear()
+    assert search(starts, space, valid, score, lambda: len(calls) >= 2) == (starts[0], 51.0)
+
+
 def test_autotune_times_only_valid_schedules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuner's search (default, hints, one parameter at a time) never renders a schedule the template
     refuses: every trial is valid, none failed, and the best is one of them (a fake device and timer)."""
