@@ -351,6 +351,8 @@ class LaunchCensus:
     def __init__(self, db: str | Path | None = None) -> None:
         self.tuned = {r.tuned_binary: r for _, r in TunedDB(db).index().values()} if db else {}
         self.counts: dict[tuple[str, str], int] = {}
+        #: per (kernel, binary): its launch configuration as first seen (num_warps, num_stages, grid)
+        self.configs: dict[tuple[str, str], dict[str, Any]] = {}
         self._digests: dict[int, str] = {}
         self._saved: Any = None
 
@@ -369,6 +371,11 @@ class LaunchCensus:
         def launch_metadata(kernel: Any, grid: Any, stream: Any, *args: Any) -> Any:
             k = (str(kernel.name), census._digest(kernel))
             census.counts[k] = census.counts.get(k, 0) + 1
+            if k not in census.configs:
+                meta = getattr(kernel, "metadata", None)
+                census.configs[k] = {"num_warps": getattr(meta, "num_warps", None),
+                                     "num_stages": getattr(meta, "num_stages", None),
+                                     "grid": [int(g) for g in grid] if isinstance(grid, (tuple, list)) else None}
             return original(kernel, grid, stream, *args)
 
         CompiledKernel.launch_metadata = launch_metadata
@@ -380,12 +387,14 @@ class LaunchCensus:
         CompiledKernel.launch_metadata = self._saved
 
     def rows(self, calls: int = 1) -> list[dict[str, Any]]:
-        """Per (kernel, binary): launches per call, and the tuned record's edit when the binary is tuned."""
+        """Per (kernel, binary): launches per call, its launch configuration (num_warps, num_stages, grid: which of
+        the configs Inductor's autotuner compiled ran), and the tuned record's edit when the binary is tuned."""
         out = []
         for (name, digest), n in sorted(self.counts.items()):
             r = self.tuned.get(digest)
             out.append({"kernel": name, "binary": digest[:16], "launches_per_call": n / max(1, calls),
-                        "tuned": r is not None, "edit": r.edit if r is not None else None})
+                        "tuned": r is not None, "edit": r.edit if r is not None else None,
+                        **self.configs.get((name, digest), {})})
         return out
 
 

@@ -170,6 +170,12 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             for _ in range(CENSUS_CALLS):
                 ours(*inputs)
             torch.cuda.synchronize()
+        # and which configs plain Inductor's autotuner chose in its build: the baseline's own lottery (on
+        # 2026-12-04 the MLP's silu ran its 1.7x slower config in one build and its faster one in another)
+        with LaunchCensus(tuned) as base_census:
+            for _ in range(CENSUS_CALLS):
+                inductor(*inputs)
+            torch.cuda.synchronize()
         # the check of the prediction: each kernel's device time inside the program, as the A/B ran it (L2
         # flushed before each call); the kernel-level A/B ran each kernel alone with the L2 flushed before it
         allocate = CudaClock.cuda().scratch
@@ -191,7 +197,7 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             "autotune": [{"name": k["name"], "reason": k.get("reason", "")[:400]} for k in records
                          if k["status"] == "autotune"],
             "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
-            "launched": launched,
+            "launched": launched, "inductor_launched": base_census.rows(CENSUS_CALLS),
             "in_program": in_program(profiles["inductor"], profiles["tuned"],
                                      {r["kernel"]: r["edit"] for r in launched if r["tuned"]},
                                      {"inductor": ab.median_a_us, "tuned": ab.median_b_us}),
@@ -308,6 +314,12 @@ def _sol_cell(sol: dict[str, Any] | None) -> str:
 
 def _us(x: float | None) -> str:
     return f"{x:.1f}" if x is not None else "?"
+
+
+def launch_config(row: dict[str, Any]) -> str:
+    """` (num_warps 8, num_stages 1, grid [65536, 1, 1])` of a census row, or "" without it."""
+    parts = [f"{k} {row[k]}" for k in ("num_warps", "num_stages", "grid") if row.get(k) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def in_program_lines(model: str, ip: dict[str, Any]) -> list[str]:
@@ -476,11 +488,16 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
         names = {x["kernel"] for x in e.get("launched", []) if x.get("tuned")} | \
             {k["kernel"] for k in r.get("kernels", []) if k.get("edit")}
         ran = [f"`{x['kernel']}` {'tuned (' + str(x['edit']) + ')' if x['tuned'] else 'as Inductor made it'} "
-               f"{x['launches_per_call']:g}/call" for x in e.get("launched", []) if x["kernel"] in names]
+               f"{x['launches_per_call']:g}/call{launch_config(x)}" for x in e.get("launched", []) if x["kernel"] in names]
         if ran:
             lines.append(f"- {r['model']} end to end ran: " + "; ".join(ran)
                          + (f"; the kernels' own A/B predicts {e['expected']:.3f}x (from isolated, L2-flushed kernel "
                             "timings, device span; the in-program device times are the check)" if e.get("expected") else ""))
+        base = [f"`{x['kernel']}`{launch_config(x)} {x['launches_per_call']:g}/call"
+                for x in e.get("inductor_launched", []) if x["kernel"] in names]
+        if base:
+            lines.append(f"- {r['model']} plain Inductor's build ran (its autotuner's choice in this build): "
+                         + "; ".join(base))
         elif names and "launched" in e:
             lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
         if e.get("in_program"):

@@ -120,7 +120,11 @@ def _row(silu_tuned_us: float) -> dict[str, Any]:
             "end_to_end": {"speedup": 0.991, "tuned_kernels": 1, "untouched_kernels": 2, "bitwise_equal": True,
                            "max_abs_diff": 0.0, "timing": {"speedup_range": [0.978, 1.036]}, "inductor_us": 262.2,
                            "launched": [{"kernel": SILU, "binary": "7956", "launches_per_call": 1.0, "tuned": True,
-                                         "edit": "config(5AODIZKJTAWE)"}],
+                                         "edit": "config(5AODIZKJTAWE)", "num_warps": 4, "num_stages": 1,
+                                         "grid": [32768, 1, 1]}],
+                           "inductor_launched": [{"kernel": SILU, "binary": "a1b2", "launches_per_call": 1.0,
+                                                  "tuned": False, "edit": None, "num_warps": 8, "num_stages": 1,
+                                                  "grid": [65536, 1, 1]}],
                            "expected": 1.087, "in_program": ip}}
 
 
@@ -239,6 +243,11 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert ("the kernels' own A/B predicts 1.087x (from isolated, L2-flushed kernel timings, device span; the in-program device "
             "times are the check)") in md
     assert "isolated A/B 68.2 -> 47.3 us (1.442x); in the program 62.0 -> 58.0 us (1.069x)" in md
+    # which config each build ran: the tuned backend's, and plain Inductor's autotuner's choice in its build
+    assert (f"- mlp_fp16 end to end ran: `{SILU}` tuned (config(5AODIZKJTAWE)) 1/call (num_warps 4, num_stages 1, "
+            "grid [32768, 1, 1])") in md
+    assert (f"- mlp_fp16 plain Inductor's build ran (its autotuner's choice in this build): `{SILU}` (num_warps 8, "
+            "num_stages 1, grid [65536, 1, 1]) 1/call") in md
     assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md
     assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md

@@ -230,8 +230,10 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
 
     root, tuned_entry, record = tuned_db
     assert hashlib.sha256(_cubin(tuned_entry)).hexdigest() == record.tuned_binary  # what the census matches
-    tuned = SimpleNamespace(name="triton_poi_scale", asm={"cubin": _cubin(tuned_entry)})
-    plain = SimpleNamespace(name="triton_poi_scale", asm={"cubin": b"another config's binary"})
+    tuned = SimpleNamespace(name="triton_poi_scale", asm={"cubin": _cubin(tuned_entry)},
+                            metadata=SimpleNamespace(num_warps=8, num_stages=1))
+    plain = SimpleNamespace(name="triton_poi_scale", asm={"cubin": b"another config's binary"},
+                            metadata=SimpleNamespace(num_warps=4, num_stages=1))
     original = CompiledKernel.launch_metadata
     with knobs.runtime.scope():
         knobs.runtime.launch_enter_hook = None
@@ -243,6 +245,9 @@ def test_the_launch_census_tells_the_tuned_binary_from_inductors(tuned_db: tuple
     assert [(r["kernel"], r["tuned"], r["launches_per_call"], r["edit"]) for r in rows if r["tuned"]] == \
         [("triton_poi_scale", True, 1.5, "ttgir(num-warps{n=8})")]
     assert [(r["tuned"], r["launches_per_call"]) for r in rows if not r["tuned"]] == [(False, 0.5)]
+    # which config each binary is: its launch configuration as first seen
+    assert sorted((r["tuned"], r["num_warps"], r["num_stages"], r["grid"]) for r in rows) == [
+        (False, 4, 1, [1, 1, 1]), (True, 8, 1, [1, 1, 1])]
     # the kernel A/B saved 2 us a launch: 1.5 launches a call of a 100 us call predict 100 / 97
     row = {"kernels": [{"kernel": "triton_poi_scale", "edit": "ttgir(num-warps{n=8})", "time_before_us": 10.0,
                         "time_after_us": 8.0}], "end_to_end": {"inductor_us": 100.0, "launched": rows}}
