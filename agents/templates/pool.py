@@ -38,7 +38,7 @@ from kstrata.agents.templates.codegen import (
     root_load,
     tl_dtype,
 )
-from kstrata.agents.templates.graph import Chain, describe
+from kstrata.agents.templates.graph import ROOT, Chain, describe
 
 NAME = "pool2d"
 #: The tile sizes both strategies take (BLOCK_H: output rows, or planes of a 1-D pooling).
@@ -190,8 +190,23 @@ def render(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
 
 
 def _combine(is_max: bool, a: str, b: str) -> str:
-    """Max with PyTorch's NaN propagation (a NaN anywhere in the window wins), or a sum."""
-    return f"tl.where(({b} > {a}) | ({b} != {b}), {b}, {a})" if is_max else f"{a} + {b}"
+    """Max with PyTorch's NaN propagation (a NaN anywhere in the window wins: one `max.NaN` on the GPU, where a
+    compare-and-select took four instructions), or a sum."""
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)" if is_max else f"{a} + {b}"
+
+
+def _pad(chain: Chain, g: Geometry) -> str:
+    """The `other` of a window load: with no prologue the loaded value is the window's own, so a masked-off
+    element loads as the pad itself (-inf for max, 0 for average) and no select follows it; a prologue runs on
+    the loaded value first, and the pad is applied after it (`_pad_after`)."""
+    return ("float('-inf')" if g.is_max else "0.0") if chain.prologue == ROOT else "0.0"
+
+
+def _pad_after(chain: Chain, g: Geometry, v: str) -> str:
+    """`v` (the prologue's value) padded where masked off, or `v` itself when the load padded it (`_pad`)."""
+    if chain.prologue == ROOT:
+        return v
+    return f"tl.where(m, {v}, float('-inf'))" if g.is_max else f"tl.where(m, {v}, 0.0)"
 
 
 def _divisor(g: Geometry, outs: dict[str, str]) -> list[str]:
@@ -275,7 +290,7 @@ def _row_loads(chain: Chain, g: Geometry, ih: str, rowm: str, sfx: str, into: li
     lines: list[str] = []
     for t, var in enumerate(into):
         lines += _tap(g, t // g.dw.k, t % g.dw.k, ih, rowm, sfx)
-        load = root_load(chain, chain.core_shape, f"idx{sfx}", f"m{sfx}", var)
+        load = root_load(chain, chain.core_shape, f"idx{sfx}", f"m{sfx}", var, _pad(chain, g))
         assert load.endswith(".to(tl.float32)"), load
         lines.append(load.removesuffix(".to(tl.float32)"))
     return lines
@@ -305,10 +320,7 @@ def _prefetch(chain: Chain, g: Geometry, ahead: int, inner: ExprEmitter) -> tupl
 def _reduce(chain: Chain, g: Geometry, inner: ExprEmitter) -> None:
     """Lines folding the loaded `x` (masked by `m`, at `idx`) into the row's `hm`, the prologue applied."""
     v = inner.emit(chain.prologue, "x", "idx", chain.core_shape, "m")
-    if g.is_max:
-        inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", f"hm = {_combine(True, 'hm', 'v')}"]
-    else:
-        inner.lines += [f"hm = hm + tl.where(m, {v}, 0.0)"]
+    inner.lines += [f"v = {_pad_after(chain, g, v)}", f"hm = {_combine(g.is_max, 'hm', 'v')}"]
 
 
 def _rows(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
@@ -330,7 +342,7 @@ def _rows(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
         inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
                         f"m = owm & {mask} & (iw >= 0) & (iw < {w})",
                         f"idx = {base} + ih * {w} + iw",
-                        root_load(chain, s, "idx", "m")]
+                        root_load(chain, s, "idx", "m", other=_pad(chain, g))]
         _reduce(chain, g, inner)
         window = [*depth, *_nest([f"for kw in tl.static_range({dw.k}):", *_nest(inner.lines, 1)], 1 if depth else 0)]
     inner_body = "\n".join(_nest(window, 2))
@@ -384,12 +396,9 @@ def _direct(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
     inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
                     f"m = {mask} & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
                     f"idx = {base} + ih * " + str(w) + " + iw",
-                    root_load(chain, s, "idx", "m")]
+                    root_load(chain, s, "idx", "m", other=_pad(chain, g))]
     v = inner.emit(chain.prologue, "x", "idx", s, "m")
-    if is_max:
-        inner.lines += [f"v = tl.where(m, {v}, float('-inf'))", "acc = tl.where((v > acc) | (v != v), v, acc)"]
-    else:
-        inner.lines += [f"acc += tl.where(m, {v}, 0.0)"]
+    inner.lines += [f"v = {_pad_after(chain, g, v)}", f"acc = {_combine(is_max, 'acc', 'v')}"]
     window = [f"for kh in tl.static_range({dh.k}):",
               f"    ih = oh * {dh.s} + (kh * {dh.d} - {dh.p})",
               f"    for kw in tl.static_range({dw.k}):",
