@@ -375,8 +375,9 @@ TARGET_CHANGED, TARGET_END_TO_END, HEADROOM_SOL, TARGET_MINUTES = 1.15, 1.05, 0.
 def in_program_sol(row: dict[str, Any]) -> dict[str, float]:
     """Each searched kernel's fraction of its memory bound inside the program: its buffers' bytes over the peak
     bandwidth (the `sol` estimate) against its device time per launch in Inductor's build, as the end-to-end
-    profile measured it (empty without that profile). On 2026-12-04 the MLP's silu read 33% isolated (the L2
-    flushed before it) and about 100% inside the program, where its input is the GEMM's output still in L2."""
+    profile measured it (empty without that profile). Inside the program is what the end to end sees: which of
+    its configs Inductor's autotuner ran in that build, and inputs a previous kernel may have left in L2 (on
+    2026-12-04 the MLP's silu ran at 59% in one build, its slower config, and about 100% in another)."""
     prof = ((row.get("end_to_end") or {}).get("in_program") or {}).get("kernels") or []
     per_launch = {p["kernel"]: p["inductor_us"] / p["inductor_launches"] for p in prof
                   if p.get("inductor_us") and p.get("inductor_launches")}
