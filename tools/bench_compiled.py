@@ -424,9 +424,28 @@ def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[st
                 continue
         lines.append(f"- {r['model']} (a kernel at {where}): end to end "
                      + (f"{speedup:.3f}x, target {TARGET_END_TO_END}x: {met(speedup >= TARGET_END_TO_END)}"
-                        if speedup else "no tuned kernel ran (**not met**)"))
+                        if speedup else "no tuned kernel ran (**not met**)") + config_lottery(r))
     lines.append(f"- this call's minutes: {summary['seconds'] / 60:.1f}")
     return lines
+
+
+def config_lottery(row: dict[str, Any]) -> str:
+    """What a config choice's end to end rests on: for each tuned kernel whose edit is a config choice
+    (`config(KEY)`), whether plain Inductor's build ran that same launch configuration (then the choice gained
+    nothing there) or another (then the gain is the config its autotuner did not choose this time, which it may
+    choose on another build: the MLP's silu on 2026-12-04, 1.175x end to end in one build, 1.010x in another)."""
+    e = row.get("end_to_end") or {}
+    base = {x["kernel"]: x for x in e.get("inductor_launched", [])}
+    notes = []
+    for x in e.get("launched", []):
+        if not x.get("tuned") or not str(x.get("edit") or "").startswith("config(") or x["kernel"] not in base:
+            continue
+        same = all(x.get(k) == base[x["kernel"]].get(k) for k in ("num_warps", "num_stages", "grid"))
+        notes.append(f"`{x['kernel']}`'s config choice: plain Inductor's autotuner "
+                     + ("ran the same configuration in this build" if same else
+                        f"ran another in this build{launch_config(base[x['kernel']])}, and may choose the tuned one "
+                        "on another"))
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final: bool, seconds: float,

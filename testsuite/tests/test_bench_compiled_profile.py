@@ -255,7 +255,9 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert "- geomean of the changed kernels 1.442x, target 1.15x: met" in md
     assert "- wrong results 0, target 0: met" in md
     assert ("- mlp_fp16 (a kernel at 27% of its memory bound inside the program (Inductor's build, torch.profiler), "
-            "25% isolated): end to end 0.991x, target 1.05x: **not met**") in md
+            "25% isolated): end to end 0.991x, target 1.05x: **not met** "
+            f"(`{SILU}`'s config choice: plain Inductor's autotuner ran another in this build (num_warps 8, "
+            "num_stages 1, grid [65536, 1, 1]), and may choose the tuned one on another)") in md
     # inside the program the same kernel at its bound (its input in L2): the profile decides, no headroom there
     fast = _row(16.5)
     fast["end_to_end"]["in_program"]["kernels"] = [
@@ -265,6 +267,11 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert ("- mlp_fp16: every searched kernel it launches at 80% or more of its memory bound inside the program "
             "(lowest 100% of its memory bound inside the program (Inductor's build, torch.profiler), 25% isolated): "
             "no headroom there; end to end 0.991x") in lines, lines
+    # the same launch configuration in both builds: the choice gained nothing there
+    fast["end_to_end"]["inductor_launched"] = [{**x, "num_warps": 4, "grid": [32768, 1, 1]}
+                                               for x in fast["end_to_end"]["inductor_launched"]]
+    assert bench_compiled.config_lottery(fast) == (f" (`{SILU}`'s config choice: plain Inductor's autotuner ran the "
+                                                   "same configuration in this build)")
     near = {"model": "task:softmax", "kernels": [{"kernel": "k", "sol": {"before": 0.86, "after": 0.9}}],
             "end_to_end": {"speedup": 1.034}}
     lines = bench_compiled.target_lines([near], {"geomean_changed": None, "wrong_results": 1, "seconds": 60.0})
