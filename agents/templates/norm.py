@@ -27,8 +27,8 @@ Strategies (`strategy` in the schedule):
   BLOCK pieces) for `split`'s lane-wise partials, the team exchanges them as `resident` does, and the member
   streams its chunk again to normalize it, from L2 where it was just read: one launch, DRAM read about once,
   where `resident` is limited to 64 values a thread in registers (on the H200, 2026-12-04, LayerNorm's 4M-element
-  rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us, its 17 launches bound by
-  the host). Untimed on a GPU when written. On the CPU the `split` kernels run with the same chunks.
+  rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us with 17 launches, which
+  a host launching slower than a 16 MB row streams would bound; not measured). Untimed on a GPU when written. On the CPU the `split` kernels run with the same chunks.
 """
 
 from __future__ import annotations

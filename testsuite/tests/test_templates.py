@@ -792,9 +792,10 @@ def test_full_size_pool_rows_prefetch_schedules_compile_for_the_gpu() -> None:
 
 @pytest.mark.slow
 def test_the_max_pool_loop_is_short_on_the_gpu(tmp_path: Path) -> None:
-    """The gap task's max pool (4x4, stride 1) measured 591-654 us on the H200, about as long as its loop's
-    instructions take to issue (2026-12-04: 128 PTX instructions a row iteration for 2 outputs a thread, 56 of
-    them compare-and-selects for NaN-propagating maxima). Compiled for cuda:90, the window's maxima are single
+    """The gap task's max pool (4x4, stride 1) measured 591-654 us on the H200 (2026-12-04) against 296 us for its
+    bytes at the copy bandwidth; its loop then had 128 PTX instructions a row iteration for 2 outputs a thread
+    (56 of them compare-and-selects for NaN-propagating maxima), about 300 us of issue at the full rate of every
+    scheduler: a second bound beside the memory's. Compiled for cuda:90, the window's maxima are single
     `max.NaN.f32` and the masked loads pad with -inf themselves: no NaN compare is left in the loop, and the
     loop is at most 90 instructions."""
     import triton
