@@ -455,7 +455,13 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
     wrong = [c for r in rows for c in r.get("recheck", []) if c["verdict"] == "different"]
     undecided = [c for r in rows for c in r.get("recheck", []) if c["verdict"] not in ("equivalent", "different")]
     e2e = [r["end_to_end"]["speedup"] for r in rows if r.get("end_to_end", {}).get("speedup")]
+    # a config choice picks one of the configs Inductor's autotuner compiled (its own choice may differ by build);
+    # a code edit changes a kernel's code (IR, PTX, launch options)
+    chosen = [k for k in changed if str(k.get("edit") or "").startswith("config(")]
+    edited = [k for k in changed if k not in chosen]
     summary = {"changed_kernels": len(changed), "geomean_changed": _geomean([k["speedup"] for k in changed]),
+               "config_choices": len(chosen), "code_edits": len(edited),
+               "geomean_code_edits": _geomean([k["speedup"] for k in edited]),
                "wrong_results": len(wrong), "recheck_undecided": len(undecided), "geomean_end_to_end": _geomean(e2e), "seconds": seconds,
                "complete": final}
     stem = f"compiled-bench-{env['date'][:10]}" + (f"-{tag}" if tag else "")
@@ -466,7 +472,10 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
              f"{env['date']} · torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · "
              f"{seconds / 60:.1f} min", "",
              "" if final else f"**Incomplete run: {len(rows)} models before it stopped.**", "",
-             f"- changed kernels: {len(changed)}, geomean speedup {g:.3f}x" if g else "- no kernel changed",
+             (f"- changed kernels: {len(changed)}, geomean speedup {g:.3f}x; of them {len(chosen)} a config choice (one "
+              f"of the configs Inductor's autotuner compiled) and {len(edited)} a code edit"
+              + (f" (geomean {summary['geomean_code_edits']:.3f}x)" if edited else "")) if g
+             else "- no kernel changed",
              f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
              + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
              f"- end to end (tuned backend vs Inductor, models with a tuned kernel), geomean: "

@@ -253,6 +253,8 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md
     # the targets for this call's models: the silu at 25% of its memory bound gives the MLP headroom
     assert "- geomean of the changed kernels 1.442x, target 1.15x: met" in md
+    assert ("- changed kernels: 1, geomean speedup 1.442x; of them 1 a config choice (one of the configs Inductor's "
+            "autotuner compiled) and 0 a code edit") in md
     assert "- wrong results 0, target 0: met" in md
     assert ("- mlp_fp16 (a kernel at 27% of its memory bound inside the program (Inductor's build, torch.profiler), "
             "25% isolated): end to end 0.991x, target 1.05x: **not met** "
