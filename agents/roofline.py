@@ -153,6 +153,16 @@ def _slug(device: str) -> str:
 DEFAULT_CEILINGS_DIR = Path.home() / ".cache" / "kstrata"
 
 
+def copy_bandwidth(cache_dir: str | Path) -> tuple[float | None, str]:
+    """The measured copy bandwidth (`load_or_measure`'s ceilings, cached under `cache_dir`) and where it came
+    from; None and why when the ceilings could not be measured (a figure built on it is then left out)."""
+    try:
+        ceilings, path = load_or_measure(cache_dir)
+    except Exception as exc:  # the caller goes on without the figure, and says why
+        return None, f"no bandwidth: measuring the roofline's ceilings failed: {type(exc).__name__}: {exc}"
+    return ceilings.copy_bytes_per_s, f"the roofline's measured copy bandwidth, {path.name}"
+
+
 def load_or_measure(cache_dir: str | Path, max_age_days: int = 30) -> tuple[Ceilings, Path]:
     """The newest cached ceilings of this device younger than `max_age_days`, else measure and cache them."""
     import torch

@@ -47,6 +47,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kstrata.agents.roofline import copy_bandwidth
 from kstrata.backends.device_profile import PROFILE_CALLS, DeviceProfile, profile_calls
 from kstrata.backends.timing import L2_FLUSH_BYTES, CudaClock
 
@@ -349,18 +350,6 @@ def in_program_lines(model: str, ip: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _bandwidth(cache: Path) -> tuple[float | None, str]:
-    """The peak DRAM bandwidth as the roofline has it (its measured copy bandwidth, cached under `cache`), and
-    where it came from; None and why without it."""
-    from kstrata.agents.roofline import load_or_measure
-
-    try:
-        ceilings, path = load_or_measure(cache)
-    except Exception as exc:  # the %SOL figures are left out, the run goes on
-        return None, f"no bandwidth: measuring the roofline's ceilings failed: {type(exc).__name__}: {exc}"
-    return ceilings.copy_bytes_per_s, f"the roofline's measured copy bandwidth, {path.name}"
-
-
 def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
@@ -522,13 +511,13 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
             lines.append(f"- {r['model']} end to end ran: " + "; ".join(ran)
                          + (f"; the kernels' own A/B predicts {e['expected']:.3f}x (from isolated, L2-flushed kernel "
                             "timings, device span; the in-program device times are the check)" if e.get("expected") else ""))
+        elif names and "launched" in e:
+            lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
         base = [f"`{x['kernel']}`{launch_config(x)} {x['launches_per_call']:g}/call"
                 for x in e.get("inductor_launched", []) if x["kernel"] in names]
         if base:
             lines.append(f"- {r['model']} plain Inductor's build ran (its autotuner's choice in this build): "
                          + "; ".join(base))
-        elif names and "launched" in e:
-            lines.append(f"- {r['model']} end to end ran no binary of the searched kernels {sorted(names)}")
         if e.get("in_program"):
             lines += in_program_lines(r["model"], e["in_program"])
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
@@ -586,7 +575,7 @@ def command(
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "budget": budget, "minutes": minutes}
-    bytes_per_s, bandwidth_source = _bandwidth(root / "ceilings")
+    bytes_per_s, bandwidth_source = copy_bandwidth(root / "ceilings")
     env["bandwidth"] = {"bytes_per_s": bytes_per_s, "source": bandwidth_source} if bytes_per_s else \
         {"reason": bandwidth_source}
     rows: list[dict[str, Any]] = []

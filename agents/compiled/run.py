@@ -253,15 +253,13 @@ def _headroom(program: Program, opts: CompiledOptions, device: str) -> str:
     """Each measured kernel's `sol` (`kernel_sol`); what the bandwidth was, or why there is none."""
     bandwidth, where = opts.bandwidth, "given"
     if bandwidth is None and device == "cuda" and opts.ceilings_dir:
-        from kstrata.agents.roofline import load_or_measure
+        from kstrata.agents.roofline import copy_bandwidth
 
         if opts.progress is not None:
             opts.progress(f"the device's copy bandwidth: cached under {opts.ceilings_dir}, or measured once (seconds)")
-        try:
-            ceilings, path = load_or_measure(opts.ceilings_dir)
-            bandwidth, where = ceilings.copy_bytes_per_s, f"the roofline's measured copy bandwidth, {path.name}"
-        except Exception as exc:  # the time is split by share alone
-            return f"no headroom: the roofline's ceilings could not be measured ({type(exc).__name__}: {exc})"
+        bandwidth, where = copy_bandwidth(opts.ceilings_dir)
+        if bandwidth is None:  # the time is split by share alone
+            return f"no headroom: {where}"
     if not bandwidth:
         return "no headroom: no bandwidth (kernels' time split by share alone)"
     for k in program.kernels:

@@ -248,6 +248,13 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
             "grid [32768, 1, 1])") in md
     assert (f"- mlp_fp16 plain Inductor's build ran (its autotuner's choice in this build): `{SILU}` (num_warps 8, "
             "num_stages 1, grid [65536, 1, 1]) 1/call") in md
+    # without plain Inductor's census the tuned line stands alone (it is not a model that "ran no binary")
+    alone = _row(58.0)
+    del alone["end_to_end"]["inductor_launched"]
+    bench_compiled._write(tmp_path / "alone", env, [alone], final=True, seconds=60.0)
+    md_alone = (tmp_path / "alone" / "compiled-bench-2026-12-04.md").read_text()
+    assert "- mlp_fp16 end to end ran: " in md_alone and "ran no binary" not in md_alone
+    assert "plain Inductor's build ran" not in md_alone
     assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md
     assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md
