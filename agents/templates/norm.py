@@ -28,7 +28,8 @@ Strategies (`strategy` in the schedule):
   streams its chunk again to normalize it, from L2 where it was just read: one launch, DRAM read about once,
   where `resident` is limited to 64 values a thread in registers (on the H200, 2026-12-04, LayerNorm's 4M-element
   rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us with 17 launches, which
-  a host launching slower than a 16 MB row streams would bound; not measured). Untimed on a GPU when written. On the CPU the `split` kernels run with the same chunks.
+  a host launching slower than a 16 MB row streams would bound; not measured). Untimed on a GPU when written.
+  On the CPU the `split` kernels run with the same chunks.
 """
 
 from __future__ import annotations
@@ -402,13 +403,7 @@ def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, 
     shift = [ln.strip() for ln in _shift(chain, chain.core_shape).splitlines()]
     exchange = team_exchange(["tn", "tmean", "tm2"], [("pn", "0.0"), ("pmean", "0.0"), ("pm2", "0.0")], split,
                              next_pow2(split))
-    return f'''
-@triton.jit(do_not_specialize=["teams"])
-def _norm_stream_kernel({sig}, part_ptr, cnt_ptr, teams, BLOCK: tl.constexpr):
-    pid = tl.program_id(0).to({it})
-    c = pid % {split}
-    for row in range(pid // {split}, {m}, teams):
-        base = row * {d}
+    return _persistent("_norm_stream_kernel", sig, it, split, m) + f'''        base = row * {d}
 {block(shift, 2)}
         n = tl.zeros([BLOCK], tl.float32)
         mean = tl.zeros([BLOCK], tl.float32)
@@ -446,11 +441,16 @@ def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str,
     r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
     em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
     body = "\n".join("        " + line for line in em.lines)
+    return _persistent("_norm_resident_kernel", sig, it, split, m) + body + "\n"
+
+
+def _persistent(name: str, sig: str, it: str, split: int, m: int) -> str:
+    """The opening of a persistent kernel of teams of `split` programs (`resident`, `stream`): member `c` of the
+    team that takes rows `pid // split`, then every `teams`-th row of the `m`, up to the loop body."""
     return f'''
 @triton.jit(do_not_specialize=["teams"])
-def _norm_resident_kernel({sig}, part_ptr, cnt_ptr, teams, BLOCK: tl.constexpr):
+def {name}({sig}, part_ptr, cnt_ptr, teams, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to({it})
     c = pid % {split}
     for row in range(pid // {split}, {m}, teams):
-{body}
 '''
