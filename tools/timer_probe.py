@@ -9,8 +9,10 @@ project does, beside torch.profiler's device time for the same launches:
 
 - `time_gpu` with the call span (the end event after a host synchronize) and with the device span (the end
   event right after the launch), each with and without the L2 flush;
-- torch.profiler's kernel duration, the L2 flushed before each launch (the kernel alone);
-- torch.profiler's kernel duration right after a GEMM that writes the kernel's input (as in the MLP).
+- torch.profiler's kernel duration (mean of 20 launches), the L2 flushed before each launch (the kernel alone);
+- the same right after a GEMM that writes the kernel's input (as in the MLP).
+
+(The figures of 2026-12-04 took the median of the profiler's durations; this takes their mean.)
 
 Prints a table and writes `timer-probe-gpu-DATE.md/.json` (device and versions) under `--results`.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +40,20 @@ def _kernel() -> Any:
 
 
 def _profiled_us(launch: Any, before: Any, calls: int = 20) -> float:
-    """Median device duration of the kernel named silu_kernel over `calls` launches, `before` run first."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """The kernel's device time per launch over `calls` launches, `before` run first each time
+    (`backends/device_profile.py`: a profiler session per call, the first uncounted)."""
+    from kstrata.backends.device_profile import profile_calls
 
-    times = []
-    for _ in range(calls):
-        before()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            launch()
-            torch.cuda.synchronize()
-        times += [e.device_time for e in prof.events() if "silu_kernel" in e.name and e.device_time > 0]
-    return statistics.median(times) if times else float("nan")
+    p = profile_calls(launch, calls, before=before)
+    k = p.by_name().get("silu_kernel")
+    if k is None:
+        raise RuntimeError(f"the profiler saw no silu_kernel: {p.reason or [x.name for x in p.kernels]}")
+    return k.us_per_call / k.launches_per_call
 
 
 def probe(rows: int, cols: int, block: int, warps: int) -> dict[str, Any]:
     import torch
+    import triton
 
     from kstrata.backends.timing import time_gpu
 
@@ -63,7 +61,7 @@ def probe(rows: int, cols: int, block: int, warps: int) -> dict[str, Any]:
     n = rows * cols
     x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
     y = torch.empty_like(x)
-    grid = (triton_cdiv(n, block),)
+    grid = (triton.cdiv(n, block),)
 
     def launch() -> None:
         kern[grid](x, y, n, BLOCK=block, num_warps=warps)
@@ -87,10 +85,6 @@ def probe(rows: int, cols: int, block: int, warps: int) -> dict[str, Any]:
 
     out["profiler_after_gemm_us"] = _profiled_us(launch, gemm)
     return out
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 def main(argv: list[str] | None = None) -> int:
