@@ -34,6 +34,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -245,9 +246,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                      "max_autotune": "compile-max-autotune" in bases})
     g = _geomean([o["speedup"] for o in outs])
     low = [o for o in outs if o["compile_sol"] is not None and o["compile_sol"] < LOW_SOL]
-    sols = sorted(o["sol"] for o in outs)
-    median = (sols[len(sols) // 2] if len(sols) % 2 else (sols[len(sols) // 2 - 1] + sols[len(sols) // 2]) / 2) \
-        if sols else None
+    median = statistics.median(o["sol"] for o in outs) if outs else None
     return {"outputs": outs, "missing": missing, "geomean": g, "geomean_met": g is not None and g >= TARGET_GEOMEAN,
             "low_sol": [{"task": o["task"], "speedup": o["speedup"], "met": o["speedup"] >= TARGET_LOW_SOL_SPEEDUP}
                         for o in low],

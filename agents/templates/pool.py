@@ -15,8 +15,9 @@ Two strategies:
   max/sum over depth and width, and keeps the last kh of those in registers (a rolling window), so each
   output costs kd*kw loads instead of kd*kh*kw. Its `AHEAD` (0, 1, 2) software-prefetches: iteration r
   issues the raw loads of input row r + AHEAD, carried in registers, before it reduces row r, so AHEAD + 1
-  rows of loads are in flight instead of one (0 is the plain loop). Untimed on a GPU so far: pool2d's hints
-  put it right after the default where `rows` is the default, and the tuner's measurement decides.
+  rows of loads are in flight instead of one (0 is the plain loop). On the H200 (2026-12-04, the gap task's
+  max pool, before the maxima became single `max.NaN`) it gained nothing: 607.8 us at AHEAD 1 and 621.2 at 2
+  against 591.3 at 0 (BLOCK_H 64, BLOCK_W 128, 2 warps); pool2d's hints still try it, the tuner decides.
 PyTorch's max pooling also writes an int64 index per output, which this does not.
 """
 
@@ -150,8 +151,8 @@ def _rows_default(g: Geometry) -> bool:
 
 def hints(chain: Chain) -> list[Params]:
     """Where `rows` is the default: it with rows prefetched ahead, also at 2 warps. The plain loop's best on the
-    H200 (2026-12, k=4 s=1 p=1 fp32 (16, 64, 384, 384): BLOCK_H 32, BLOCK_W 128, 2 warps, 598 us) reached 49% of
-    the copy bandwidth with about one row of loads in flight a warp; AHEAD is untimed there yet."""
+    H200 (2026-12-03, k=4 s=1 p=1 fp32 (16, 64, 384, 384): BLOCK_H 32, BLOCK_W 128, 2 warps, 598 us) reached 49%
+    of the copy bandwidth; on 2026-12-04 the prefetch did not beat it (the module docstring)."""
     if not _rows_default(geometry(chain)):
         return []
     return [{"AHEAD": 1}, {"AHEAD": 2}, {"num_warps": 2, "AHEAD": 1}]

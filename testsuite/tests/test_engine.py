@@ -177,6 +177,18 @@ def test_the_device_span_records_the_end_before_the_host_synchronizes() -> None:
         time_gpu(lambda: None, runs=1, clock=clock, span="wall")
 
 
+def test_the_timer_probe_says_it_needs_a_gpu(capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tools/timer_probe.py` compares the spans with the profiler on a GPU; without one it says so and exits 2."""
+    import torch
+
+    from kstrata.tools import timer_probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert timer_probe.main([]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().out
+
+
 def test_interleaved_rounds_alternate_and_stop_early_when_clearly_slower() -> None:
     calls: list[str] = []
     even = interleaved_ab(_sleeper(0.001, calls, "a"), _sleeper(0.001, calls, "b"), rounds=4, runs=3, warmup=0,
