@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-tf32", action="store_true")
     p.add_argument("--no-max-autotune", action="store_true", help="leave the compile-max-autotune baseline out")
     p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--suffix", default="", help="appended to the results' file names (a second run on one date)")
     ns = p.parse_args(argv)
 
     import torch
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = round(time.monotonic() - start, 1)
     results["targets"] = targets(results)
     md = markdown(results)
-    stem = f"templates-bench-{results['date']}"
+    stem = f"templates-bench-{results['date']}{ns.suffix}"
     for d in [results_dir, *([out_dir] if out_dir else [])]:
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")

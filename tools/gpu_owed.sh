@@ -92,7 +92,8 @@ for step in "$@"; do
     templates-full)
       # the benchmark in one call: every gap task against all three baselines, strict and tf32, 45 s of
       # tuning a task shared by its matching templates (on 2026-12-03 task 01 had 6 s and tried 7 schedules)
-      run templates-full 580 $PY -m kstrata.tools.bench_templates --tune-s 45 --runs 30 --total-s "$(lim 550)" ;;
+      run templates-full 580 $PY -m kstrata.tools.bench_templates --tune-s 45 --runs 30 --total-s "$(lim 550)" \
+        --suffix="$SFX" ;;
     ir)
       optimize ir 570 9 level1/22_groupnorm_fp16 ir \
         "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \

@@ -40,7 +40,12 @@ y written and read once, the output written once (1.75 GB on the 64 x 32 x 254 x
 cuDNN then the `norm` template's split strategy (y written, read twice, output written: 2.28 GB), so the
 partials are fused rather than composing with `norm`; recomputing the convolution instead of storing y
 would cut the traffic to 0.8 GB but double the 19 GFLOP of FMA work that already bounds the kernel under
-strict. Both this and `norm` are proposed; the tuner picks by measurement.
+strict. Both this and `norm` are proposed; the tuner picks by measurement. Two variants were built and
+measured on the H200 and not kept (2026-12-04, `template-probe-2026-12-04-b`). The first was one persistent
+launch that took an image's normalized blocks 2-4 images after its conv tiles, so that y was read back from L2.
+It ran 1438-1762 us against 1423-1541 us for the three launches: the conv tiles' issue rate fell from 55% to 41%.
+The second computed the epilogue in `fmat`'s channels x pixels orientation, with no transposition, and was 5-6%
+slower on both conv tasks (05: 722 against 681 us).
 
 Does not apply (the reason is reported): 1-D / 3-D and transposed convolutions, groups > 1 (a grouped
 convolution is `groups` block-diagonal GEMMs, each K = C_in / groups deep: another grid axis and weight

@@ -28,7 +28,9 @@ Strategies (`strategy` in the schedule):
   streams its chunk again to normalize it, from L2 where it was just read: one launch, DRAM read about once,
   where `resident` is limited to 64 values a thread in registers (on the H200, 2026-12-04, LayerNorm's 4M-element
   rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us with 17 launches, which
-  a host launching slower than a 16 MB row streams would bound; not measured). Untimed on a GPU when written.
+  a host launching slower than a 16 MB row streams would bound; not measured). Measured on that task (H200,
+  2026-12-04, `templates-bench-2026-12-04-c`): 316-442 us against `split`'s 241 us (SPLIT 256), so it loses
+  there. Whether the second read missed L2 or the teams waited on their exchange was not profiled.
   On the CPU the `split` kernels run with the same chunks.
 """
 
