@@ -290,6 +290,49 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert "- wrong results 1, target 0: **not met**" in lines
 
 
+def _e2e(speedup: float, rng: tuple[float, float], busy: tuple[float, float], wall: tuple[float, float]) -> dict[str, Any]:
+    """`_row`'s MLP (a kernel with headroom) with the end-to-end figures given."""
+    row = _row(58.0)
+    e = row["end_to_end"]
+    e["speedup"], e["timing"]["speedup_range"] = speedup, list(rng)
+    e["in_program"]["busy_us"] = {"inductor": busy[0], "tuned": busy[1]}
+    e["in_program"]["wall_us"] = {"inductor": wall[0], "tuned": wall[1]}
+    return row
+
+
+def test_an_end_to_end_gain_counts_only_when_its_range_and_the_device_time_show_it(tmp_path: Path) -> None:
+    """conv_block on the H200 (2026-12-04): 1.132x end to end, range 0.906-1.218 over the A/B rounds, device busy
+    129.0 -> 128.4 us a call, wall 390.3 -> 344.9 us: the host's time, not the tuned kernel's; the targets line
+    says so and does not call it met. A gain whose range excludes 1 and whose device time fell with the wall time
+    counts; one whose range excludes 1 but whose device time did not move is still the host's."""
+    summary = {"geomean_changed": 1.2, "wrong_results": 0, "seconds": 60.0}
+    noisy = _e2e(1.132, (0.906, 1.218), (129.0, 128.4), (390.3, 344.9))
+    assert bench_compiled.unattributed(noisy) == "its range over the A/B rounds (0.906-1.218) includes no change"
+    line = next(x for x in bench_compiled.target_lines([noisy], summary) if x.startswith("- mlp_fp16"))
+    assert ("end to end 1.132x, not a measured gain: its range over the A/B rounds (0.906-1.218) includes no change "
+            "(**not met**)") in line, line
+    host = _e2e(1.132, (1.08, 1.2), (129.0, 128.4), (390.3, 344.9))
+    assert bench_compiled.unattributed(host) == ("the device's busy time a call moved 129.0 -> 128.4 us, under half the "
+                                                 "wall time's 390.3 -> 344.9 us: the host's time, not the kernels'")
+    real = _e2e(1.132, (1.08, 1.2), (300.0, 258.0), (390.3, 344.9))
+    assert bench_compiled.unattributed(real) is None
+    line = next(x for x in bench_compiled.target_lines([real], summary) if x.startswith("- mlp_fp16"))
+    assert "end to end 1.132x, target 1.05x: met" in line, line
+    assert bench_compiled._measured_line([noisy, real]) == (
+        "1 of the 2 above 1.0 a measured gain (mlp_fp16) (the A/B's range excludes no change and the "
+        "device's busy time dropped with the wall time)")
+    # the report of a results file written again with this version's reading; a file that is not one: exit 2
+    env = {"date": "2026-12-04T00:00:00+00:00", "device": "NVIDIA H200", "torch": "t", "triton": "t", "cuda": "t"}
+    bench_compiled._write(tmp_path / "old", env, [noisy], final=True, seconds=60.0, tag="models-c")
+    src = tmp_path / "old" / "compiled-bench-2026-12-04-models-c.json"
+    assert bench_compiled.main(["--rerender", str(src), "--results", str(tmp_path / "new")]) == 0
+    md = (tmp_path / "new" / "compiled-bench-2026-12-04-models-c.md").read_text()
+    assert "geomean: 1.132x; 0 of the 1 above 1.0 a measured gain" in md and "not a measured gain" in md
+    bad = tmp_path / "compiled-bench-2026-12-04.json"
+    bad.write_text("{}")
+    assert bench_compiled.main(["--rerender", str(bad), "--results", str(tmp_path / "new")]) == 2
+
+
 def test_expected_end_to_end_says_its_timings_are_isolated_and_names_the_check() -> None:
     doc = bench_compiled.expected_end_to_end.__doc__ or ""
     assert "isolated and L2-flushed" in doc and "`in_program`" in doc
