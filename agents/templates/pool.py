@@ -17,7 +17,9 @@ Two strategies:
   issues the raw loads of input row r + AHEAD, carried in registers, before it reduces row r, so AHEAD + 1
   rows of loads are in flight instead of one (0 is the plain loop). On the H200 (2026-12-04, the gap task's
   max pool, before the maxima became single `max.NaN`) it gained nothing: 607.8 us at AHEAD 1 and 621.2 at 2
-  against 591.3 at 0 (BLOCK_H 64, BLOCK_W 128, 2 warps); pool2d's hints still try it, the tuner decides.
+  against 591.3 at 0 (BLOCK_H 64, BLOCK_W 128, 2 warps); after it, again nothing (BLOCK_H 32, BLOCK_W 256,
+  4 warps: 550.5 us at 0, 565.6 at 1, 584.9 at 2; `templates-bench-2026-12-04-c.log`). pool2d's hints still try
+  it, and the tuner decides.
 PyTorch's max pooling also writes an int64 index per output, which this does not.
 """
 
