@@ -8,8 +8,10 @@ result in a dated JSON file `ceilings-<device>-<YYYY-MM-DD>.json` and reuses one
 
 Speed of light of a task under a precision policy (`speed_of_light(spec, ceilings, policy)`): the larger of
 - compute: its matmul FLOPs (GEMMs and convolutions) at the measured matmul rate of the fastest precision
-  the policy admits for the task's dtype (`matmul_precision`): fp32 under `strict` at the TF32-off rate
-  (the `strict` policy does not admit TF32), fp32 under `tf32` at the TF32 tensor-core rate (`bf16`,
+  the policy admits for the task's dtype (`matmul_precision`): fp32 under `strict` at the faster of the
+  TF32-off rate and the bf16 rate over `SPLIT_PRODUCTS` (the `strict` policy does not admit TF32, but an fp32
+  product split into bf16 parts, six tensor-core products with an IEEE fp32 product's error, is how the
+  templates compute fp32 GEMMs under it: `templates.tensorcore`), fp32 under `tf32` at the TF32 tensor-core rate (`bf16`,
   `fp16`: at theirs), plus its other FLOPs (pointwise, transcendental, reductions) at the fp32 TF32-off
   matmul rate, a stand-in for the CUDA cores' FMA rate that is an optimistic bound for them (special
   functions run slower). A ceilings file without a measured TF32 rate bounds TF32 by the device's datasheet
@@ -47,6 +49,9 @@ SOL_MARGIN = 0.02
 #: measured slower this time than when it was placed on the roofline does not inflate the ratio unseen.
 EXPLAINED_MARGIN = 0.10
 MATMUL_DTYPES = ("float32", "tf32", "float16", "bfloat16")
+#: Tensor-core products of bf16 parts an fp32 product takes when split (`templates.tensorcore.SPLIT_FP32`,
+#: bf16x6): the strict fp32 matmul ceiling is at least the bf16 rate over this.
+SPLIT_PRODUCTS = 6
 #: The lower precision a policy (`kstrata.agents.optimize.candidate.POLICIES`) admits for fp32 matmuls and
 #: convolutions; `strict` (and any other) admits none.
 POLICY_MATMUL = {"tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
@@ -90,8 +95,11 @@ class Ceilings:
 
     def matmul_rate(self, dtype: str, policy: str = "strict") -> float:
         """The matmul rate for a task dtype under a policy (`matmul_precision`): measured where this file has
-        it, a TF32 rate missing from it the datasheet's (`DATASHEET_TF32`), anything else at fp32's."""
+        it (fp32's at least the bf16 rate over `SPLIT_PRODUCTS`), a TF32 rate missing from it the datasheet's
+        (`DATASHEET_TF32`), anything else at fp32's."""
         precision = matmul_precision(dtype, policy)
+        if precision == "float32" and "bfloat16" in self.matmul_flops_per_s:
+            return max(self.matmul_flops_per_s["float32"], self.matmul_flops_per_s["bfloat16"] / SPLIT_PRODUCTS)
         if precision in self.matmul_flops_per_s:
             return self.matmul_flops_per_s[precision]
         if precision == "tf32" and self.device in DATASHEET_TF32:

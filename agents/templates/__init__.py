@@ -35,6 +35,7 @@ interpreter). `proposer.TemplateProposer` offers the tuned sources to the optimi
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +45,7 @@ from kstrata.agents.templates import (
     attention,
     conv,
     gemm,
+    gemm_norm,
     gemm_reduce,
     norm,
     pointwise,
@@ -60,7 +62,7 @@ from kstrata.agents.templates.graph import Chain, GraphError, Node, chain, sdpa_
 __all__ = ["TEMPLATES", "Analysis", "Params", "Rejection", "TemplateMatch", "analyse", "match"]
 
 #: The template families, in the order a proposer tries them.
-TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, attention, conv,
+TEMPLATES: tuple[ModuleType, ...] = (norm, softmax, pool, pool1d, pool3d, reduce, gemm, gemm_reduce, gemm_norm, attention, conv,
                                      pointwise)
 
 
@@ -122,7 +124,9 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
             if start is None:
                 raise GraphError(f"no schedule of its space is valid for {c.core_shape}")
             default = tuple(start.items())
-            m = TemplateMatch(mod.NAME, path, mod.description(c), sp, default, policy, _shape_key(c, policy), c,
+            takes_policy = "policy" in inspect.signature(mod.description).parameters
+            desc = mod.description(c, policy) if takes_policy else mod.description(c)
+            m = TemplateMatch(mod.NAME, path, desc, sp, default, policy, _shape_key(c, policy), c,
                               render, valid, hints)
             m.render()  # a match whose default schedule does not render is a rejection, with the reason
         except GraphError as e:

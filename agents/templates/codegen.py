@@ -76,7 +76,8 @@ def render_source(chain: Chain, k: Kernel, task_path: Path) -> str:
     """The complete standalone ModelNew file."""
     inputs = ", ".join(n.name for n in chain.graph.inputs)
     tf32 = "True" if k.policy == "tf32" else "False"
-    policy_line = ("strict: IEEE fp32 everywhere (TF32 off for cuBLAS and cuDNN)" if k.policy == "strict"
+    policy_line = ("strict: fp32 accuracy (TF32 off for cuBLAS and cuDNN; a Triton GEMM's fp32 products split into "
+                   "bf16 parts, bf16x6)" if k.policy == "strict"
                    else "tf32: cuBLAS/cuDNN may use TF32 for the library op (lower precision than fp32)")
     head = [
         f"# kstrata template `{k.name}`: {k.description}",

@@ -9,7 +9,7 @@ A program owns BLOCK_M rows and walks every SPLIT-th BLOCK_N wide column tile of
 NaN flag; logsumexp's running max and rescaled sum). With SPLIT = 1 it finishes the rows and stores
 them through the epilogue; with SPLIT > 1 the SPLIT programs of a row block store their running values
 (fp32 partials) and a second kernel combines them per row, so that M / BLOCK_M x SPLIT programs fill the
-GPU when M alone gives too few. Precision as `gemm` (fp16/bf16; fp32 only under tf32).
+GPU when M alone gives too few. Precision as `gemm` (fp16/bf16; fp32 as TF32 under tf32, split under strict).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kstrata.agents.templates.codegen import (
 )
 from kstrata.agents.templates.graph import Chain, GraphError, describe
 from kstrata.agents.templates.reduce import OPS, PARTIALS, row_reduction
-from kstrata.agents.templates.tensorcore import admits, upcast
+from kstrata.agents.templates.tensorcore import admits
 
 NAME = "gemm_reduce"
 #: `gemm`'s space with SPLIT (column groups per row block) for GROUP_M (a program walks all its columns)
@@ -63,7 +63,7 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
         g = _reduced(chain)
     except GraphError as e:
         return str(e)
-    return admits(g.dtype, policy, NAME, "GEMM")
+    return admits(g.dtype, policy, NAME, "GEMM", split=True)
 
 
 def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tuple[tuple[str, object], ...]]:
@@ -88,19 +88,19 @@ def hints(chain: Chain) -> list[Params]:
     return gemm.hints(chain)
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     g = _reduced(chain)
     assert chain.core is not None
     bias = " + bias" if g.bias else ""
     return (f"{g.op} {g.m}x{g.n}x{g.k} (MxNxK) {g.dtype}{bias}, prologue {describe(chain.prologue)}, "
             f"{chain.core.op} over its {g.n} columns, epilogue {describe(chain.epilogue)}: one Triton kernel "
-            f"(fp32 accumulation{', TF32 inputs' if g.dtype == 'float32' else ''}; SPLIT column groups combined "
+            f"(fp32 accumulation{gemm.fp32_inputs(g.dtype, policy)}; SPLIT column groups combined "
             "by a second kernel)")
 
 
 def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     g = _reduced(chain)
-    why = admits(g.dtype, policy, NAME, "GEMM")
+    why = admits(g.dtype, policy, NAME, "GEMM", split=True)
     if why is not None:
         raise GraphError(why)
     core = chain.core
@@ -118,7 +118,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
                   f"idx = rm[:, None] * {n} + rn[None, :]"]
     v = pro.emit(chain.prologue, "x", "idx", chain.root.shape, "mask")
     inits, update, fin = row_reduction(op, v, "mask", 1, n, "BLOCK_M", "r_")
-    loop = [*gemm.tile_product(g, bm, bn, bk, it), *pro.lines, *update]
+    loop = [*gemm.tile_product(g, bm, bn, bk, it, policy, gemm.host_split(g, params, policy)), *pro.lines, *update]
     parts = [f"r_{x}" for x in PARTIALS[op]]
     out = ExprEmitter("o")
     out.lines += [*fin, "oidx = rm", f"omask = rm < {m}"]
@@ -145,18 +145,18 @@ def _gemm_reduce_kernel(a_ptr, b_ptr, out_ptr, part_ptr, {bias_sig}{lsig}stride_
 ''' + "\n".join("    " + line for line in tail) + "\n"]
     if split > 1:
         src.append(_combine_kernel(op, parts, split, m, out.lines, lsig))
-    fwd = check_shapes(chain) + list(g.a_lines) + list(g.b_lines)
+    lines, tail, helpers = gemm.operands(g, params, policy)
+    fwd = check_shapes(chain) + lines
     fwd.append(f"out = torch.empty({chain.out_shape!r}, device=a.device, dtype=torch.{chain.out_dtype})")
     fwd.append(f"part = torch.empty(({len(parts)}, {split}, {m}), device=a.device, dtype=torch.float32)"
                if split > 1 else "part = out  # unused: one program per row block finishes its rows")
-    args = ["a", "b", "out", "part", *([g.bias] if g.bias else []), *leaf_vals, *gemm.stride_args(g),
-            upcast("a", g.dtype)]
-    fwd.append(launch("_gemm_reduce_kernel", f"({cdiv(m, bm)}, {split})", args, params))
+    args = ["a", "b", "out", "part", *([g.bias] if g.bias else []), *leaf_vals, *tail]
+    fwd.append(launch("_gemm_reduce_kernel", f"({cdiv(m, bm)}, {split})", args, gemm.meta(params)))
     if split > 1:
         fwd.append(launch("_gemm_reduce_combine", f"(triton.cdiv({m}, 64),)", ["part", "out", *leaf_vals],
                           {"BLOCK": 64, "num_warps": 4}))
     fwd.append("return out")
-    return Kernel(NAME, policy, description(chain), params, src, fwd)
+    return Kernel(NAME, policy, description(chain, policy), params, [*helpers, *src], fwd)
 
 
 def _combine_kernel(op: str, parts: list[str], split: int, m: int, finish: list[str], lsig: str) -> str:

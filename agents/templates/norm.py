@@ -190,12 +190,14 @@ def _affine(chain: Chain, em: ExprEmitter, y: str, widx: str, mask: str) -> str:
     return y
 
 
-def _norm_args(chain: Chain) -> tuple[list[str], list[str]]:
+def norm_args(chain: Chain, absent: str = "h") -> tuple[list[str], list[str]]:
+    """(kernel parameter names, forward values) of the norm's weight and bias; an absent one is passed as
+    `absent` (a tensor the kernel never reads then)."""
     core = chain.core
     assert core is not None
     vals = []
     for a in core.args[1:3]:
-        vals.append("h" if a is None else (f"self.{a.target}.contiguous()" if a.op == "param" else f"{a.name}.contiguous()"))
+        vals.append(absent if a is None else (f"self.{a.target}.contiguous()" if a.op == "param" else f"{a.name}.contiguous()"))
     return ["w_ptr", "b_ptr"], vals
 
 
@@ -217,7 +219,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     it = index_type(s, chain.root.shape)
     out_t = tl_dtype(chain.out_dtype)
     leaf_names, leaf_vals = leaf_kernel_args(chain)
-    norm_names, norm_vals = _norm_args(chain)
+    norm_names, norm_vals = norm_args(chain)
     sig = ", ".join(["h_ptr", "out_ptr", *norm_names, *leaf_names])
     srcs: list[str] = []
     fwd = check_shapes(chain) + head_code(chain)

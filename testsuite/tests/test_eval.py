@@ -380,8 +380,11 @@ class _Spec:
 
 def test_speed_of_light_and_flags() -> None:
     gemm = _Spec(2 * 4096**3, 3 * 4096 * 4096 * 4)
+    # strict fp32: the faster of the fp32 rate and the bf16 rate over the six products of a split (700e12 / 6)
     sol, compute, memory = roofline.speed_of_light(gemm, CEILINGS)
-    assert sol == compute == pytest.approx(2 * 4096**3 / 50e12) and memory < compute
+    assert sol == compute == pytest.approx(2 * 4096**3 / (700e12 / 6)) and memory < compute
+    slow_bf16 = roofline.Ceilings(**{**CEILINGS.to_json(), "matmul_flops_per_s": {"float32": 50e12, "bfloat16": 240e12}})
+    assert roofline.speed_of_light(gemm, slow_bf16)[1] == pytest.approx(2 * 4096**3 / 50e12)  # 240 / 6 < 50
     half = roofline.assess(gemm, CEILINGS, 2 * sol, speedup=1.2)
     assert half.fraction == pytest.approx(0.5) and half.bound == "compute" and not half.flags
     fast = roofline.assess(gemm, CEILINGS, 0.5 * sol, speedup=11.0)
@@ -395,13 +398,14 @@ def test_speed_of_light_under_a_tf32_policy_bounds_matmuls_by_the_tensor_cores()
     """Gap task 06 (GEMM 32768x1024x4096 + Swish + sum + GroupNorm, fp32; 2.75e11 of its 2.76e11 FLOPs a GEMM)
     as the H200 measured it on 2026-12-03 (its ceilings' fp32 and TF32 rates): the tf32 table's template at
     1152 us was flagged 4.76x faster than light because the fp32 SIMT rate bounded its GEMM; under `tf32`
-    the TF32 rate does and it is 66% of SOL, unflagged. `strict` keeps the fp32 bound."""
+    the TF32 rate does and it is 66% of SOL, unflagged. `strict` bounds it by the bf16 rate over the split's six
+    products (126 TFLOP/s), so 1152 us is still flagged there (1.9x faster than light)."""
     h200 = roofline.Ceilings(device="NVIDIA H200", date="2026-12-03", copy_bytes_per_s=4.075e12,
                              matmul_flops_per_s={"float32": 50.38e12, "tf32": 376.0e12, "float16": 677.8e12,
                                                  "bfloat16": 756.6e12})
     task06 = _Spec(276362690560, 687931392, matmul=275012124672)
     strict = roofline.assess(task06, h200, 1152e-6, 1475 / 1152, baseline_seconds=1475e-6)
-    assert strict.fraction == pytest.approx(4.76, abs=0.01) and "faster than speed of light" in strict.flags[0]
+    assert strict.fraction == pytest.approx(1.92, abs=0.01) and "faster than speed of light" in strict.flags[0]
     tf32 = roofline.assess(task06, h200, 1152e-6, 1475 / 1152, baseline_seconds=1475e-6, policy="tf32")
     assert tf32.fraction == pytest.approx(0.658, abs=0.002) and not tf32.flags and tf32.bound == "compute"
     other = (276362690560 - 275012124672) / 50.38e12  # pointwise, reductions: still at the fp32 rate

@@ -17,7 +17,7 @@ import pytest
 from kstrata.agents.tasks import load_task
 from kstrata.agents.templates import TEMPLATES, analyse, match
 from kstrata.agents.templates.cpucheck import compare, compile_recorded, run_jobs
-from kstrata.agents.templates.graph import GraphError, describe
+from kstrata.agents.templates.graph import describe
 from kstrata.testsuite.tasks import TASKS_DIR
 
 from .conftest import assert_schedules_match, computed_once, has_cuda
@@ -66,8 +66,10 @@ GAP_TEMPLATES = {
 }
 
 
-#: the gap tasks the `conv` template also covers (computing the convolution itself: test_conv_template.py)
-GAP_CONV = {"04_conv_add_scale_sigmoid_groupnorm_fp32": ["norm", "conv"], "05_conv_relu_hardswish_fp32": ["conv", "pointwise"]}
+#: the gap tasks the `conv` template also covers (computing the convolution itself: test_conv_template.py), and
+#: task 06, which `gemm_norm` covers in one kernel (test_gemm_norm_template.py)
+GAP_CONV = {"04_conv_add_scale_sigmoid_groupnorm_fp32": ["norm", "conv"], "05_conv_relu_hardswish_fp32": ["conv", "pointwise"],
+            "06_gemm_swish_sum_groupnorm_fp32": ["norm", "gemm_norm"]}
 
 
 @pytest.mark.parametrize("name", sorted(GAP_TEMPLATES))
@@ -535,6 +537,10 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         (tmp / "tf32").mkdir()  # other sizes than CASES' copy of the same task
         path = shrunk(tmp / "tf32", "level2/07_gemm_swish_scale_fp32.py", {"batch": 5, "in_features": 24, "out_features": 33})
         jobs["gemm-tf32"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "tf32")]
+        # the same under strict: split products on the GPU (bf16x6), a plain product in the interpreter
+        jobs["gemm-fp32-strict"] = [_job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, "strict"),
+                                    _job(path, "gemm", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_AT": "host"},
+                                         "strict", noncontiguous=True)]
         # planted bugs: a normalization off by 1%, a max pool that skips the last window column, a GEMM that skips
         # the K tail (the last 8 of 40), a 3-D max pool that skips the last depth of its window, a causal attention
         # whose mask lets each query see one key past the diagonal
@@ -893,7 +899,9 @@ def test_gemm_reduce_schedules_and_rejections(tmp_path: Path) -> None:
 
     assert reason("torch.sum(y, dim=0)") == "sum over dims (0,) of the product, not its last dim alone"
     assert reason("torch.sum(y)") == "sum over dims None of the product, not its last dim alone"
-    assert "only under --precision tf32" in reason("torch.sum(y, dim=1)", "float32")
+    fp32 = write_task(tmp_path, "gr32.py", GEMM_REDUCE_TASK.format(body="torch.sum(F.linear(x, self.w, self.b), dim=1)",
+                                                                  dtype="float32"))
+    assert 'input_precision="bf16x6")' in one(fp32, "gemm_reduce").render()  # fp32 under strict: split products
     assert reason("torch.relu(y)") == "the graph has no sum/mean/amax/logsumexp after the product"
 
 
@@ -929,6 +937,15 @@ def test_gemm_on_fp32_operands_under_tf32(interpreted: dict[str, Any]) -> None:
     [r] = interpreted["gemm-tf32"]
     assert r["ok"], r
     assert 'input_precision="tf32"' in r["candidate_source"] and "allow_tf32 = True" in r["candidate_source"]
+
+
+@pytest.mark.slow
+def test_gemm_on_fp32_operands_under_strict(interpreted: dict[str, Any]) -> None:
+    kernel, host = interpreted["gemm-fp32-strict"]
+    assert kernel["ok"] and host["ok"], (kernel, host)
+    assert 'input_precision="bf16x6"' in kernel["candidate_source"] and "allow_tf32 = True" not in kernel["candidate_source"]
+    assert "b = _split_bf16x3(b)" in host["candidate_source"]
+    assert {x["kernel"] for x in host["launches"]} == {"_split_bf16x3_kernel", "_gemm_kernel"}
 
 
 def test_gemm_reads_the_product_and_its_epilogue() -> None:
@@ -994,10 +1011,17 @@ def test_gemm_of_functional_linear_on_a_rank3_input(interpreted: dict[str, Any])
 def test_gemm_schedule_space_rules_out_what_cannot_run() -> None:
     m = one(TASKS_DIR / "level2" / "01_gemm_bias_relu_fp16.py", "gemm")
     space = m.schedule_space()
-    assert set(space) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+    assert set(space) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_AT"}
     assert m.default_params() == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-                                  "num_stages": 4}
+                                  "num_stages": 4, "SPLIT_AT": "kernel"}
     base = m.default_params()
+    assert not m._valid({**base, "SPLIT_AT": "host"})  # fp16 operands: nothing to split
+    fp32 = one(TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py", "gemm")
+    host = {**fp32.default_params(), "SPLIT_AT": "host", "BLOCK_K": 32}
+    assert fp32._valid({**host, "num_stages": 4}) and not fp32._valid({**host, "BLOCK_K": 64, "num_stages": 3})  # 288 KiB
+    src = fp32.render(host)
+    assert "a = _split_bf16x3(a)" in src and "b = _split_bf16x3(b)" in src and "SPLIT_AT" not in src.split("class ModelNew")[1]
+    assert "input_precision" not in src.split("def _gemm_kernel")[1]  # six products of bf16 tiles
     assert not m._valid({**base, "BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 8})  # 256 fp32 accumulators a thread
     assert m._valid({**base, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3})
     assert not m._valid({**base, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3})  # 288 KiB smem
@@ -1018,10 +1042,11 @@ def test_gemm_rejections_say_why(tmp_path: Path) -> None:
         return {r.template: r.reason for r in analyse(load_task(path), policy).rejected}["gemm"]
 
     fp32 = TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py"
-    assert "only under --precision tf32" in reason(fp32)
-    m = one(fp32, "gemm", "tf32")
-    with pytest.raises(GraphError, match="only under --precision tf32"):
-        m.render(policy="strict")
+    # fp32 operands: split into bf16 parts under strict, TF32 under tf32 (labelled in the description)
+    strict, tf32 = one(fp32, "gemm"), one(fp32, "gemm", "tf32")
+    assert 'input_precision="bf16x6")' in strict.render() and 'input_precision="tf32")' not in strict.render()
+    assert 'input_precision="tf32")' in tf32.render() and "TF32 inputs" in tf32.description
+    assert "UPCAST=a.device.type == 'cpu'" in strict.render() and "UPCAST=False" in tf32.render()
     assert reason(TASKS_DIR / "level1" / "06_conv2d_3x3_fp32.py") == "the graph's library op is a conv, not a linear or matmul"
     assert reason(TASKS_DIR / "level2" / "09_gemm_logsumexp_bf16.py").startswith("the graph has a logsumexp after the product")
     assert reason(TASKS_DIR / "level1" / "17_softmax_fp32.py") == "the graph has no linear or matmul"
@@ -1060,14 +1085,14 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
     assert len(recorded) >= 12 and all(r.get("launches") for r in recorded)
     assert {_ahead(r) for r in recorded if "_rows_kernel" in r["candidate_source"]} == {0, 1, 2}
     # the GEMM's launches, with the GPU's UPCAST=False (on the CPU its bf16 tiles are converted: module docstring)
-    for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32",
+    for k in ("gemm-01_linear_gelu_scale_residual_fp16.py", "gemm-02_bmm_tanh_scale_bf16.py", "gemm-tf32", "gemm-fp32-strict",
               "attn-06_sdpa_causal_tanh_fp16.py", "attn-07_sdpa_cross_scaled_bf16.py", "attn-2", "gemm_reduce-0",
               "gemm_reduce-1", "gemm_reduce-08_linear_sigmoid_logsumexp_fp16.py"):
         for r in interpreted[k]:
             launches = [{**x, "constexprs": {**x["constexprs"], "UPCAST": False}} if "UPCAST" in x["constexprs"] else x
                         for x in r["launches"]]
             assert launches and all(x["kernel"] in ("_gemm_kernel", "_attention_kernel", "_gemm_reduce_kernel",
-                                                    "_gemm_reduce_combine") for x in launches)
+                                                    "_gemm_reduce_combine", "_split_bf16x3_kernel") for x in launches)
             recorded.append({**r, "launches": launches})
     # the team kernel is never launched on the CPU: compile it with the signature its GPU launch has
     team = dict(interpreted["03_softmax_wide_rows_fp32"][2])
@@ -1211,8 +1236,10 @@ def test_templates_that_do_not_apply_say_why(rel: str, words: str) -> None:
 
 
 def test_plain_library_op_is_left_alone() -> None:
+    """Nothing to fuse after a plain fp32 GEMM: only `gemm`, which computes the product itself (split into bf16
+    parts under strict: `tensorcore.SPLIT_FP32`), covers it."""
     a = analyse(load_task(TASKS_DIR / "level1" / "01_square_gemm_fp32.py"))
-    assert not a.matches
+    assert [m.template for m in a.matches] == ["gemm"] and "split into bf16 parts (bf16x6)" in a.matches[0].description
     assert dict((r.template, r.reason) for r in a.rejected)["pointwise"] == "nothing to fuse after the library op"
 
 
@@ -1284,7 +1311,9 @@ def test_proposer_offers_the_gemm_template_beside_pointwise() -> None:
     assert [c.params["template"] for c in cands] == ["gemm", "gemm", "pointwise", "pointwise"]
     assert all("def _gemm_kernel(" in c.source for c in cands[:2])
     fp32 = TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py"
-    assert {c.params["template"] for c in TemplateProposer(width=1).propose(_FakeState(fp32))} == {"pointwise"}
+    strict = TemplateProposer(width=1).propose(_FakeState(fp32))
+    assert {c.params["template"] for c in strict} == {"gemm", "pointwise"}
+    assert all('input_precision="bf16x6"' in c.source for c in strict if c.params["template"] == "gemm")
     tf32 = TemplateProposer(width=1).propose(_FakeState(fp32, policy="tf32"))
     assert {c.params["template"] for c in tf32} == {"gemm", "pointwise"} and all(c.policy == "tf32" for c in tf32)
 
@@ -1561,6 +1590,18 @@ def test_tiny_tasks_match_the_model_on_gpu(tmp_path: Path, name: str, template: 
                                            schedules: list[dict[str, Any]]) -> None:
     """The tiny tasks' schedules, hints and a sample of the space on the GPU, contiguous and strided inputs."""
     assert_schedules_match(SMALL / name, one(SMALL / name, template, policy), tmp_path, schedules, policy=policy)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gemm_fp32_split_products_within_strict_on_gpu(tmp_path: Path) -> None:
+    """fp32 GEMMs under strict with their products split into bf16 parts (`tensorcore.SPLIT_FP32`): a K of 1024
+    and one with a tail, the default, the hints and a sample of the space, within strict's bound against float64."""
+    for sizes in ({"batch": 300, "in_features": 1024, "out_features": 520}, {"batch": 77, "in_features": 1000, "out_features": 96}):
+        path = shrunk(tmp_path, "level2/07_gemm_swish_scale_fp32.py", sizes)
+        m = one(path, "gemm")
+        assert 'input_precision="bf16x6"' in m.render()
+        assert_schedules_match(path, m, tmp_path, [m.default_params()], sample=3)
 
 
 @pytest.mark.gpu
