@@ -13,10 +13,18 @@ outside the image. The output is written once, in the task's contiguous NCHW lay
 of one channel are consecutive addresses, so the store is coalesced along M); the input is read as it is,
 not converted to channels-last (that would be one more pass over it, for a layout only the loads prefer).
 
-Two ways to compute the product (`strategy`):
+The ways to compute the product (`strategy`):
 - `dot`: `tl.dot` over BLOCK_K-deep steps (the K tail masked). fp16/bf16 operands on the tensor cores
   (fp32 accumulation); fp32 operands under `strict` with `input_precision="ieee"` (Triton's FMA dot: IEEE
   fp32 products and sums, as cuDNN's under TF32 off), under `tf32` with TF32 inputs (labelled, lower precision).
+- `tf32x3`, `bf16x6`: `dot` with fp32 operands split over the tensor cores (Triton's `input_precision`: three
+  TF32 products, or six products of bf16 parts; `tensorcore`'s docstring), admitted under `strict` by their
+  measured error like any kernel. Measured on the H200 (2026-12-04, `template-probe-2026-12-04-split`,
+  `-split2`): on 05 both within strict (relative L2 against float64 1.2-2.3e-7 and 0.8-0.9e-7, eager's 1.9e-7)
+  but slower than `fmat`'s 676 us conv kernel (tf32x3 885-1613 us over BLOCK_K 16-128, bf16x6 946-1064 us:
+  the K of 72 is 5 steps of 16, each three or six products waited on in turn); on 04, tf32x3 128x32 4 warps won
+  the templates run (`templates-bench-2026-12-04-d`: 1428 us against `norm`'s 1795). Rendered for `tf32` they
+  are `dot` with TF32 inputs.
 - `fma`: a loop over input channels with the KH x KW taps unrolled, one outer product (BLOCK_M pixels x
   BLOCK_N channels, fp32 FMAs) per tap: no padding of a small K (72 = 8 x 9 here pads to 80 in 16-deep
   dot steps), no operand staging in shared memory. IEEE fp32 under every policy.
@@ -86,9 +94,13 @@ from kstrata.agents.templates.tensorcore import (
 )
 
 NAME = "conv"
+#: The strategies that compute fp32 products as sums of tensor-core products of split operands (Triton's
+#: `input_precision`; the module docstring): IEEE fp32 is what `strict` admits, these are admitted by its
+#: measured error against float64 like any other kernel.
+SPLIT_STRATEGIES = ("tf32x3", "bf16x6")
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
-    ("strategy", ("dot", "fma", "fmat")), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
-    ("BLOCK_K", (16, 32, 64)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
+    ("strategy", ("dot", "fma", "fmat", *SPLIT_STRATEGIES)), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
+    ("BLOCK_K", (16, 32, 64, 128)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
 #: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
 #: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
 #: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
@@ -231,10 +243,12 @@ def _norm_of(chain: Chain, cv: Conv) -> int | None:
     return g
 
 
-def _dot_precision(dtype: str, policy: str) -> str:
+def _dot_precision(dtype: str, policy: str, strategy: str = "dot") -> str:
     if dtype != "float32":
         return ""
-    return ', input_precision="tf32"' if policy == "tf32" else ', input_precision="ieee"'
+    if policy == "tf32":
+        return ', input_precision="tf32"'  # a split strategy rendered for tf32 is the dot strategy with TF32 inputs
+    return f', input_precision="{strategy}"' if strategy in SPLIT_STRATEGIES else ', input_precision="ieee"'
 
 
 def applies(chain: Chain, policy: str = "strict") -> str | None:
@@ -275,6 +289,8 @@ def valid(chain: Chain, p: Params) -> bool:
         return False
     if p.get("NORM_BLOCK", NORM_BLOCK) > max(NORM_BLOCK, next_pow2(cv.hw)):  # a block past the plane's power of two
         return False
+    if p["strategy"] in SPLIT_STRATEGIES and cv.dtype != "float32":
+        return False  # a split of fp32 operands; fp16/bf16 ones go to the tensor cores as they are (`dot`)
     if p["strategy"] in FMA_STRATEGIES:
         return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
     if bk > max(16, next_pow2(cv.k)):
@@ -366,8 +382,15 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
               f"    b = tl.load(w_ptr + rb[None, :] * {k} + rk[:, None]{f', mask=rk[:, None] < {k}, other=0.0' if tail else ''})",
               "    if UPCAST:",
               "        a = a.to(tl.float32)",
-              "        b = b.to(tl.float32)",
-              f"    acc = tl.dot(a, b, acc{_dot_precision(cv.dtype, policy)})"]
+              "        b = b.to(tl.float32)"]
+    if p["strategy"] in SPLIT_STRATEGIES and cv.dtype == "float32":
+        # Triton's interpreter has no bf16x6 (and computes tf32x3 as plain fp32): on a CPU tensor the split
+        # product is the IEEE one, so the CPU tests check the gather and epilogue, the GPU twins the split.
+        lines += [f"        acc = tl.dot(a, b, acc{_dot_precision(cv.dtype, policy)})",
+                  "    else:",
+                  f"        acc = tl.dot(a, b, acc{_dot_precision(cv.dtype, policy, p['strategy'])})"]
+    else:
+        lines.append(f"    acc = tl.dot(a, b, acc{_dot_precision(cv.dtype, policy)})")
     return lines
 
 
@@ -470,7 +493,8 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh,
         fwd.append(f"part = torch.empty((3, {cv.n}, {tiles_m}, {tiles_n}, {gt.slots}), device=x_in.device, "
                    "dtype=torch.float32)")
         args.append("part")
-    args += [*leaf_vals, "x_in.stride(0), x_in.stride(1), x_in.stride(2), x_in.stride(3)", upcast("x_in", cv.dtype)]
+    args += [*leaf_vals, "x_in.stride(0), x_in.stride(1), x_in.stride(2), x_in.stride(3)",
+             "UPCAST=x_in.device.type == 'cpu'" if params["strategy"] in SPLIT_STRATEGIES else upcast("x_in", cv.dtype)]
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": params["BLOCK_K"], "num_warps": params["num_warps"],
             "num_stages": params["num_stages"]}
     fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))

@@ -132,10 +132,12 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
 GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
     ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 13, "width": 11},
      [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
-      {"strategy": "fmat", "BLOCK_M": 128, "num_warps": 4, "num_stages": 1}]),
+      {"strategy": "fmat", "BLOCK_M": 128, "num_warps": 4, "num_stages": 1},
+      {"strategy": "tf32x3", "BLOCK_M": 64, "BLOCK_K": 32}]),
     ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
      [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
-      {"strategy": "fmat", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1}]),
+      {"strategy": "fmat", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
+      {"strategy": "bf16x6", "BLOCK_M": 64, "BLOCK_K": 16}]),
 ]
 
 
