@@ -223,7 +223,8 @@ def valid(chain: Chain, p: Params) -> bool:
     tile_bytes = 3 * 2 * (bm * bk + bk * bn) if host else (bm * bk + bk * bn) * dtype_bytes(g.dtype)
     if p["num_stages"] * tile_bytes > SMEM_BYTES:
         return False
-    return bool(bm * bn <= ACC_PER_THREAD * 32 * p["num_warps"])
+    # pre-split: a step's products go to a tile of their own before the accumulator (`tile_product`)
+    return bool(bm * bn * (2 if host else 1) <= ACC_PER_THREAD * 32 * p["num_warps"])
 
 
 def meta(params: Params) -> Params:
@@ -243,11 +244,12 @@ def hints(chain: Chain) -> list[Params]:
         return common
     # fp32 split into bf16 parts: in the kernel, 128x128x64 8 warps won gap task 06 on the H200 (2026-12-04,
     # template-probe-2026-12-04-split2: 4035 us, against 4411 at 128x128x32 and 8119 at 128x256x32); pre-split
-    # on the host, the six bf16 tiles a stage bound the pipeline's depth
+    # on the host (-split4: 128x128x32 8 warps 4 stages 2984 us, 3 stages 3055, 128x128x64 2 stages 3218, 128x256x32
+    # 5680: its step tile and accumulator take 256 registers a thread), the six bf16 tiles a stage bound the
+    # pipeline's depth
     split = [{"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "SPLIT_AT": "kernel"},
              {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "SPLIT_AT": "host"},
-             {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "SPLIT_AT": "host"},
-             {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2, "SPLIT_AT": "host"}]
+             {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "SPLIT_AT": "host"}]
     return split + common
 
 

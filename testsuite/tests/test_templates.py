@@ -1017,8 +1017,9 @@ def test_gemm_schedule_space_rules_out_what_cannot_run() -> None:
     base = m.default_params()
     assert not m._valid({**base, "SPLIT_AT": "host"})  # fp16 operands: nothing to split
     fp32 = one(TASKS_DIR / "level2" / "07_gemm_swish_scale_fp32.py", "gemm")
-    host = {**fp32.default_params(), "SPLIT_AT": "host", "BLOCK_K": 32}
+    host = {**fp32.default_params(), "SPLIT_AT": "host", "BLOCK_K": 32, "num_warps": 8}
     assert fp32._valid({**host, "num_stages": 4}) and not fp32._valid({**host, "BLOCK_K": 64, "num_stages": 3})  # 288 KiB
+    assert not fp32._valid({**host, "num_warps": 4})  # the step tile beside the accumulator: 256 fp32 a thread
     src = fp32.render(host)
     assert "a = _split_bf16x3(a)" in src and "b = _split_bf16x3(b)" in src and "SPLIT_AT" not in src.split("class ModelNew")[1]
     assert "input_precision" not in src.split("def _gemm_kernel")[1]  # six products of bf16 tiles
