@@ -4,7 +4,7 @@ only pointwise ops follow, and the limits their schedules are checked against.
 
 fp16/bf16 operands go to the tensor cores as they are (fp32 accumulation). fp32 operands:
 - under `tf32` rounded to TF32 (`input_precision="tf32"`, labelled lower precision);
-- under `strict`, for the templates that take it (`gemm`, `gemm_reduce`; `split=True` below), split
+- under `strict`, for the templates that take it (`gemm`, `gemm_reduce`, `gemm_norm`; `split=True` below), split
   (`SPLIT_FP32`: Triton's `bf16x6`): each operand is the sum of three bf16 parts (hi, mid, lo: 8 significant
   bits each, 24 together, fp32's mantissa) and the product is the six tensor-core products of parts whose
   orders sum to at most 2, accumulated in fp32. What it leaves out (mid x lo, lo x mid, lo x lo) is below
@@ -14,7 +14,11 @@ fp16/bf16 operands go to the tensor cores as they are (fp32 accumulation). fp32 
   `tf32` 7.7e-4, both over strict's 2.5e-6); time: cuBLAS fp32 5430 us (50.6 TFLOP/s), `bf16x6` 4230 us (65.0),
   `tf32x3` 7727 us. Every kernel that uses it is still judged by `kstrata eval`'s strict bound against float64.
   Its one divergence from IEEE fp32: an infinite operand gives NaN (inf - inf when the parts are taken) where
-  IEEE gives an infinity; finite operands whose products overflow give infinities as IEEE does.
+  IEEE gives an infinity; finite operands whose products overflow give infinities as IEEE does (and a bf16 hi
+  part of |x| above 3.39e38, bf16's largest finite, is an infinity too). The parts can also be written once
+  before the kernel (`gemm.SPLIT_AT` "host"); then a step's six products are summed in a tile of their own
+  and added to the accumulator, because chained into it they drifted (`split-dot-probe-2026-12-04-b`:
+  6.8e-6 chained, 1.2e-7 a step apart).
 Triton 3.6's interpreter multiplies bf16 operands of `tl.dot` as raw 16-bit integers and has no `bf16x6`,
 so on a CPU tensor (where Triton only runs interpreted) the kernels convert bf16 tiles to fp32 and take a
 plain product (`UPCAST`, a constexpr that is False on the GPU, so the compiled kernel is unchanged): the CPU
