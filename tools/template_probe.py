@@ -129,11 +129,10 @@ def _task_env(path: Path) -> Any:
     return TaskOnDevice(ms[0])
 
 
-def _margins(env: Any, out: Any) -> dict[str, float | None]:
-    """The output's errors against float64 beside eager's and the strict bounds (what `screen` judged)."""
-    from kstrata.agents.evaluate import compare_output
-
-    c = compare_output("output", env.ref, out, env.truth())
+def _margins(c: Any) -> dict[str, float | None]:
+    """The output's errors against float64 beside eager's and the strict bounds (`evaluate.OutputComparison`)."""
+    if c is None:
+        return {}
     return {"rel_l2": c.candidate_rel_l2, "bound_rel_l2": c.strict_bound_rel_l2, "eager_rel_l2": c.reference_rel_l2,
             "max_abs": c.candidate_max_abs, "bound_max_abs": c.strict_bound_max_abs}
 
@@ -148,12 +147,12 @@ def probe_one(label: str, path: Path, source: str, ncu: str | None, work: Path) 
     model = env.build(source, re.sub(r"\W+", "_", label)[:40])
     with torch.no_grad():
         out = model(*env.inputs)
-    why = env.screen(out)
+    why, comparison = env.judge(out)
     entry["correct"] = why is None
-    entry["strict"] = _margins(env, out)
-    m = entry["strict"]
-    _say(f"  {label}: rel L2 {m['rel_l2']:.3g} (bound {m['bound_rel_l2']:.3g}, eager {m['eager_rel_l2']:.3g}), "
-         f"max abs {m['max_abs']:.3g} (bound {m['bound_max_abs']:.3g})")
+    m = entry["strict"] = _margins(comparison)
+    if m and None not in m.values():
+        _say(f"  {label}: rel L2 {m['rel_l2']:.3g} (bound {m['bound_rel_l2']:.3g}, eager {m['eager_rel_l2']:.3g}), "
+             f"max abs {m['max_abs']:.3g} (bound {m['bound_max_abs']:.3g})")
     if why is not None:
         entry["error"] = f"not correct under strict: {why}"
         return entry

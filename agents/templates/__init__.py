@@ -35,7 +35,6 @@ interpreter). `proposer.TemplateProposer` offers the tuned sources to the optimi
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -124,9 +123,7 @@ def analyse(task: Task, policy: str = "strict") -> Analysis:
             if start is None:
                 raise GraphError(f"no schedule of its space is valid for {c.core_shape}")
             default = tuple(start.items())
-            takes_policy = "policy" in inspect.signature(mod.description).parameters
-            desc = mod.description(c, policy) if takes_policy else mod.description(c)
-            m = TemplateMatch(mod.NAME, path, desc, sp, default, policy, _shape_key(c, policy), c,
+            m = TemplateMatch(mod.NAME, path, mod.description(c, policy), sp, default, policy, _shape_key(c, policy), c,
                               render, valid, hints)
             m.render()  # a match whose default schedule does not render is a rejection, with the reason
         except GraphError as e:

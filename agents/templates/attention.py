@@ -207,7 +207,7 @@ def hints(chain: Chain) -> list[Params]:
             {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4}]
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     a = attention_of(chain)
     causal = "causal " if a.causal else ""
     gk, gv = a.kv_groups

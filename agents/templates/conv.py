@@ -319,7 +319,7 @@ def hints(chain: Chain) -> list[Params]:
             {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     cv = conv_of(chain)
     g = _norm_of(chain, cv)
     geo = (f"conv2d {cv.n}x{cv.ci}x{cv.h}x{cv.w} -> {cv.co} channels, {cv.kh}x{cv.kw} kernel, stride {cv.stride}, "

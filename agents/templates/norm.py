@@ -169,7 +169,7 @@ def valid(chain: Chain, p: Params) -> bool:
     return bool(p["BLOCK_M"] == 1 and p["SPLIT"] <= cdiv(d, p["BLOCK"]) and p["GROUP_ROWS"] < m and p["BLOCK"] <= 4096)
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     assert chain.core is not None
     m, d, _ = geometry(chain)
     head = f"{chain.head.op} (PyTorch), then " if chain.head else ""

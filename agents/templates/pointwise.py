@@ -35,7 +35,7 @@ def applies(chain: Chain, policy: str = "strict") -> str | None:
     return None
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     head = f"{chain.head.op} (PyTorch) then " if chain.head else ""
     return f"{head}one fused Triton kernel for {describe(chain.epilogue)}"
 

@@ -174,7 +174,7 @@ def _taps(g: Geometry) -> int:
     return (g.dd.k if g.rank == 3 else 1) * g.dw.k
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     assert chain.core is not None
     a = chain.core.attrs
     head = f"{chain.head.op} (PyTorch), then " if chain.head else ""

@@ -70,7 +70,7 @@ def valid(chain: Chain, p: Params) -> bool:
     return bool(64 <= p["BLOCK_R"] * p["BLOCK_O"] <= 16384)
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     assert chain.core is not None
     a, r, b = geometry(chain)
     head = f"{chain.head.op} (PyTorch), then " if chain.head else ""

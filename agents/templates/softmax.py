@@ -126,7 +126,7 @@ def valid(chain: Chain, p: Params) -> bool:
                 and p["RESIDENT"] == 1 and p["BLOCK"] <= 8192)
 
 
-def description(chain: Chain) -> str:
+def description(chain: Chain, policy: str = "strict") -> str:
     assert chain.core is not None
     m, n = geometry(chain)
     head = f"{chain.head.op} (PyTorch), then " if chain.head else ""

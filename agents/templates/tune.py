@@ -140,6 +140,11 @@ class TaskOnDevice:
         """None if `out` is correct under strict (against float64), else why not (one line)."""
         return screen(self.ref, out, self.truth())
 
+    def judge(self, out: Any) -> tuple[str | None, Any]:
+        """`screen`'s verdict and the comparison it rests on (`evaluate.OutputComparison`; None when the
+        output's shape or dtype already fails it)."""
+        return judge(self.ref, out, self.truth())
+
     def build(self, source: str, tag: str) -> Any:
         """Import a rendered source and build its ModelNew like the reference (same seed: same weights)."""
         import torch
@@ -163,6 +168,12 @@ class TaskOnDevice:
 def screen(ref: Any, out: Any, truth: Any) -> str | None:
     """None if `out` is within `kstrata eval`'s strict bound against the float64 `truth` (a multiple of the
     eager output `ref`'s own error against `truth`, plus a few ULPs), else why not, in one line."""
+    return judge(ref, out, truth)[0]
+
+
+def judge(ref: Any, out: Any, truth: Any) -> tuple[str | None, Any]:
+    """`screen`'s verdict, with the `evaluate.OutputComparison` behind it (None when the output's shape or
+    dtype differs from the reference's)."""
     import torch
 
     from kstrata.agents.evaluate import compare_output
@@ -170,9 +181,9 @@ def screen(ref: Any, out: Any, truth: Any) -> str | None:
     if isinstance(ref, torch.Tensor):
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
             got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-            return f"output is {got}, expected {tuple(ref.shape)} {ref.dtype}"
+            return f"output is {got}, expected {tuple(ref.shape)} {ref.dtype}", None
     c = compare_output("output", ref, out, truth)
-    return None if c.strict_ok else (c.detail or "differs from the reference")
+    return (None if c.strict_ok else (c.detail or "differs from the reference")), c
 
 
 def errors(x: Any, truth: Any, chunk: int = 1 << 26) -> tuple[float, float]:

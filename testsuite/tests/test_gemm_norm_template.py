@@ -17,6 +17,7 @@ from kstrata.agents.templates.cpucheck import compile_recorded, run_jobs
 from kstrata.testsuite.tasks import TASKS_DIR
 
 from .conftest import assert_schedules_match, computed_once, has_cuda
+from .test_templates import shrunk
 
 GAPS = TASKS_DIR / "gaps"
 gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
@@ -77,12 +78,7 @@ def _task(tmp: Path, name: str, fields: dict[str, Any]) -> Path:
 
 
 def _gap(tmp: Path, sizes: dict[str, int]) -> Path:
-    src = (GAPS / "06_gemm_swish_sum_groupnorm_fp32.py").read_text()
-    for k, v in sizes.items():
-        src = src.replace(f"\n{k} = ", f"\n{k} = {v}  # was ", 1)
-    path = tmp / "gap06_small.py"
-    path.write_text(src)
-    return path
+    return shrunk(tmp, "gaps/06_gemm_swish_sum_groupnorm_fp32.py", sizes)
 
 
 def _match(path: Path, policy: str = "strict") -> Any:

@@ -1405,6 +1405,10 @@ def test_screen_on_a_task_built_on_the_cpu(tmp_path: Path) -> None:
     planted = env.ref.clone()
     planted.view(-1)[7] += 1e-3
     assert env.screen(planted) is not None
+    # judge: the same verdict with the figures behind it (what template_probe reports)
+    why, c = env.judge(planted)
+    assert why == env.screen(planted) and not c.strict_ok and c.candidate_max_abs > c.strict_bound_max_abs
+    assert env.judge(env.ref[:1])[1] is None  # a wrong shape fails before any comparison
 
 
 def test_defaults_the_shapes_rule_out_are_replaced_by_the_nearest_valid_schedule(tmp_path: Path) -> None:
