@@ -7,7 +7,7 @@ Strategies (`strategy` in the schedule):
   (mean, then the centered variance, from registers: exact two-pass statistics).
 - `split`: few, wide segments (LayerNorm over (64, 256, 256) with 16 rows: 16 segments of 4M elements) are
   split across SPLIT programs each. A first kernel computes per-chunk Welford partials (count, mean, M2)
-  lane-wise; a second kernel, one program per chunk again, combines its row's partials (Chan's formula)
+  lane-wise (one reciprocal a step for all lanes, not a division a value); a second kernel, one program per chunk again, combines its row's partials (Chan's formula)
   and normalizes its chunk. The input is read twice and written once, by all SMs, where one program per
   row would leave most of the GPU idle; with GROUP_ROWS > 0 both kernels run per group of rows, so the
   second read of a group that fits in L2 does not go to DRAM.
@@ -265,17 +265,22 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
                      root_load(chain, s, "idx", "mask")]
         v = em.emit(chain.prologue, "x", "idx", s, "mask")
-        em.lines += ["cnt = n + mask.to(tl.float32)", f"delta = ({v} - x0) - mean",
-                     "mean = mean + tl.where(mask, delta / tl.maximum(cnt, 1.0), 0.0)",
-                     f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)", "n = cnt"]
+        # a lane is masked only past the segment's end, and then in every later step: an unmasked lane has
+        # been unmasked in every step before, so its count is the step's number, one reciprocal a step for
+        # all lanes (a division per value kept the statistics kernel issue-bound: 96.7 us at 86% issue,
+        # math-pipe throttled, H200 2026-12-04, `template-probe-2026-12-04`)
+        em.lines += [f"inv = 1.0 / ((start - c * {chunk}) // BLOCK + 1).to(tl.float32)", f"delta = ({v} - x0) - mean",
+                     "mean = mean + tl.where(mask, delta * inv, 0.0)",
+                     f"m2 = m2 + tl.where(mask, delta * (({v} - x0) - mean), 0.0)"]
         stats_lines = [line.replace("ITYPE", it) for line in em.lines]
+        count_lines = [f"rem = {d} - c * {chunk} - tl.arange(0, BLOCK).to({it})",
+                       f"n = tl.where(rem > 0, tl.minimum((rem - 1) // BLOCK + 1, {chunk} // BLOCK), 0).to(tl.float32)"]
         body = "\n".join("        " + line for line in stats_lines)
-        stats = "\n".join("    " + line for line in combine_lines("n", "mean", "m2", "t"))
+        stats = "\n".join("    " + line for line in count_lines + combine_lines("n", "mean", "m2", "t"))
         combine = "\n".join("    " + line for line in combine_lines("pn", "pmean", "pm2", "t"))
         leaf_sig = "".join(a + ", " for a in leaf_names)
         stats_rest = f'''    base = row * {d}
 {shift}
-    n = tl.zeros([BLOCK], tl.float32)
     mean = tl.zeros([BLOCK], tl.float32)
     m2 = tl.zeros([BLOCK], tl.float32)
     for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
@@ -358,7 +363,7 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
                        "same chunks, two kernels")
         if params["strategy"] == "stream":
             srcs += [RESIDENT_HELPER, _stream_kernel(chain, sig, it, m, d, eps, split, chunk, stats_lines,
-                                                     apply_lines)]
+                                                     count_lines, apply_lines)]
             fwd.append("if h.is_cuda:")
             fwd.append(f"    part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
             fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
@@ -395,7 +400,7 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
 
 
 def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, split: int, chunk: int,
-                   stats_lines: list[str], apply_lines: list[str]) -> str:
+                   stats_lines: list[str], count_lines: list[str], apply_lines: list[str]) -> str:
     """A persistent kernel (GPU only) of teams of `split` programs a row: each member streams its chunk for the
     lane-wise Welford partials (the `split` statistics kernel's loop), the team's partials are exchanged and
     combined in a fixed order, and the member streams its chunk again to normalize it, read from L2 where it
@@ -409,12 +414,11 @@ def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, 
                              next_pow2(split))
     return _persistent("_norm_stream_kernel", sig, it, split, m) + f'''        base = row * {d}
 {block(shift, 2)}
-        n = tl.zeros([BLOCK], tl.float32)
         mean = tl.zeros([BLOCK], tl.float32)
         m2 = tl.zeros([BLOCK], tl.float32)
         for start in range(c * {chunk}, c * {chunk} + {chunk}, BLOCK):
 {block(stats_lines, 3)}
-{block(combine_lines("n", "mean", "m2", "t"), 2)}
+{block(count_lines + combine_lines("n", "mean", "m2", "t"), 2)}
 {block(exchange, 2)}
 {block(combine_lines("pn", "pmean", "pm2", "t"), 2)}
         rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})

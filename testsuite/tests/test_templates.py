@@ -824,6 +824,31 @@ def test_the_max_pool_loop_is_short_on_the_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_norm_statistics_loop_divides_once_a_step(tmp_path: Path) -> None:
+    """The `split` statistics kernel of the LayerNorm gap task measured 96.7 us at 86% issue, math-pipe throttled
+    (H200, 2026-12-04), for 268 MB that stream in about 65 us: its Welford loop divided every value by the lane's
+    count (about 9 SASS instructions a division). An unmasked lane's count is the step's number, so the loop
+    takes one reciprocal a step: compiled for cuda:90, at most one division in the loop for 4 values a thread."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kstrata.agents.tasks import import_task_module
+
+    m = one(GAPS / "01_layernorm_three_dims_fp32.py", "norm")
+    path = tmp_path / "norm.py"
+    path.write_text(m.render({"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": 128, "GROUP_ROWS": 0,
+                              "num_warps": 16}))
+    fn = import_task_module(path)._norm_stats_kernel
+    sig = {a: "constexpr" if a == "BLOCK" else ("*fp32" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a.endswith("_ptr")}
+    ptx = str(triton.compile(ASTSource(fn, sig, {"BLOCK": 2048}, attrs), target=GPUTarget("cuda", 90, 32),
+                             options={"num_warps": 16}).asm["ptx"])
+    loop = ptx.split("// =>This Inner Loop Header")[1].split("bra")[0]
+    assert loop.count("ld.global.v4") == 1 and loop.count("div.") == 1, loop
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(ATTN_VARIANTS)), ids=[f"{v[0]} {v[1]}x{v[2]} {v[4]}" for v in ATTN_VARIANTS])
 def test_attention_variants(interpreted: dict[str, Any], i: int) -> None:
     _assert_all_pass(interpreted[f"attn-{i}"])
