@@ -344,9 +344,10 @@ def _gather_mask(cv: Conv, ih: str, iw: str, k_tail: str) -> str:
     return " & ".join(terms)
 
 
-def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
+def _product(cv: Conv, p: Params, policy: str, it: str, chans_first: bool = False) -> list[str]:
     """Kernel lines computing `acc`, the fp32 BLOCK_M x BLOCK_N tile (pixels `pix` of image `nb`, channels
-    `rb`, wrapped into range), from `x_ptr`, its strides and the (C_out, K) weight `w_ptr`."""
+    `rb`, wrapped into range), from `x_ptr`, its strides and the (C_out, K) weight `w_ptr`; with `chans_first`
+    (`fmat` only) the tile is left BLOCK_N x BLOCK_M, as the loop computed it."""
     (sh, sw), (ph, pw), (dh, dw) = cv.stride, cv.padding, cv.dilation
     taps = cv.kh * cv.kw
     lines = [f"oh = pix // {cv.wo}", f"ow = pix % {cv.wo}", f"ih0 = oh * {sh} - {ph}", f"iw0 = ow * {sw} - {pw}",
@@ -366,7 +367,7 @@ def _product(cv: Conv, p: Params, policy: str, it: str) -> list[str]:
                   (f"        b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + t)" if p["strategy"] == "fma" else
                    f"        b = tl.load(w_ptr + (ci * {taps} + t) * {cv.co} + rb)"),  # (K, C_out): one tap's row
                   f"        {product}"]
-        if p["strategy"] == "fmat":
+        if p["strategy"] == "fmat" and not chans_first:
             lines.append("acc = tl.trans(acc)")
         return lines
     k = cv.k
@@ -421,24 +422,61 @@ class GroupTiles:
         return n * self.tiles_m * self.tiles_n * self.slots
 
 
-def _tile_stats(v: str, hw: int, co: int, gt: GroupTiles, part: int) -> list[str]:
-    """Kernel lines storing, for each group the tile's channels touch, the tile's count, mean and M2 of `v` to
-    `part_ptr` (laid out (3, N, tiles of M, tiles of N, slots)): a channel's by a corrected two-pass over the
-    tile's registers, the channels of one group combined by Chan's formula (a one-hot channel x slot
-    selection; the slot of channel c is its group less the tile's first group)."""
-    return [f"vs = tl.where(mask, {v}, 0.0)",
-            f"cnt = tl.sum((rm < {hw}).to(tl.float32), axis=0)",
-            "m0 = tl.sum(vs, axis=0) / cnt",
-            "dv = tl.where(mask, vs - m0[None, :], 0.0)",
-            "sd = tl.sum(dv, axis=0)",
-            "cmean = m0 + sd / cnt",
-            "cm2 = tl.maximum(tl.sum(dv * dv, axis=0) - sd * sd / cnt, 0.0)",
-            f"slot = tl.arange(0, {next_pow2(gt.slots)})",
-            f"sel = ((rn // {gt.cpg} - (pid_n * BLOCK_N) // {gt.cpg})[:, None] == slot[None, :]) & (rn < {co})[:, None]",
-            "gn = tl.sum(tl.where(sel, cnt[:, None], 0.0), axis=0)",
-            "gmean = tl.sum(tl.where(sel, (cnt * cmean)[:, None], 0.0), axis=0) / tl.maximum(gn, 1.0)",
-            "gd = cmean[:, None] - gmean[None, :]",
-            "gm2 = tl.sum(tl.where(sel, cm2[:, None] + cnt[:, None] * gd * gd, 0.0), axis=0)",
+def _aligned(gt: GroupTiles) -> bool:
+    """Every channel tile holds whole groups, or lies inside one, and a group's channels are a power of two: a
+    tile's values reshape to (groups of the tile, channels of a group, pixels) in registers."""
+    return gt.cpg & (gt.cpg - 1) == 0 and (gt.block_n % gt.cpg == 0 or gt.cpg % gt.block_n == 0)
+
+
+def _tile_stats(v: str, hw: int, co: int, gt: GroupTiles, part: int, chans_first: bool) -> list[str]:
+    """Kernel lines storing, for each group the tile's channels touch, the tile's count, mean and M2 of `v` (the
+    tile, BLOCK_N x BLOCK_M with `chans_first`, else BLOCK_M x BLOCK_N) to `part_ptr` (laid out (3, N, tiles of
+    M, tiles of N, slots)).
+
+    Where the tile holds whole groups (`_aligned`): a corrected two-pass over each group's values in the tile
+    (mean0 = sum / n, d = v - mean0, mean = mean0 + sum(d) / n, M2 = sum(d^2) - sum(d)^2 / n), the values
+    reshaped to (groups, channels of a group, pixels): a thread sums its own channels of a group first, so the
+    reductions across lanes are one a group, not one a channel (the 04 gap task's epilogue, 16 channels a tile
+    in groups of 4: 69 shuffles against 261, and 1852 SASS instructions outside the loop against 2380, cuda:90).
+    Otherwise a channel's statistics by the same two-pass, the channels of one group combined by Chan's formula
+    (a one-hot channel x slot selection; the slot of channel c is its group less the tile's first group)."""
+    px = 1 if chans_first else 0  # the tile's pixel axis
+    if _aligned(gt):
+        c = min(gt.cpg, gt.block_n)
+        g = gt.block_n // c  # a tile past the last channel has more group-sized pieces than slots
+        if chans_first:
+            shape3, red, bcast = f"({g}, {c}, BLOCK_M)", "tl.sum(tl.sum({}, axis=1), axis=1)", "[:, None, None]"
+            mask3 = f"(rn3 < {co})[:, :, None] & (rm < {hw})[None, None, :]"
+        else:
+            shape3, red, bcast = f"(BLOCK_M, {g}, {c})", "tl.sum(tl.sum({}, axis=2), axis=0)", "[None, :, None]"
+            mask3 = f"(rm < {hw})[:, None, None] & (rn3 < {co})[None, :, :]"
+        lines = [f"rn3 = tl.reshape(rn, ({g}, {c}))",
+                 f"mask3 = {mask3}",
+                 f"v3 = tl.where(mask3, tl.reshape({v}, {shape3}), 0.0)",
+                 f"gn = tl.sum((rm < {hw}).to(tl.float32), axis=0) * tl.sum((rn3 < {co}).to(tl.float32), axis=1)",
+                 "gq = tl.maximum(gn, 1.0)",
+                 f"gm0 = {red.format('v3')} / gq",
+                 f"d3 = tl.where(mask3, v3 - gm0{bcast}, 0.0)",
+                 f"sd = {red.format('d3')}",
+                 "gmean = gm0 + sd / gq",
+                 f"gm2 = tl.maximum({red.format('d3 * d3')} - sd * sd / gq, 0.0)",
+                 f"slot = tl.arange(0, {g})"]
+    else:
+        col = (lambda e: f"{e}[:, None]") if chans_first else (lambda e: f"{e}[None, :]")
+        lines = [f"vs = tl.where({'maskt' if chans_first else 'mask'}, {v}, 0.0)",
+                 f"cnt = tl.sum((rm < {hw}).to(tl.float32), axis=0)",
+                 f"m0 = tl.sum(vs, axis={px}) / cnt",
+                 f"dv = tl.where({'maskt' if chans_first else 'mask'}, vs - {col('m0')}, 0.0)",
+                 f"sd = tl.sum(dv, axis={px})",
+                 "cmean = m0 + sd / cnt",
+                 f"cm2 = tl.maximum(tl.sum(dv * dv, axis={px}) - sd * sd / cnt, 0.0)",
+                 f"slot = tl.arange(0, {next_pow2(gt.slots)})",
+                 f"sel = ((rn // {gt.cpg} - (pid_n * BLOCK_N) // {gt.cpg})[:, None] == slot[None, :]) & (rn < {co})[:, None]",
+                 "gn = tl.sum(tl.where(sel, cnt[:, None], 0.0), axis=0)",
+                 "gmean = tl.sum(tl.where(sel, (cnt * cmean)[:, None], 0.0), axis=0) / tl.maximum(gn, 1.0)",
+                 "gd = cmean[:, None] - gmean[None, :]",
+                 "gm2 = tl.sum(tl.where(sel, cm2[:, None] + cnt[:, None] * gd * gd, 0.0), axis=0)"]
+    return [*lines,
             f"pidx = ((nb * {gt.tiles_m} + pid_m) * {gt.tiles_n} + pid_n) * {gt.slots} + slot",
             f"pmask = slot < {gt.slots}",
             "tl.store(part_ptr + pidx, gn, mask=pmask)",
@@ -459,18 +497,29 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     lsig = "".join(x + ", " for x in leaf_names)
     bias_sig = "bias_ptr, " if cv.bias else ""
     part_sig = "part_ptr, " if groups else ""
-    em = ExprEmitter("e", along=(1, "rb[None, :]"))  # per-channel operands (a (C, 1, 1) scale): one load per column
-    em.lines.append("x = acc" + (" + tl.load(bias_ptr + rb).to(tl.float32)[None, :]" if cv.bias else ""))
-    res = em.emit(chain.prologue if groups else chain.epilogue, "x", "idx", shape, "mask")
+    # `fmat` with a GroupNorm computes its epilogue channels x pixels, as its loop left the tile: transposed
+    # first, Triton's layout pass computed the prologue (a sigmoid) twice, once in the store's layout and once in
+    # the reductions', and the kernel took 255 registers (2 warps a scheduler); here once, in 168 (04 gap task,
+    # 256x16, cuda:90). Without a GroupNorm the transposed epilogue measured faster (the module docstring).
+    chans_first = bool(groups) and params["strategy"] == "fmat"
+    t_idx, t_mask, col = ("idxt", "maskt", "[:, None]") if chans_first else ("idx", "mask", "[None, :]")
+    em = ExprEmitter("e", along=(1, f"rb{col}"))  # per-channel operands (a (C, 1, 1) scale): one load per channel
+    if chans_first:
+        em.lines += [f"maskt = (rn[:, None] < {co}) & (rm[None, :] < {hw})",
+                     f"idxt = nb * {co * hw} + rn[:, None] * {hw} + rm[None, :]"]
+    em.lines.append("x = acc" + (f" + tl.load(bias_ptr + rb).to(tl.float32){col}" if cv.bias else ""))
+    res = em.emit(chain.prologue if groups else chain.epilogue, "x", t_idx, shape, t_mask)
     em.lines.append(f"y = {res}.to({out_t})")
-    em.lines.append("tl.store(out_ptr + idx, y, mask=mask)")
+    em.lines.append(f"tl.store(out_ptr + {t_idx}, y, mask={t_mask})")
     if groups:
         gt = GroupTiles.of(co, groups, bn, tiles_m)
-        em.lines += _tile_stats("y.to(tl.float32)", hw, co, gt, gt.size(cv.n))  # the statistics of y as stored (eager's GroupNorm input)
-    body = "\n".join("    " + line for line in [*_product(cv, params, policy, it), *em.lines])
+        # the statistics of y as stored (eager's GroupNorm input)
+        em.lines += _tile_stats("y.to(tl.float32)", hw, co, gt, gt.size(cv.n), chans_first)
+    body = "\n".join("    " + line for line in [*_product(cv, params, policy, it, chans_first), *em.lines])
     src = [f'''
 @triton.jit
-def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn, sxc, sxh, sxw,
+def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn: tl.constexpr, sxc: tl.constexpr,
+                 sxh: tl.constexpr, sxw: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     pid_n = pid % {tiles_n}

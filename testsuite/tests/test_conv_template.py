@@ -107,7 +107,10 @@ GN_TASK = """
 #: (5 channels a group: groups span channel tiles), no affine, an epilogue after the norm, fp16 (y stored in
 #: fp16, as eager's GroupNorm input is); 48 channels in 2 groups of 24 in tiles of 16 (a group straddles two
 #: channel tiles, the middle tile holds both groups), one group of 36 channels over three tiles of 16 (an N
-#: tail), and planes of 34 x 34 (1156 pixels: one NORM_BLOCK of 2048 with a tail, four pixel tiles of 256 and one of 132)
+#: tail), planes of 34 x 34 (1156 pixels: one NORM_BLOCK of 2048 with a tail, four pixel tiles of 256 and one of 132;
+#: 8 channels in a tile of 16: group-sized pieces past the last channel), and one group of 32 channels over two
+#: tiles of 16 or one of 32 (a tile inside a group, a group in a tile). The whole-group statistics (`_aligned`) run channels x pixels (`fmat`) and
+#: pixels x channels (`fma`, `dot`); the others take Chan's combination of channels.
 GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
     ("cpg3-affine-relu", dict(ci=2, co=6, groups=2, padding=1, affine=True, n=2, h=9, w=10, dtype="float32",
                               body="torch.relu(self.gn(torch.sigmoid(self.conv(x))))"),
@@ -126,7 +129,13 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
                            body="self.gn(self.conv(x) + 1.0)"), [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
     ("plane1156-normblock", dict(ci=1, co=8, groups=2, padding=0, affine=True, n=2, h=36, w=36, dtype="float32",
                                  body="self.gn(torch.sigmoid(self.conv(x)))"),
-     [{"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "NORM_BLOCK": 2048}]),
+     [{"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "NORM_BLOCK": 2048},
+      {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "NORM_BLOCK": 2048}]),
+    ("c32-g1-halves", dict(ci=2, co=32, groups=1, padding=1, affine=True, n=2, h=11, w=7, dtype="float32",
+                           body="self.gn(torch.sigmoid(self.conv(x)))"),
+     [{"strategy": "fmat", "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 2, "num_stages": 1},
+      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
+      {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
 ]
 #: the gap tasks at reduced sizes (several pixel tiles per image with a tail), their schedules
 GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
@@ -197,6 +206,7 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         dot = jobs["3x3-s1-p1-bias"][0]
         fma = jobs["3x3-s1-p1-bias"][2]
         gn = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][1]
+        fmat = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][3]
         straddle = jobs["gn-c48-g2-straddle"][0]
         planted = [
             (dot, "ih = ih0[:, None] + ((r // 3) * 1)[None, :]", "ih = ih0[:, None] + (tl.minimum(r // 3, 1) * 1)[None, :]"),
@@ -204,6 +214,10 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
             (dot, "(ih >= 0) & (ih < 9)", "(ih >= 0) & (ih < 8)"),
             (gn, "em = e < 4", "em = e < 3"),  # 99 pixels in 4 tiles of 32
             (gn, "1.0 / tl.sqrt_rn(tm2 / 396.0 + ", "1.0 / tl.sqrt_rn(1.01 * tm2 / 396.0 + "),
+            # a tile's group statistics with the pixels past the plane's end as zeros (pixels x channels, and
+            # channels x pixels in `fmat`)
+            (gn, "d3 = tl.where(mask3, v3 - gm0[None, :, None], 0.0)", "d3 = v3 - gm0[None, :, None]"),
+            (fmat, "d3 = tl.where(mask3, v3 - gm0[:, None, None], 0.0)", "d3 = v3 - gm0[:, None, None]"),
             # a group's statistics from its first channel tile only (24 channels a group over tiles of 16)
             (straddle, "(t <= ((g + 1) * 24 - 1) // 16)", "(t <= g * 24 // 16)"),
         ]
@@ -408,7 +422,7 @@ def test_gap_tasks_at_reduced_sizes(interpreted: dict[str, Any], name: str) -> N
 
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_convolution(interpreted: dict[str, Any]) -> None:
-    assert [r["ok"] for r in interpreted["planted"]] == [False] * 6, interpreted["planted"]
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 8, interpreted["planted"]
 
 
 @pytest.mark.slow
@@ -535,16 +549,20 @@ _BIG_IMAGE = dict(ci=64, co=16, k=3, stride=1, padding=1, dilation=1, bias=False
                                     {}], ids=["fma", "dot"])
 def test_gather_offsets_are_64_bit_past_2g_elements(tmp_path: Path, params: dict[str, Any]) -> None:
     """Every product of the input's strides is formed in 64 bits when the input has more than 2**31 elements
-    (the fma strategy's channel loop counter is int32: `ci * sxc` in 32 bits wrapped past 2**31)."""
-    from .test_templates import _i32_products, _launch_of, _ttir_of
+    (the fma strategy's channel loop counter is int32: `ci * sxc` in 32 bits wrapped past 2**31). The strides
+    are the kernel's constexprs (the launch specializes on them): the channel stride, 36e6, is an i64 constant
+    of the TTIR and never an i32 one (63 channels of it pass 2**31)."""
+    from .test_templates import _launch_of, _ttir_of
 
     m = _conv_match(_conv_task(tmp_path, "big", _BIG_IMAGE))
     full = m.check(params)
     src = m.render(full)
-    launch = _launch_of(src, "_conv_kernel", "*fp16", full, ("sxw",))
-    launch["signature"]["sxn"] = "i64"  # 64 * 6000 * 6000: a real launch passes the image stride as i64
+    launch = _launch_of(src, "_conv_kernel", "*fp16", full, ())
+    launch["constexprs"].update(sxn=64 * 6000 * 6000, sxc=6000 * 6000, sxh=6000, sxw=1)
     ttir = _ttir_of(src, launch, tmp_path)
-    assert "scf.for" in ttir and _i32_products(ttir, ("sxn", "sxc", "sxh")) == []
+    assert "scf.for" in ttir
+    assert re.search(r"36000000 : i64|dense<36000000> : tensor<[0-9x]*xi64>", ttir), "no 64-bit channel stride"
+    assert not re.search(r"36000000 : i32|dense<36000000> : tensor<[0-9x]*xi32>", ttir)
 
 
 def test_launch_grids_fit_cudas_limits_at_published_and_larger_sizes(tmp_path: Path) -> None:
