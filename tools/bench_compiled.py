@@ -56,10 +56,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
-    from kstrata.tools.gpu_torch_backend import _models, _task_models
+    from kstrata.tools.gpu_torch_backend import _models
 
-    if name.startswith("task:"):
-        return _task_models(ROOT / "testsuite" / "tasks", all_tasks)[name]
+    if name.startswith("task:"):  # the named task alone (instantiating every task at its published size is GBs)
+        path = ROOT / "testsuite" / "tasks" / (name[len("task:"):] + ".py")
+        if not path.is_file():
+            raise ValueError(f"{name}: no task {path.relative_to(ROOT)}")
+        from kstrata.agents.tasks import load_task
+
+        model, inputs = load_task(path).instantiate("cuda")
+        return model, tuple(inputs)
     return _models()[name]
 
 
