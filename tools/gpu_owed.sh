@@ -24,6 +24,7 @@
 #                 GPU twins
 #   compiled-models, compiled-tasks   issue 14: the compiled-kernel optimizer (9 min each)
 #   compiled-smoke  issue 14: the compiled-kernel optimizer on the MLP alone (4 min), to see it work end to end
+#   compiled-gaps   issue 14: the compiled-kernel optimizer on the gap tasks 01-03 (9 min: Inductor's kernels with headroom)
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
@@ -115,6 +116,13 @@ for step in "$@"; do
       run compiled-tasks 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "tasks$SFX" \
         --work "$WORK/compiled-tasks" \
         --models task:level2/01_gemm_bias_relu_fp16,task:level1/19_layernorm_fp16,task:level1/17_softmax_fp32 \
+        --minutes "$(lim 9)" --budget 12 ;;
+    compiled-gaps)
+      # issue 14's end-to-end gain where Inductor's kernels have headroom: the gap tasks it leaves furthest from
+      # their speed of light (LayerNorm 38%, max pooling 24%, softmax 67% of SOL, templates-bench-2026-12-04-d)
+      run compiled-gaps 570 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "gaps$SFX" \
+        --work "$WORK/compiled-gaps" \
+        --models task:gaps/01_layernorm_three_dims_fp32,task:gaps/02_maxpool2d_k4_s1_p1_fp32,task:gaps/03_softmax_wide_rows_fp32 \
         --minutes "$(lim 9)" --budget 12 ;;
     gpu-tests)
       # one pytest process per test, each under its own limit (PER_TEST_S, default 150 s), outcome and short

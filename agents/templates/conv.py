@@ -100,7 +100,12 @@ NAME = "conv"
 SPLIT_STRATEGIES = ("tf32x3", "bf16x6")
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("strategy", ("dot", "fma", "fmat", *SPLIT_STRATEGIES)), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
-    ("BLOCK_K", (16, 32, 64, 128)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)))
+    ("BLOCK_K", (16, 32, 64, 128)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)), ("MAXNREG", (0, 128, 168)))
+#: `MAXNREG` (0: ptxas chooses) caps an FMA strategy's registers a thread (Triton's `maxnreg`): a 64-thread program
+#: at 255 registers leaves 4 programs an SM (2 warps a scheduler), at 168 six, at 128 eight. The loop needs about
+#: 168 at 64 accumulators a thread; an epilogue heavier than the loop (04's GroupNorm statistics: 204) sets the
+#: whole kernel's count. 04's conv kernel at 256x16, 2 warps: 878 us at 204 registers, 820 us capped at 168 (no
+#: spill in the loop; H100, 2026-12-07, `template-probe-2026-12-07-conv-e`).
 #: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
 #: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
 #: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
@@ -271,7 +276,8 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     bn = min(64, max(16, next_pow2(cv.co)))
     bm = min(128, max(32, next_pow2(cv.hw)))
     default: tuple[tuple[str, object], ...] = (("strategy", "dot"), ("BLOCK_M", bm), ("BLOCK_N", bn),
-                                               ("BLOCK_K", _k_blocks(cv.k)), ("num_warps", 4), ("num_stages", 2))
+                                               ("BLOCK_K", _k_blocks(cv.k)), ("num_warps", 4), ("num_stages", 2),
+                                               ("MAXNREG", 0))
     if _norm_of(chain, cv) is None:
         return SPACE, default
     return (*SPACE, ("NORM_BLOCK", NORM_BLOCKS)), (*default, ("NORM_BLOCK", NORM_BLOCK))
@@ -291,6 +297,8 @@ def valid(chain: Chain, p: Params) -> bool:
         return False
     if p["strategy"] in SPLIT_STRATEGIES and cv.dtype != "float32":
         return False  # a split of fp32 operands; fp16/bf16 ones go to the tensor cores as they are (`dot`)
+    if p["MAXNREG"] and p["strategy"] not in FMA_STRATEGIES:  # the dot strategies' registers are ptxas's
+        return False
     if p["strategy"] in FMA_STRATEGIES:
         return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
     if bk > max(16, next_pow2(cv.k)):
@@ -304,14 +312,17 @@ def hints(chain: Chain) -> list[Params]:
     (2026-12-02: 1126 us against compile's 1517; 2026-12-03: 986 us against the 128x32 4-warp hint's 1210 and the
     dot default's 1859); `fmat`, whose loop has no layout conversion (the module docstring), comes first: it won
     both conv gap tasks on 2026-12-04 (05: 256x16, 2 warps, 726 us; 04 with its GroupNorm: 256x16, 4 warps,
-    1515 us), found from these hints by the tuner's descent."""
+    1515 us), found from these hints by the tuner's descent; it won both again on 2026-12-04 at 256x16 with 2
+    warps, the first hint now (with a GroupNorm, capped at 168 registers: `MAXNREG`)."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
     def warps(bm: int, acc: int) -> int:
         return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
 
-    return [{"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
+    return [{"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
+             "MAXNREG": 168 if _norm_of(chain, cv) else 0},
+            {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
@@ -545,7 +556,7 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn: tl.conste
     args += [*leaf_vals, "x_in.stride(0), x_in.stride(1), x_in.stride(2), x_in.stride(3)",
              "UPCAST=x_in.device.type == 'cpu'" if params["strategy"] in SPLIT_STRATEGIES else upcast("x_in", cv.dtype)]
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": params["BLOCK_K"], "num_warps": params["num_warps"],
-            "num_stages": params["num_stages"]}
+            "num_stages": params["num_stages"], **({"maxnreg": params["MAXNREG"]} if params["MAXNREG"] else {})}
     fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))
     if groups:
         src += _norm_kernels(chain, cv, gt, params["NORM_BLOCK"], lsig, out_t, it)

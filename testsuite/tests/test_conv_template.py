@@ -252,7 +252,7 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "implicit GEMM 64x64516x32x72 (BxMxNxK) in Triton + bias" in m.description
     assert "prologue sigmoid(mul(add(x, bias), scale)) and group_norm (8 groups) partial statistics" in m.description
     assert m.default_params() == {"strategy": "dot", "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
-                                  "num_stages": 2, "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
+                                  "num_stages": 2, "MAXNREG": 0, "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
     assert m.schedule_space()["NORM_BLOCK"] == (1024, 2048, 4096)
     src = m.render()
     assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
@@ -292,7 +292,8 @@ def test_groupnorm_partials_slots_and_spans() -> None:
 def test_schedule_space_rules_out_what_cannot_run() -> None:
     m = match(load_task(GAPS / "05_conv_relu_hardswish_fp32.py"))[0]
     assert m.template == "conv"
-    assert set(m.schedule_space()) == {"strategy", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"}
+    assert set(m.schedule_space()) == {"strategy", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages",
+                                       "MAXNREG"}
     d = m.default_params()
     assert not m._valid({**d, "BLOCK_N": 64})  # 32 output channels: a 64-wide tile computes only padding
     assert m._valid({**d, "BLOCK_K": 64}) and m._valid({**d, "BLOCK_M": 256, "num_warps": 2})  # 64 accumulators a thread
@@ -300,8 +301,15 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_K": 64})  # fma has no BLOCK_K
     assert not m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64})  # 16 accumulators a thread: spills
     assert m._valid({**d, "strategy": "fma", "num_stages": 1, "BLOCK_M": 64, "num_warps": 2})
-    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 6
-    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fma", "fmat", "fmat", "fma", "dot"]
+    assert not m._valid({**d, "MAXNREG": 168})  # a register cap for the FMA strategies only
+    assert m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2,
+                     "MAXNREG": 168})
+    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 7
+    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot"]
+    # the first hint: 256x16 with 2 warps (won both conv gap tasks), capped at 168 registers with a GroupNorm
+    assert m.hint_params()[0]["MAXNREG"] == 0
+    m04 = next(x for x in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if x.template == "conv")
+    assert m04.hint_params()[0]["MAXNREG"] == 168 and "maxnreg=168" in m04.render(m04.hint_params()[0])
     assert not m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 64})  # the fma rules hold for fmat
     configs = m.configs()
     assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) > 50
