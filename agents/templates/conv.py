@@ -473,11 +473,11 @@ def _tile_stats(v: str, hw: int, co: int, gt: GroupTiles, part: int, chans_first
                  f"gm2 = tl.maximum({red.format('d3 * d3')} - sd * sd / gq, 0.0)",
                  f"slot = tl.arange(0, {g})"]
     else:
-        col = (lambda e: f"{e}[:, None]") if chans_first else (lambda e: f"{e}[None, :]")
+        m0_col = "m0[:, None]" if chans_first else "m0[None, :]"  # a channel's mean along its pixels
         lines = [f"vs = tl.where({'maskt' if chans_first else 'mask'}, {v}, 0.0)",
                  f"cnt = tl.sum((rm < {hw}).to(tl.float32), axis=0)",
                  f"m0 = tl.sum(vs, axis={px}) / cnt",
-                 f"dv = tl.where({'maskt' if chans_first else 'mask'}, vs - {col('m0')}, 0.0)",
+                 f"dv = tl.where({'maskt' if chans_first else 'mask'}, vs - {m0_col}, 0.0)",
                  f"sd = tl.sum(dv, axis={px})",
                  "cmean = m0 + sd / cnt",
                  f"cm2 = tl.maximum(tl.sum(dv * dv, axis={px}) - sd * sd / cnt, 0.0)",
