@@ -312,8 +312,9 @@ def hints(chain: Chain) -> list[Params]:
     (2026-12-02: 1126 us against compile's 1517; 2026-12-03: 986 us against the 128x32 4-warp hint's 1210 and the
     dot default's 1859); `fmat`, whose loop has no layout conversion (the module docstring), comes first: it won
     both conv gap tasks on 2026-12-04 (05: 256x16, 2 warps, 726 us; 04 with its GroupNorm: 256x16, 4 warps,
-    1515 us), found from these hints by the tuner's descent; it won both again on 2026-12-04 at 256x16 with 2
-    warps, the first hint now (with a GroupNorm, capped at 168 registers: `MAXNREG`)."""
+    1515 us), found from these hints by the tuner's descent. 256x16 with 2 warps, 05's winner in
+    `templates-bench-2026-12-04-d`, is the first hint now; with a GroupNorm it is capped at 168 registers
+    (`MAXNREG`: 04's conv kernel 820 us there against 878 uncapped, H100, 2026-12-07)."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
