@@ -69,10 +69,26 @@ def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
     return _models()[name]
 
 
+#: The models `--models` names besides tasks (`tools/gpu_torch_backend.py`'s `_models`).
+MODELS = ("mlp_fp16", "transformer_block_bf16", "conv_block_fp32")
+
+
+def _unknown_model(names: list[str]) -> str | None:
+    """Why a name of `--models` names nothing (None when each names a model or a task file)."""
+    for name in names:
+        if name.startswith("task:"):
+            path = ROOT / "testsuite" / "tasks" / (name[len("task:"):] + ".py")
+            if not path.is_file():
+                return f"{name}: no task {path.relative_to(ROOT)}"
+        elif name not in MODELS:
+            return f"{name}: not a model ({', '.join(MODELS)}) or task:<folder>/<task> under testsuite/tasks"
+    return None
+
+
 def _names(all_tasks: bool) -> list[str]:
     from kstrata.tools.gpu_torch_backend import TASKS
 
-    names = ["mlp_fp16", "transformer_block_bf16", "conv_block_fp32"]
+    names = list(MODELS)
     if all_tasks:
         from kstrata.agents.tasks import find_tasks
 
@@ -606,6 +622,10 @@ def command(
 
     if child is not None:
         return _child(child, all_tasks)
+    bad = _unknown_model([n.strip() for n in models.split(",") if n.strip()])
+    if bad:
+        print(f"error: --models: {bad}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available() or torch.version.hip is not None:
         print("error: needs an NVIDIA GPU (this benchmark records, optimizes and times Inductor's CUDA kernels)",
               file=sys.stderr)

@@ -371,3 +371,33 @@ def test_the_optimizers_profile_counts_kernels_not_the_graph_calls_annotation() 
     assert {r["name"] for r in rows["kernels"]} == {GEMM, SILU, NORM}
     assert rows["kernel_us_per_call"] == pytest.approx(50 + 68 + 50 + 30) and rows["launches_per_call"] == 4
     assert rows["kernels"][0]["name"] == GEMM and rows["kernels"][0]["launches_per_call"] == 2
+
+
+def test_a_task_model_instantiates_that_task_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--models task:gaps/...` loads the one task file it names (instantiating every task at its published size
+    allocated GBs it never used); a name with no task behind it is one clear error naming the path."""
+    import kstrata.agents.tasks as tasks
+
+    loaded: list[Path] = []
+
+    def fake_load(path: Path) -> Any:
+        loaded.append(Path(path))
+        return SimpleNamespace(instantiate=lambda device: (f"model on {device}", ["x"]))
+
+    monkeypatch.setattr(tasks, "load_task", fake_load)
+    model, inputs = bench_compiled._model("task:gaps/01_layernorm_three_dims_fp32", False)
+    assert (model, inputs) == ("model on cuda", ("x",))
+    assert [p.relative_to(bench_compiled.ROOT).as_posix() for p in loaded] == [
+        "testsuite/tasks/gaps/01_layernorm_three_dims_fp32.py"]
+    with pytest.raises(ValueError, match=r"task:gaps/nope: no task testsuite/tasks/gaps/nope\.py"):
+        bench_compiled._model("task:gaps/nope", False)
+
+
+def test_an_unknown_model_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A `--models` name that is neither a project model nor a task file stops the run before anything starts."""
+    assert bench_compiled._unknown_model(["mlp_fp16", "task:gaps/01_layernorm_three_dims_fp32"]) is None
+    assert bench_compiled.main(["--results", "/tmp/unused", "--models", "mlp_fp16,task:gaps/nope"]) == 2
+    assert "error: --models: task:gaps/nope: no task testsuite/tasks/gaps/nope.py" in capsys.readouterr().err
+    assert bench_compiled.main(["--results", "/tmp/unused", "--models", "mpl_fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "mpl_fp16: not a model" in err and len(err.strip().splitlines()) == 1
