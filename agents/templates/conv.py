@@ -100,7 +100,13 @@ NAME = "conv"
 SPLIT_STRATEGIES = ("tf32x3", "bf16x6")
 SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("strategy", ("dot", "fma", "fmat", *SPLIT_STRATEGIES)), ("BLOCK_M", (32, 64, 128, 256)), ("BLOCK_N", (16, 32, 64, 128)),
-    ("BLOCK_K", (16, 32, 64, 128)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)), ("MAXNREG", (0, 128, 168)))
+    ("BLOCK_K", (16, 32, 64, 128)), ("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3)), ("MAXNREG", (0, 128, 168)),
+    ("PREFETCH", (0, 1)))
+#: `PREFETCH` 1 (FMA strategies, at most PREFETCH_TAPS taps): the next input channel's taps are loaded before this
+#: channel's products. Triton's pipeliner leaves these loads alone (num_stages 3 compiles to the same SASS), and
+#: ptxas issues a channel's first loads at the loop's head, where the warp waits on them; the rotation costs
+#: registers (05's kernel: 189 against 168, and 710 SASS a channel against 668). Not yet timed on a GPU.
+PREFETCH_TAPS = 9
 #: `MAXNREG` (0: ptxas chooses) caps an FMA strategy's registers a thread (Triton's `maxnreg`): a 64-thread program
 #: at 255 registers leaves 4 programs an SM (2 warps a scheduler), at 168 six, at 128 eight. The loop needs about
 #: 168 at 64 accumulators a thread; an epilogue heavier than the loop (04's GroupNorm statistics: 204) sets the
@@ -277,7 +283,7 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     bm = min(128, max(32, next_pow2(cv.hw)))
     default: tuple[tuple[str, object], ...] = (("strategy", "dot"), ("BLOCK_M", bm), ("BLOCK_N", bn),
                                                ("BLOCK_K", _k_blocks(cv.k)), ("num_warps", 4), ("num_stages", 2),
-                                               ("MAXNREG", 0))
+                                               ("MAXNREG", 0), ("PREFETCH", 0))
     if _norm_of(chain, cv) is None:
         return SPACE, default
     return (*SPACE, ("NORM_BLOCK", NORM_BLOCKS)), (*default, ("NORM_BLOCK", NORM_BLOCK))
@@ -298,6 +304,8 @@ def valid(chain: Chain, p: Params) -> bool:
     if p["strategy"] in SPLIT_STRATEGIES and cv.dtype != "float32":
         return False  # a split of fp32 operands; fp16/bf16 ones go to the tensor cores as they are (`dot`)
     if p["MAXNREG"] and p["strategy"] not in FMA_STRATEGIES:  # the dot strategies' registers are ptxas's
+        return False
+    if p["PREFETCH"] and (p["strategy"] not in FMA_STRATEGIES or cv.kh * cv.kw > PREFETCH_TAPS):
         return False
     if p["strategy"] in FMA_STRATEGIES:
         return bool(bk == _k_blocks(cv.k) and p["num_stages"] == 1 and bm * bn >= FMA_MIN_ACC * 32 * p["num_warps"])
@@ -370,15 +378,33 @@ def _product(cv: Conv, p: Params, policy: str, it: str, chans_first: bool = Fals
                    "acc += b.to(tl.float32)[:, None] * a.to(tl.float32)[None, :]")
         if p["strategy"] == "fmat":  # channels x pixels: Triton's default layout puts a warp's lanes along pixels
             lines[-1] = "acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)"
-        lines += [f"for ci in range(0, {cv.ci}):",
-                  f"    x_ch = x_img + tl.cast(ci, {it}) * sxc",  # the counter is int32 (an int interpreted): cast first
-                  f"    for t in tl.static_range({taps}):",
-                  f"        ih = ih0 + (t // {cv.kw}) * {dh}",
-                  f"        iw = iw0 + (t % {cv.kw}) * {dw}",
-                  f"        a = tl.load(x_ch + ih * sxh + iw * sxw{f', mask={mask}, other=0.0' if mask else ''})",
-                  (f"        b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + t)" if p["strategy"] == "fma" else
-                   f"        b = tl.load(w_ptr + (ci * {taps} + t) * {cv.co} + rb)"),  # (K, C_out): one tap's row
-                  f"        {product}"]
+        def wload(t: str) -> str:  # (C_out, K) for `fma`; (K, C_out) for `fmat`: one tap's row
+            return (f"b = tl.load(w_ptr + rb * {cv.k} + ci * {taps} + {t})" if p["strategy"] == "fma" else
+                    f"b = tl.load(w_ptr + (ci * {taps} + {t}) * {cv.co} + rb)")
+
+        if p.get("PREFETCH"):
+            # the next channel's taps are loaded before this channel's products (named per tap, carried by the
+            # loop); the last channel loads itself again (L1 hits) rather than branch
+            def gather(ptr: str, t: int) -> str:
+                ih, iw = f"(ih0 + {t // cv.kw * dh})", f"(iw0 + {t % cv.kw * dw})"
+                m = _gather_mask(cv, ih, iw, "")
+                return f"tl.load({ptr} + {ih} * sxh + {iw} * sxw{f', mask={m}, other=0.0' if m else ''})"
+
+            lines += [f"p{t} = {gather('x_img', t)}" for t in range(taps)]
+            lines += [f"for ci in range(0, {cv.ci}):", *[f"    a{t} = p{t}" for t in range(taps)],
+                      f"    x_nx = x_img + tl.cast(tl.minimum(ci + 1, {cv.ci - 1}), {it}) * sxc"]
+            lines += [f"    p{t} = {gather('x_nx', t)}" for t in range(taps)]
+            for t in range(taps):
+                lines += [f"    a = a{t}", f"    {wload(str(t))}", f"    {product}"]
+        else:
+            lines += [f"for ci in range(0, {cv.ci}):",
+                      f"    x_ch = x_img + tl.cast(ci, {it}) * sxc",  # the counter is int32 (an int interpreted): cast first
+                      f"    for t in tl.static_range({taps}):",
+                      f"        ih = ih0 + (t // {cv.kw}) * {dh}",
+                      f"        iw = iw0 + (t % {cv.kw}) * {dw}",
+                      f"        a = tl.load(x_ch + ih * sxh + iw * sxw{f', mask={mask}, other=0.0' if mask else ''})",
+                      f"        {wload('t')}",
+                      f"        {product}"]
         if p["strategy"] == "fmat" and not chans_first:
             lines.append("acc = tl.trans(acc)")
         return lines

@@ -79,6 +79,10 @@ VARIANTS: list[tuple[str, dict[str, Any], str]] = [
 SCHEDULES: list[dict[str, Any]] = [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
                                    {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
                                    {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]
+#: the FMA strategies with the next channel's taps loaded ahead (`PREFETCH`), on the variants of at most 9 taps:
+#: padding masks, stride with dilation, a rectangular kernel, fp16
+PREFETCH_SCHEDULES: list[dict[str, Any]] = [{**s, "PREFETCH": 1} for s in SCHEDULES[2:]]
+PREFETCH_VARIANTS = ("3x3-s1-p1-bias", "3x3-d2-p2-s2", "2x2-rect-s(1,2)", "fp16")
 
 GN_TASK = """
     import torch
@@ -142,11 +146,14 @@ GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
     ("04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 13, "width": 11},
      [{}, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
       {"strategy": "fmat", "BLOCK_M": 128, "num_warps": 4, "num_stages": 1},
-      {"strategy": "tf32x3", "BLOCK_M": 64, "BLOCK_K": 32}]),
+      {"strategy": "tf32x3", "BLOCK_M": 64, "BLOCK_K": 32},
+      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "MAXNREG": 168,
+       "PREFETCH": 1}]),
     ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
      [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
       {"strategy": "fmat", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
-      {"strategy": "bf16x6", "BLOCK_M": 64, "BLOCK_K": 16}]),
+      {"strategy": "bf16x6", "BLOCK_M": 64, "BLOCK_K": 16},
+      {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1, "PREFETCH": 1}]),
 ]
 
 
@@ -193,6 +200,8 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
             path = _conv_task(tmp, name, fields)
             jobs[name] = [_job(path, p, policy) for p in SCHEDULES]
             jobs["noncontiguous-" + name] = [_job(path, {}, policy, noncontiguous=True)]
+            if name in PREFETCH_VARIANTS:
+                jobs["prefetch-" + name] = [_job(path, p, policy) for p in PREFETCH_SCHEDULES]
         for name, fields, schedules in GN_VARIANTS:
             path = _gn_task(tmp, name, fields)
             jobs["gn-" + name] = [_job(path, p) for p in schedules]
@@ -252,7 +261,8 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "implicit GEMM 64x64516x32x72 (BxMxNxK) in Triton + bias" in m.description
     assert "prologue sigmoid(mul(add(x, bias), scale)) and group_norm (8 groups) partial statistics" in m.description
     assert m.default_params() == {"strategy": "dot", "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
-                                  "num_stages": 2, "MAXNREG": 0, "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
+                                  "num_stages": 2, "MAXNREG": 0, "PREFETCH": 0,
+                                  "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
     assert m.schedule_space()["NORM_BLOCK"] == (1024, 2048, 4096)
     src = m.render()
     assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
@@ -293,7 +303,7 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     m = match(load_task(GAPS / "05_conv_relu_hardswish_fp32.py"))[0]
     assert m.template == "conv"
     assert set(m.schedule_space()) == {"strategy", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages",
-                                       "MAXNREG"}
+                                       "MAXNREG", "PREFETCH"}
     d = m.default_params()
     assert not m._valid({**d, "BLOCK_N": 64})  # 32 output channels: a 64-wide tile computes only padding
     assert m._valid({**d, "BLOCK_K": 64}) and m._valid({**d, "BLOCK_M": 256, "num_warps": 2})  # 64 accumulators a thread
@@ -416,6 +426,23 @@ def test_conv_variants_match_the_model(interpreted: dict[str, Any], name: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", PREFETCH_VARIANTS)
+def test_prefetched_taps_match_the_model(interpreted: dict[str, Any], name: str) -> None:
+    _assert_all_pass(interpreted["prefetch-" + name])
+    for r in interpreted["prefetch-" + name]:
+        assert "    p0 = tl.load(x_img + (ih0 + 0) * sxh + (iw0 + 0) * sxw" in r["candidate_source"]
+
+
+def test_prefetch_is_for_the_fma_strategies_and_few_taps(tmp_path: Path) -> None:
+    m = _conv_match(_conv_task(tmp_path, "5x5", dict(VARIANTS[2][1])))  # 25 taps
+    fma = {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 2, "num_stages": 1}
+    assert m._valid({**m.default_params(), **fma}) and not m._valid({**m.default_params(), **fma, "PREFETCH": 1})
+    m3 = _conv_match(_conv_task(tmp_path, "3x3", dict(VARIANTS[0][1])))
+    assert m3._valid({**m3.default_params(), **fma, "BLOCK_N": 16, "PREFETCH": 1})
+    assert not m3._valid({**m3.default_params(), "PREFETCH": 1})  # the dot strategy: Triton's own pipeline
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [v[0] for v in GN_VARIANTS])
 def test_conv_with_fused_groupnorm_statistics(interpreted: dict[str, Any], name: str) -> None:
     _assert_all_pass(interpreted["gn-" + name])
@@ -501,7 +528,8 @@ def test_conv_variants_match_the_model_on_gpu(tmp_path: Path, name: str) -> None
     conv = {v[0]: v for v in VARIANTS}
     if name in conv:
         _, fields, policy = conv[name]
-        path, schedules = _conv_task(tmp_path, name, fields), SCHEDULES
+        path = _conv_task(tmp_path, name, fields)
+        schedules = SCHEDULES + (PREFETCH_SCHEDULES if name in PREFETCH_VARIANTS else [])
     else:
         _, fields, schedules = {v[0]: v for v in GN_VARIANTS}[name]
         path, policy = _gn_task(tmp_path, name, fields), "strict"
