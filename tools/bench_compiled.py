@@ -59,7 +59,7 @@ def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
     from kstrata.tools.gpu_torch_backend import _models
 
     if name.startswith("task:"):  # the named task alone (instantiating every task at its published size is GBs)
-        path = ROOT / "testsuite" / "tasks" / (name[len("task:"):] + ".py")
+        path = _task_path(name)
         if not path.is_file():
             raise ValueError(f"{name}: no task {path.relative_to(ROOT)}")
         from kstrata.agents.tasks import load_task
@@ -69,15 +69,21 @@ def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
     return _models()[name]
 
 
-#: The models `--models` names besides tasks (`tools/gpu_torch_backend.py`'s `_models`).
+#: The models `--models` names besides tasks: the keys of `tools/gpu_torch_backend.py`'s `_models`, which builds
+#: them on the GPU (so it cannot be asked on a CPU).
 MODELS = ("mlp_fp16", "transformer_block_bf16", "conv_block_fp32")
+
+
+def _task_path(name: str) -> Path:
+    """The task file a `task:<folder>/<task>` name stands for."""
+    return ROOT / "testsuite" / "tasks" / (name[len("task:"):] + ".py")
 
 
 def _unknown_model(names: list[str]) -> str | None:
     """Why a name of `--models` names nothing (None when each names a model or a task file)."""
     for name in names:
         if name.startswith("task:"):
-            path = ROOT / "testsuite" / "tasks" / (name[len("task:"):] + ".py")
+            path = _task_path(name)
             if not path.is_file():
                 return f"{name}: no task {path.relative_to(ROOT)}"
         elif name not in MODELS:

@@ -316,7 +316,7 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
                      "MAXNREG": 168})
     assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 7
     assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot"]
-    # the first hint: 256x16 with 2 warps (won both conv gap tasks), capped at 168 registers with a GroupNorm
+    # the first hint: 256x16 with 2 warps (05's winner), capped at 168 registers with a GroupNorm (04)
     assert m.hint_params()[0]["MAXNREG"] == 0
     m04 = next(x for x in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if x.template == "conv")
     assert m04.hint_params()[0]["MAXNREG"] == 168 and "maxnreg=168" in m04.render(m04.hint_params()[0])
