@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kstrata.agents.cuda_graphs import GRAPH_HELPER, MAP_HELPER
 from kstrata.agents.templates.graph import Chain, Expr, GraphError, Leaf, Node
 
 #: Top-level imports a task may have for its `Model` to be carried into a standalone ModelNew.
@@ -100,7 +101,22 @@ def render_source(chain: Chain, k: Kernel, task_path: Path) -> str:
     body = ["", "# ---- the task's Model (its __init__ makes the parameters; its forward is not used) ----",
             carried_source(task_path), "", "# ---- kernels ----", HELPERS]
     body += k.kernels
-    body += ["", "", "class ModelNew(Model):", f"    def forward(self, {inputs}):"]
+    body += ["", "", "class ModelNew(Model):"]
+    if k.params.get("GRAPH"):
+        # the forward's launches replayed through a CUDA graph on the GPU: many short launches (a norm's
+        # row groups) are bound by the host's launch rate otherwise; the interpreter runs them directly
+        body = [*body[:-1], "", "", *MAP_HELPER, "", "", *GRAPH_HELPER, body[-1]]
+        body += [f"    def forward(self, {inputs}):",
+                 f"        if all(t.is_cuda for t in _KstrataGraphs._tensors([{inputs}])):",
+                 "            graphs = self.__dict__.get('_kstrata_graphs')",
+                 "            if graphs is None:",
+                 "                graphs = self.__dict__['_kstrata_graphs'] = _KstrataGraphs(self._launches, self)",
+                 f"            return graphs({inputs})",
+                 f"        return self._launches({inputs})",
+                 "",
+                 f"    def _launches(self, {inputs}):"]
+    else:
+        body.append(f"    def forward(self, {inputs}):")
     body += ["        " + line if line else "" for line in k.forward]
     return "\n".join(head + body) + "\n"
 

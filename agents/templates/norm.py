@@ -32,6 +32,13 @@ Strategies (`strategy` in the schedule):
   2026-12-04, `templates-bench-2026-12-04-c`): 316-442 us against `split`'s 241 us (SPLIT 256), so it loses
   there. Whether the second read missed L2 or the teams waited on their exchange was not profiled.
   On the CPU the `split` kernels run with the same chunks.
+
+`GRAPH` = 1 (`split` and `pipe` with row groups): the forward's launches are captured once into a CUDA graph and
+replayed (`agents.cuda_graphs`: keyed by the inputs' addresses, read in place, a held output never overwritten).
+A row group of LayerNorm's task is a 16 MB row: its statistics and normalization take a few microseconds each
+on the GPU, less than the host takes to launch a Triton kernel, so without a graph the row groups' L2 reuse is
+lost to launch gaps (`pipe`, 17 launches: 434 us, H200 2026-12-04). Under the interpreter the launches run
+directly.
 """
 
 from __future__ import annotations
@@ -121,13 +128,17 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     sp.append(("SPLIT", (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     sp.append(("GROUP_ROWS", (0, 1, 2, 4, 8) if m > 1 else (0,)))
     sp.append(("num_warps", (4, 8, 16)))
+    # the launches replayed through a CUDA graph: row groups launch twice a group (`pipe` once), 16 to 32
+    # short launches that a host launching slower than a 16 MB row streams would leave the GPU waiting on
+    sp.append(("GRAPH", (0, 1) if m > 1 and not fused else (0,)))
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(d))), "BLOCK": 1024, "SPLIT": 1,
-                   "GROUP_ROWS": 0,
+                   "GROUP_ROWS": 0, "GRAPH": 0,
                    "num_warps": 4 if d <= 1024 else 8}
     else:
         split = max(1, min(256, next_pow2(cdiv(4 * 132, m))))
-        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8}
+        default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "GRAPH": 0,
+                   "num_warps": 8}
     return tuple(sp), tuple(default.items())
 
 
@@ -141,6 +152,12 @@ def hints(chain: Chain) -> list[Params]:
                          for b, w in resident_schedules(d, MAX_TEAM)]
     if m <= 1:
         return out
+    # a row group's statistics, then its normalization from L2, launched from a CUDA graph (no host in between)
+    for g in (1, 2):
+        if g < m and 2 * g * 4 * d <= 48 << 20:
+            for strategy in ("pipe", "split"):
+                out.append({"strategy": strategy, "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": 256, "BLOCK": 2048,
+                            "num_warps": 8, "GRAPH": 1})
     # a persistent team a row, its chunks read again from L2 right after the team's statistics
     for g, split in ((1, 256), (2, 256), (2, 128)):
         if g < m and g * 4 * d <= 40 << 20 and split <= cdiv(d, 2048):  # the rows in flight fit in L2
@@ -156,6 +173,8 @@ def hints(chain: Chain) -> list[Params]:
 
 def valid(chain: Chain, p: Params) -> bool:
     m, d, _ = geometry(chain)
+    if p.get("GRAPH") and not (p["strategy"] in ("split", "pipe") and p["GROUP_ROWS"] >= 1):
+        return False  # a graph only where a forward launches a kernel or two a row group
     if p["strategy"] == "fused":
         return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(d) * p["BLOCK_M"] <= 32768)

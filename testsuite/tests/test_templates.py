@@ -98,7 +98,7 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
 def test_schedule_space_is_enumerable_and_checked() -> None:
     m = match(load_task(GAPS / "01_layernorm_three_dims_fp32.py"))[0]
     space = m.schedule_space()
-    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps"}
+    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps", "GRAPH"}
     # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
     assert space["strategy"] == ("split", "resident", "pipe", "stream")
     configs = m.configs()
@@ -118,9 +118,21 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     assert [(h["BLOCK"], h["num_warps"]) for h in resident] == [(32768, 16), (16384, 16), (16384, 8), (8192, 16),
                                                                 (8192, 8)]
     group = {**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}
-    # then a persistent team a row streaming its chunks twice (one and two rows in flight), then the row groups
+    # then a row at a time from a CUDA graph (a 16 MB row and its output fit in L2; two would not), then a
+    # persistent team a row streaming its chunks twice (one and two rows in flight), then the row groups
+    graphed = [{**group, "strategy": s, "GRAPH": 1} for s in ("pipe", "split")]
     streams = [{**group, "strategy": "stream", "GROUP_ROWS": g, "SPLIT": k} for g, k in ((1, 256), (2, 256), (2, 128))]
-    assert m.hint_params()[len(resident):] == [*streams, group, {**group, "strategy": "pipe"}]
+    assert m.hint_params()[len(resident):] == [*graphed, *streams, group, {**group, "strategy": "pipe"}]
+    assert all(h.get("GRAPH", 0) == 0 for h in m.hint_params() if h not in graphed)
+    # a graphed schedule: the launches in `_launches`, replayed through a CUDA graph when the inputs are on the GPU
+    src = m.render(graphed[0])
+    ast.parse(src)
+    assert "class _KstrataGraphs:" in src and "def _launches(self, x):" in src
+    assert "_KstrataGraphs(self._launches, self)" in src and "return self._launches(x)" in src
+    assert "def _launches" not in m.render(group) and "_KstrataGraphs" not in m.render(group)
+    for bad in ({**group, "GROUP_ROWS": 0, "GRAPH": 1}, {**resident[0], "GRAPH": 1}, {**streams[0], "GRAPH": 1}):
+        with pytest.raises(ValueError, match="not valid"):
+            m.render(bad)  # a graph only for a launch or two a row group
     streamed = m.render(streams[1])  # 256 programs a row, at most 2 teams: the launcher caps them
     assert "c = pid % 256" in streamed and "teams = min(2, slots // 256)" in streamed
     assert streamed.count("for start in range(c * 16384, c * 16384 + 16384, BLOCK):") == 4  # 2 in it, 2 in split's
@@ -206,10 +218,11 @@ RESIDENT_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]]
 }
 #: The `pipe` strategy (a launch a row group: its normalization and the next group's partials): three rows in
 #: groups of one and of two (the last group short), chunks with tails; GroupNorm with its affine per channel.
+#: The `GRAPH` schedule runs its launches directly under the interpreter, from a CUDA graph on the GPU.
 PIPE = {"strategy": "pipe", "BLOCK_M": 1, "BLOCK": 1024, "SPLIT": 2, "num_warps": 4}
 PIPE_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
     "pipe-layernorm": ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 3, "features": 2, "dim1": 97, "dim2": 89},
-                       "norm", [{**PIPE, "GROUP_ROWS": 1}, {**PIPE, "GROUP_ROWS": 2}]),
+                       "norm", [{**PIPE, "GROUP_ROWS": 1}, {**PIPE, "GROUP_ROWS": 2}, {**PIPE, "GROUP_ROWS": 1, "GRAPH": 1}]),
     "pipe-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 3, "groups": 2, "channels": 4, "height": 97,
                                                        "width": 89}, "norm", [{**PIPE, "GROUP_ROWS": 4}]),
 }
@@ -1568,6 +1581,45 @@ def test_pipelined_schedules_match_the_model_on_gpu(tmp_path: Path, key: str) ->
     """The pipelined norm on the GPU: a launch's normalizing programs run beside the next group's statistics,
     reading partials the launch before wrote."""
     assert len(_matches_the_model_on_gpu(tmp_path, PIPE_CASES[key])) == len(PIPE_CASES[key][3])
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu(tmp_path: Path) -> None:
+    """A `GRAPH` schedule on the GPU: its launches replayed from a CUDA graph read the input where it lies (new
+    values written in place are normalized), and an output the caller still holds is not overwritten by the
+    next call (that call replays another graph)."""
+    import importlib.util
+
+    import torch
+
+    task_path = shrunk(tmp_path, "gaps/01_layernorm_three_dims_fp32.py", {"batch": 3, "features": 2, "dim1": 97, "dim2": 89})
+    m = one(task_path, "norm")
+    cand = tmp_path / "graphed.py"
+    cand.write_text(m.render({**PIPE, "GROUP_ROWS": 1, "GRAPH": 1}))
+    spec = importlib.util.spec_from_file_location("graphed_norm", cand)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    task = load_task(task_path)
+    torch.manual_seed(0)
+    ref = task.model_class(*task.get_init_inputs()).cuda()
+    torch.manual_seed(0)
+    new = mod.ModelNew(*task.get_init_inputs()).cuda()
+    x = task.get_inputs()[0].cuda()
+    first = new(x)
+    torch.testing.assert_close(first, ref(x), rtol=1e-4, atol=1e-4)
+    kept = first.clone()
+    x.mul_(3.0).add_(1.0)  # new values at the same address
+    second = new(x)
+    torch.testing.assert_close(second, ref(x), rtol=1e-4, atol=1e-4)
+    assert torch.equal(first, kept) and second.data_ptr() != first.data_ptr()
+    graphs = new.__dict__["_kstrata_graphs"]
+    assert sum(len(e) for e in graphs.graphs.values()) == 2  # one graph a held output
+    del first
+    third = new(x)  # the first graph's output is free again: replayed, no third capture
+    torch.testing.assert_close(third, ref(x), rtol=1e-4, atol=1e-4)
+    assert sum(len(e) for e in graphs.graphs.values()) == 2
 
 
 def _assert_teams_resident(tmp_path: Path, case: tuple[str, dict[str, int], str, list[dict[str, Any]]],
