@@ -1589,7 +1589,6 @@ def test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu(tmp_path:
     """A `GRAPH` schedule on the GPU: its launches replayed from a CUDA graph read the input where it lies (new
     values written in place are normalized), and an output the caller still holds is not overwritten by the
     next call (that call replays another graph)."""
-    import importlib.util
 
     import torch
 
@@ -1597,10 +1596,7 @@ def test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu(tmp_path:
     m = one(task_path, "norm")
     cand = tmp_path / "graphed.py"
     cand.write_text(m.render({**PIPE, "GROUP_ROWS": 1, "GRAPH": 1}))
-    spec = importlib.util.spec_from_file_location("graphed_norm", cand)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _import_source(cand, "graphed_norm")
     task = load_task(task_path)
     torch.manual_seed(0)
     ref = task.model_class(*task.get_init_inputs()).cuda()
@@ -1622,19 +1618,26 @@ def test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu(tmp_path:
     assert sum(len(e) for e in graphs.graphs.values()) == 2
 
 
+def _import_source(path: Path, name: str) -> Any:
+    """The rendered source at `path`, imported as module `name`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _assert_teams_resident(tmp_path: Path, case: tuple[str, dict[str, int], str, list[dict[str, Any]]],
                            label: str) -> None:
     """Each schedule of `case` equal to the model's on the GPU, and its persistent kernel's team fitting the
     slots its launcher counted (`_KSTRATA_RESIDENT`, from the compiled kernel's occupancy)."""
-    import importlib.util
 
     import torch
 
     for i, (task_path, cand) in enumerate(_matches_the_model_on_gpu(tmp_path, case)):
-        spec = importlib.util.spec_from_file_location(f"{label}_{i}", cand)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _import_source(cand, f"{label}_{i}")
         task = load_task(task_path)
         torch.manual_seed(0)
         model = mod.ModelNew(*task.get_init_inputs()).cuda()
