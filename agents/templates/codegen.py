@@ -198,7 +198,7 @@ class ExprEmitter:
             elif off == "0":  # one element broadcast everywhere: a scalar load (a block mask needs a block of pointers)
                 self.lines.append(f"{v} = tl.load({leaf_arg(e)}).to(tl.float32)")
             else:
-                self.lines.append(f"{v} = tl.load({leaf_arg(e)} + ({off}){_masked(mask)}).to(tl.float32)")
+                self.lines.append(f"{v} = tl.load({leaf_arg(e)} + ({off}){masked_args(mask)}).to(tl.float32)")
             return v
         args = [self.emit(a, root, idx, space, mask) for a in e.args]
         v = self.fresh()
@@ -339,10 +339,10 @@ def uses_root(e: Expr | Leaf) -> bool:
 def root_load(chain: Chain, space: tuple[int, ...], idx: str, mask: str, var: str = "x", other: str = "0.0") -> str:
     """The kernel line loading the root (head output or input) at flat index `idx` of `space`, in fp32."""
     off = broadcast_offset(chain.root.shape, space, idx)
-    return f"{var} = tl.load(h_ptr + ({off}){_masked(mask, other)}).to(tl.float32)"
+    return f"{var} = tl.load(h_ptr + ({off}){masked_args(mask, other)}).to(tl.float32)"
 
 
-def _masked(mask: str, other: str = "0.0") -> str:
+def masked_args(mask: str, other: str = "0.0") -> str:
     return "" if mask == "None" else f", mask={mask}, other={other}"
 
 
