@@ -322,15 +322,18 @@ def hints(chain: Chain) -> list[Params]:
     both conv gap tasks on 2026-12-04 (05: 256x16, 2 warps, 726 us; 04 with its GroupNorm: 256x16, 4 warps,
     1515 us), found from these hints by the tuner's descent. 256x16 with 2 warps, 05's winner in
     `templates-bench-2026-12-04-d`, is the first hint now; with a GroupNorm it is capped at 168 registers
-    (`MAXNREG`: 04's conv kernel 820 us there against 878 uncapped, H100, 2026-12-07)."""
+    (`MAXNREG`: 04's conv kernel 820 us there against 878 uncapped, H100, 2026-12-07). The second is the first
+    with `PREFETCH`, not yet timed."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
     def warps(bm: int, acc: int) -> int:
         return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
 
-    return [{"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
-             "MAXNREG": 168 if _norm_of(chain, cv) else 0},
+    first = {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
+             "MAXNREG": 168 if _norm_of(chain, cv) else 0}
+    # the first with the next channel's taps loaded ahead (untimed: one trial; dropped where not valid)
+    return [first, {**first, "PREFETCH": 1},
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},

@@ -314,8 +314,9 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert not m._valid({**d, "MAXNREG": 168})  # a register cap for the FMA strategies only
     assert m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2,
                      "MAXNREG": 168})
-    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 7
-    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot"]
+    assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 8
+    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot"]
+    assert m.hint_params()[1] == {**m.hint_params()[0], "PREFETCH": 1}  # the first with the taps loaded ahead
     # the first hint: 256x16 with 2 warps (05's winner), capped at 168 registers with a GroupNorm (04)
     assert m.hint_params()[0]["MAXNREG"] == 0
     m04 = next(x for x in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if x.template == "conv")
@@ -552,8 +553,8 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
 @gpu
 def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     """Gap task 04 at a quarter of its batch: two runs of the fused conv + GroupNorm give the same bits (no
-    atomics; the partials combined in a fixed order), for the default, the two FMA hints (channels x pixels, pixels x
-    channels) and the widest NORM_BLOCK."""
+    atomics; the partials combined in a fixed order), for the default, the first three hints (the first with and
+    without PREFETCH, channels x pixels) and the widest NORM_BLOCK."""
     import torch
 
     from kstrata.agents.tasks import import_task_module
@@ -561,7 +562,7 @@ def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     task = _shrunk(tmp_path, "04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 4})
     m = _conv_match(task)
     mod = import_task_module(task)
-    for i, params in enumerate([{}, m.hint_params()[0], m.hint_params()[1], {"NORM_BLOCK": 4096}]):
+    for i, params in enumerate([{}, *m.hint_params()[:3], {"NORM_BLOCK": 4096}]):
         cand = tmp_path / f"model_new_det_{i}.py"
         cand.write_text(m.render(params))
         torch.manual_seed(0)
