@@ -212,7 +212,8 @@ def clamps(g: Geometry) -> tuple[bool, bool, bool]:
     element instead of a masked -inf. With dilation 1 a window is a contiguous range that meets the input
     (PyTorch: padding at most half the kernel; with ceil_mode the last window still starts inside), so the
     nearest in-range element of an outside tap is one of the window's own and the maximum is the same, NaN
-    included; the load needs no mask and no pad value. An average counts its pads: never clamped."""
+    included; the load needs no mask and no pad value (both strategies, `rows` without prefetch). An average
+    counts its pads: never clamped."""
     if not g.is_max:
         return False, False, False
     return g.rank == 3 and g.dd.d == 1, g.dh.d == 1, g.dw.d == 1
@@ -429,16 +430,37 @@ def _direct(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
     dh, dw = g.dh, g.dw
     h, w = dh.size, dw.size
     is_max = g.is_max
-    opening, base, mask = _depth_loop(g, [], "in_base", "omask")
+    cd, ch, cw = clamps(g)
     inner = ExprEmitter()
-    inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
-                    f"m = {mask} & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})",
-                    f"idx = {base} + ih * " + str(w) + " + iw",
-                    root_load(chain, s, "idx", "m", other=_pad(chain, g))]
-    v = inner.emit(chain.prologue, "x", "idx", s, "m")
-    inner.lines += [f"v = {_pad_after(chain, g, v)}", f"acc = {_combine(is_max, 'acc', 'v')}"]
+    if not (cd or ch or cw):
+        opening, base, mask = _depth_loop(g, [], "in_base", "omask")
+        inner.lines += [f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})",
+                        f"m = {mask} & (ih >= 0) & (ih < {h}) & (iw >= 0) & (iw < {w})"]
+        m: str | None = "m"
+        row = [f"ih = oh * {dh.s} + (kh * {dh.d} - {dh.p})"]
+    else:  # a max pooling's taps clamped into the input along the dims `clamps` allows, masked along the others
+        opening, base, terms = [], "in_base", []
+        if g.rank == 3:
+            d = g.dd
+            opening = [f"for kd in tl.static_range({d.k}):", f"    idp = od * {d.s} + (kd * {d.d} - {d.p})"]
+            opening.append(f"    idp = tl.minimum(tl.maximum(idp, 0), {d.size - 1})" if cd else
+                           f"    dm = (idp >= 0) & (idp < {d.size})")
+            opening.append(f"    dbase = in_base + idp * {h * w}")
+            base, terms = "dbase", [] if cd else ["dm"]
+        row = [f"ih = oh * {dh.s} + (kh * {dh.d} - {dh.p})"]
+        row += [f"ih = tl.minimum(tl.maximum(ih, 0), {h - 1})"] if ch else []
+        terms += [] if ch else [f"(ih >= 0) & (ih < {h})"]
+        inner.lines.append(f"iw = ow * {dw.s} + (kw * {dw.d} - {dw.p})")
+        inner.lines += [f"iw = tl.minimum(tl.maximum(iw, 0), {w - 1})"] if cw else []
+        terms += [] if cw else [f"(iw >= 0) & (iw < {w})"]
+        m = "m" if terms else None
+        inner.lines += [f"m = {' & '.join(terms)}"] if terms else []
+    inner.lines += [f"idx = {base} + ih * " + str(w) + " + iw",
+                    root_load(chain, s, "idx", m or "None", other=_pad(chain, g))]
+    v = inner.emit(chain.prologue, "x", "idx", s, m or "None")
+    inner.lines += [f"v = {_pad_after(chain, g, v) if m else v}", f"acc = {_combine(is_max, 'acc', 'v')}"]
     window = [f"for kh in tl.static_range({dh.k}):",
-              f"    ih = oh * {dh.s} + (kh * {dh.d} - {dh.p})",
+              *_nest(row, 1),
               f"    for kw in tl.static_range({dw.k}):",
               *_nest(inner.lines, 2)]
     window = [*opening, *_nest(window, 1)] if opening else window

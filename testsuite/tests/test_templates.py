@@ -742,8 +742,8 @@ print(json.dumps(why))
 def test_pool_rows_prefetch_propagates_nan_like_pytorch(tmp_path: Path) -> None:
     """A NaN in a window makes its max or average NaN (PyTorch's pooling), whichever iteration loaded it: the
     unrolled loop (1, 2 and 4 rows an iteration; a max's taps clamped into the input: a NaN on the edge is read
-    again by the clamped taps, never lost or spread past its windows) and rows loaded 1 and 2 ahead, 2-D max and
-    average with a prologue, 3-D max in fp16."""
+    again by the clamped taps, never lost or spread past its windows), rows loaded 1 and 2 ahead and the direct
+    strategy (its max taps clamped too), 2-D max and average with a prologue, 3-D max in fp16."""
     import os
     import subprocess
     import sys
@@ -756,14 +756,15 @@ def test_pool_rows_prefetch_propagates_nan_like_pytorch(tmp_path: Path) -> None:
     for task in tasks:
         m = next(x for x in match(load_task(task)) if x.template.startswith("pool"))
         cands = []
-        for i, r in enumerate(ROWS_SCHEDULES):
+        direct = {"strategy": "direct", "BLOCK_H": 4, "BLOCK_W": 16, "AHEAD": 0, "UNROLL": 1}
+        for i, r in enumerate([*({**rows, **r} for r in ROWS_SCHEDULES), direct]):
             cand = tmp_path / f"{task.stem}_rows{i}.py"
-            cand.write_text(m.render({**rows, **r}))
+            cand.write_text(m.render(r))
             cands.append(str(cand))
         proc = subprocess.run([sys.executable, "-c", NAN_SCRIPT, str(task), json.dumps(cands)], capture_output=True,
                               text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [None] * len(ROWS_SCHEDULES), task.name
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [None] * (len(ROWS_SCHEDULES) + 1), task.name
 
 
 def test_pool_rows_prefetch_is_a_rows_schedule_the_tuner_tries_early(tmp_path: Path) -> None:
