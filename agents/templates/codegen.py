@@ -107,7 +107,8 @@ def render_source(chain: Chain, k: Kernel, task_path: Path) -> str:
         # row groups) are bound by the host's launch rate otherwise; the interpreter runs them directly
         body = [*body[:-1], "", "", *MAP_HELPER, "", "", *GRAPH_HELPER, body[-1]]
         body += [f"    def forward(self, {inputs}):",
-                 f"        if all(t.is_cuda for t in _KstrataGraphs._tensors([{inputs}])):",
+                 f"        tensors = _KstrataGraphs._tensors([{inputs}])",
+                 "        if tensors and all(t.is_cuda for t in tensors):",
                  "            graphs = self.__dict__.get('_kstrata_graphs')",
                  "            if graphs is None:",
                  "                graphs = self.__dict__['_kstrata_graphs'] = _KstrataGraphs(self._launches, self)",
