@@ -210,7 +210,7 @@ def render(chain: Chain, params: Params, policy: str, name: str) -> Kernel:
 def clamps(g: Geometry) -> tuple[bool, bool, bool]:
     """(depth, rows, columns): the dims along which a max pooling's out-of-range taps read the nearest in-range
     element instead of a masked -inf. With dilation 1 a window is a contiguous range that meets the input
-    (PyTorch: padding at most half the kernel; with ceil_mode the last window still starts inside), so the
+    (PyTorch: padding at most half the kernel; ceil_mode is refused by the graph), so the
     nearest in-range element of an outside tap is one of the window's own and the maximum is the same, NaN
     included; the load needs no mask and no pad value (both strategies, `rows` without prefetch). An average
     counts its pads: never clamped."""
