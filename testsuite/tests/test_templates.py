@@ -1635,6 +1635,77 @@ def test_pipelined_schedules_match_the_model_on_gpu(tmp_path: Path, key: str) ->
     assert len(_matches_the_model_on_gpu(tmp_path, PIPE_CASES[key])) == len(PIPE_CASES[key][3])
 
 
+#: the child that runs a graphed norm's launches through `_KstrataGraphs` under CUDA-graph semantics on the CPU
+#: (a fake torch.cuda as in test_cuda_graph_config: a replay recomputes the captured call from the captured
+#: tensors into the captured outputs); argv: the rendered source, the task. Prints a JSON list of what failed.
+GRAPHED_SCRIPT = """
+import contextlib, json, sys
+import torch
+from kstrata.agents.tasks import import_task_module
+mod, task = import_task_module(sys.argv[1]), import_task_module(sys.argv[2])
+graphs = []
+class G:
+    def replay(self):
+        self.fn()
+class S:
+    def wait_stream(self, other):
+        pass
+def new_graph():
+    graphs.append(G())
+    return graphs[-1]
+torch.cuda.CUDAGraph, torch.cuda.Stream, torch.cuda.current_stream = new_graph, S, lambda: S()
+torch.cuda.stream = torch.cuda.graph = lambda *a: contextlib.nullcontext()
+capture = mod._KstrataGraphs._capture
+def recording(self, inputs, copy_in, shape):
+    graph, static, out, uses = capture(self, inputs, copy_in, shape)
+    read = static if static is not None else list(inputs)
+    def fn():
+        for o, n in zip(self._tensors(out), self._tensors(self.call(*read))):
+            o.copy_(n)
+    graph.fn = fn
+    return graph, static, out, uses
+mod._KstrataGraphs._capture = recording
+torch.manual_seed(0)
+ref = task.Model(*task.get_init_inputs())
+torch.manual_seed(0)
+new = mod.ModelNew(*task.get_init_inputs())
+wrapped = mod._KstrataGraphs(new._launches, new)
+x = task.get_inputs()[0]
+bad = []
+with torch.no_grad():
+    first = wrapped(x)
+    bad += [] if torch.allclose(first, ref(x), atol=1e-4, rtol=1e-4) else ["first call"]
+    kept = first.clone()
+    x.mul_(3.0).add_(1.0)
+    second = wrapped(x)
+    bad += [] if torch.allclose(second, ref(x), atol=1e-4, rtol=1e-4) else ["new values in place"]
+    bad += [] if torch.equal(first, kept) and len(graphs) == 2 else ["a held output overwritten"]
+    ptr = first.data_ptr()
+    del first
+    third = wrapped(x)
+    bad += [] if third.data_ptr() == ptr and len(graphs) == 2 else ["a free graph not replayed"]
+print(json.dumps(bad))
+"""
+
+
+@pytest.mark.slow
+def test_a_graphed_norm_replays_its_launches_under_graph_semantics(tmp_path: Path) -> None:
+    """A `GRAPH` schedule's launches (`_launches`, its Triton kernels under the interpreter) through the graph
+    helper with CUDA-graph semantics faked on the CPU: captured once, replayed on new values written in place,
+    a held output kept, a freed graph replayed (the GPU twin below runs the real graphs)."""
+    import os
+    import subprocess
+    import sys
+
+    task_path = shrunk(tmp_path, "gaps/01_layernorm_three_dims_fp32.py", {"batch": 3, "features": 2, "dim1": 97, "dim2": 89})
+    cand = tmp_path / "graphed.py"
+    cand.write_text(one(task_path, "norm").render({**PIPE, "GROUP_ROWS": 1, "GRAPH": 1}))
+    proc = subprocess.run([sys.executable, "-c", GRAPHED_SCRIPT, str(cand), str(task_path)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
 @pytest.mark.gpu
 @gpu
 def test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu(tmp_path: Path) -> None:
