@@ -4,7 +4,10 @@
 - `split`: very wide rows (4096 x 393216) are split across SPLIT programs per row. A first kernel computes
   per-chunk online (max, sum of exp) partials lane-wise; a second kernel combines its row's partials and
   normalizes its chunk. `GROUP_ROWS` > 0 runs both kernels on groups of rows in turn, so that a group's
-  second read can hit L2 (a group of GROUP_ROWS rows must fit in it); 0 runs all rows at once.
+  second read can hit L2 (a group of GROUP_ROWS rows must fit in it); 0 runs all rows at once. With `GRAPH` 1
+  the groups' launches are captured once into a CUDA graph and replayed (`agents.cuda_graphs`): the gap task's
+  4096 rows in groups of 8 are 1024 launches of a few microseconds each, more than a host launching Triton
+  kernels one by one keeps up with. Not yet timed on a GPU.
 - `team` (GPU only): one persistent kernel of RESIDENT x SM-count programs; teams of SPLIT programs take a
   row at a time, exchange their partials through a per-row counter (all programs resident, so the wait
   ends; a bounded spin turns a scheduling surprise into a wrong result the checks reject, not a hang) and
@@ -79,14 +82,17 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
         ("GROUP_ROWS", (0, 8, 16, 32) if m > 8 else (0,)),
         ("num_warps", (4, 8, 16)),
         ("RESIDENT", (1, 2, 3, 4)),
+        # row groups launched from a CUDA graph (`norm`'s GRAPH): 4096 rows in groups of 8 are 1024 launches of
+        # a few microseconds each, which a host launching Triton kernels one by one cannot keep up with
+        ("GRAPH", (0, 1) if m > 8 else (0,)),
     ]
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(n))), "BLOCK": 1024, "SPLIT": 1,
-                   "GROUP_ROWS": 0, "num_warps": 4 if n <= 1024 else 8, "RESIDENT": 1}
+                   "GROUP_ROWS": 0, "num_warps": 4 if n <= 1024 else 8, "RESIDENT": 1, "GRAPH": 0}
     else:
         split = max(1, min(64, next_pow2(cdiv(4 * 132, m))))
         default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 4096, "SPLIT": split, "GROUP_ROWS": 0, "num_warps": 8,
-                   "RESIDENT": 1}
+                   "RESIDENT": 1, "GRAPH": 0}
     return tuple(sp), tuple(default.items())
 
 
@@ -99,20 +105,23 @@ def hints(chain: Chain) -> list[Params]:
     # a chunk in registers first (a row read once; the teams as many as stay resident), 32 or 64 values a thread
     out: list[Params] = [{"strategy": "resident", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": 1, "BLOCK": b, "num_warps": w,
                           "RESIDENT": 1} for b, w in resident_schedules(n, MAX_TEAM)]
+    # then the row groups from a CUDA graph (a group and its output in L2, its launches not the host's)
+    groups = [g for g in (8, 16, 32) if g < m and 2 * g * row_bytes <= 48 << 20]
+    out += [{"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(64, next_pow2(cdiv(256, g)))),
+             "BLOCK": 4096, "num_warps": 8, "GRAPH": 1} for g in groups]
     # persistent teams first (the H200 run: RESIDENT 2 beat 1, 6080 us against 9161 us at SPLIT 16)
     for k in (4, 8, 16, 32):
         for resident in (2, 3, 4):
             out.append({"strategy": "team", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": k, "BLOCK": 4096, "num_warps": 8,
                         "RESIDENT": resident})
-    for g in (8, 16, 32):
-        if g < m and 2 * g * row_bytes <= 48 << 20:
-            out.append({"strategy": "split", "BLOCK_M": 1, "GROUP_ROWS": g, "SPLIT": max(1, min(64, next_pow2(cdiv(256, g)))),
-                        "BLOCK": 4096, "num_warps": 8})
+    out += [{**h, "GRAPH": 0} for h in out if h.get("GRAPH")]  # the same groups launched by the host
     return out
 
 
 def valid(chain: Chain, p: Params) -> bool:
     m, n = geometry(chain)
+    if p.get("GRAPH") and not (p["strategy"] == "split" and p["GROUP_ROWS"] >= 1):
+        return False  # a graph only where the forward launches two kernels a row group
     if p["strategy"] == "fused":
         return bool(n <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(n) * p["BLOCK_M"] <= 32768 and p["RESIDENT"] == 1)

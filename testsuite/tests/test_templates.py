@@ -150,9 +150,12 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     with pytest.raises(ValueError, match="not valid"):
         m.render({**resident[0], "BLOCK": 32768, "num_warps": 8})  # 128 values a thread
     wide = match(load_task(GAPS / "03_softmax_wide_rows_fp32.py"))[0]
-    assert [(h["strategy"], h["GROUP_ROWS"], h["SPLIT"], h["RESIDENT"]) for h in wide.hint_params()] == [
-        *[("resident", 0, 1, 1)] * 5, *[("team", 0, k, r) for k in (4, 8, 16, 32) for r in (2, 3, 4)],
-        ("split", 8, 32, 1), ("split", 16, 16, 1)]
+    assert [(h["strategy"], h["GROUP_ROWS"], h["SPLIT"], h["RESIDENT"], h["GRAPH"]) for h in wide.hint_params()] == [
+        *[("resident", 0, 1, 1, 0)] * 5, ("split", 8, 32, 1, 1), ("split", 16, 16, 1, 1),
+        *[("team", 0, k, r, 0) for k in (4, 8, 16, 32) for r in (2, 3, 4)], ("split", 8, 32, 1, 0), ("split", 16, 16, 1, 0)]
+    assert "def _launches(self, x):" in wide.render(wide.hint_params()[5])  # 512 groups of 8 rows from one graph
+    with pytest.raises(ValueError, match="not valid"):
+        wide.render({**wide.hint_params()[0], "GRAPH": 1})  # a graph only for row groups
     assert "c = pid % 12" in wide.render(wide.hint_params()[0])  # 393216 = 12 chunks of 32768
     soft = match(load_task(TASKS_DIR / "level1" / "17_softmax_fp32.py"))[0]
     assert soft.hint_params() == []
@@ -177,7 +180,7 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
       {"strategy": "rows", "BLOCK_H": 8, "BLOCK_W": 32, "UNROLL": 4}, {"strategy": "rows", "BLOCK_H": 4, "BLOCK_W": 32, "UNROLL": 2}]),
     ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 19, "dim": 3000}, "softmax",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1},
-      TEAM]),
+      TEAM, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "GROUP_ROWS": 8, "BLOCK_M": 1, "GRAPH": 1}]),
     ("gaps/04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 2, "height": 20, "width": 18}, "norm",
      [{}, {"strategy": "split", "BLOCK": 1024, "SPLIT": 2, "BLOCK_M": 1}]),
     ("gaps/05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11}, "pointwise",
