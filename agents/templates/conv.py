@@ -104,14 +104,18 @@ SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("PREFETCH", (0, 1)))
 #: `PREFETCH` 1 (FMA strategies, at most PREFETCH_TAPS taps): the next input channel's taps are loaded before this
 #: channel's products. Triton's pipeliner leaves these loads alone (num_stages 3 compiles to the same SASS), and
-#: ptxas issues a channel's first loads at the loop's head, where the warp waits on them; the rotation costs
-#: registers (05's kernel for cuda:90: 189 against 168, and 710 SASS a channel against 668). Not yet timed on a GPU.
+#: ptxas issues a channel's first loads at the loop's head, where the warp waits on them. What it costs depends on
+#: how the kernel is specialized: 05's kernel for cuda:90 had 189 registers against 168 and 710 SASS a channel
+#: against 668 in one compile (2026-12-07); compiled with the tests' launch record (every i32 argument divisible
+#: by 16) the loop was the same with and without it (619 SASS, 576 FFMA; 04 at MAXNREG 168: 622). Not yet timed
+#: on a GPU, whose own compile was not inspected.
 PREFETCH_TAPS = 9
 #: `MAXNREG` (0: ptxas chooses) caps an FMA strategy's registers a thread (Triton's `maxnreg`): a 64-thread program
 #: at 255 registers leaves 4 programs an SM (2 warps a scheduler), at 168 six, at 128 eight. The loop needs about
 #: 168 at 64 accumulators a thread; an epilogue heavier than the loop (04's GroupNorm statistics: 204) sets the
 #: whole kernel's count. 04's conv kernel at 256x16, 2 warps: 878 us at 204 registers, 820 us capped at 168 (H100,
-#: 2026-12-07, `template-probe-2026-12-07-conv-e`); the cap spills 32 bytes, 4 reloads a channel in the loop (cuda:90).
+#: 2026-12-07, `template-probe-2026-12-07-conv-e`). Compiled here for cuda:90 the cap spilled 32 bytes (4 reloads a
+#: channel) in one compile, and nothing with the tests' launch record (227 registers uncapped there, 204 on the H100).
 #: Fewest fp32 accumulators a thread of the `fma` strategy may keep: ptxas -v for cuda:90 (Triton 3.6) on the gap
 #: tasks' kernels gave 16 a thread (64x32 tiles, 4 warps; 32x32, 2 warps) 255 registers and 64-80 bytes of
 #: spills, 32 or more a thread 71-225 registers and none (the dot strategy spilled at neither).
