@@ -51,6 +51,7 @@ import typer
 from kstrata.agents.roofline import copy_bandwidth
 from kstrata.backends.device_profile import PROFILE_CALLS, DeviceProfile, profile_calls
 from kstrata.backends.timing import L2_FLUSH_BYTES, CudaClock
+from kstrata.tools.gpu_torch_backend import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,11 +68,6 @@ def _model(name: str, all_tasks: bool) -> tuple[Any, tuple[Any, ...]]:
         model, inputs = load_task(path).instantiate("cuda")
         return model, tuple(inputs)
     return _models()[name]
-
-
-#: The models `--models` names besides tasks: the keys of `tools/gpu_torch_backend.py`'s `_models`, which builds
-#: them on the GPU (so it cannot be asked on a CPU).
-MODELS = ("mlp_fp16", "transformer_block_bf16", "conv_block_fp32")
 
 
 def _task_path(name: str) -> Path:

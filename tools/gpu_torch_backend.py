@@ -60,6 +60,10 @@ def _flat(value: Any) -> list[Any]:
     return [value]
 
 
+#: The models `_models` builds, in its order (names a CPU can list: building them needs the GPU).
+MODELS = ("mlp_fp16", "transformer_block_bf16", "conv_block_fp32")
+
+
 def _models() -> dict[str, tuple[Any, tuple[Any, ...]]]:
     import torch
     from torch import nn
@@ -79,12 +83,10 @@ def _models() -> dict[str, tuple[Any, tuple[Any, ...]]]:
     mlp = nn.Sequential(nn.Linear(1024, 4096), nn.SiLU(), nn.Linear(4096, 1024), nn.LayerNorm(1024))
     conv = nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.Conv2d(128, 64, 1),
                          nn.GELU()).eval()
-    return {
-        "mlp_fp16": (mlp.cuda().half(), (torch.randn(8192, 1024, device="cuda", dtype=torch.half),)),
-        "transformer_block_bf16": (Block().cuda().bfloat16().eval(),
-                                   (torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16),)),
-        "conv_block_fp32": (conv.cuda(), (torch.randn(32, 64, 56, 56, device="cuda"),)),
-    }
+    built = [(mlp.cuda().half(), (torch.randn(8192, 1024, device="cuda", dtype=torch.half),)),
+             (Block().cuda().bfloat16().eval(), (torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16),)),
+             (conv.cuda(), (torch.randn(32, 64, 56, 56, device="cuda"),))]
+    return dict(zip(MODELS, built, strict=True))
 
 
 def _task_models(root: Path, all_tasks: bool) -> dict[str, tuple[Any, tuple[Any, ...]]]:
