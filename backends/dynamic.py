@@ -3,8 +3,8 @@
 A *job* runs the original and the candidate on one input set and compares what they wrote. Jobs run in a
 child process, so that a candidate that faults, hangs or kills the process is a verdict and not a crash
 of the verifier. One child runs a list of jobs (imports of torch, Triton and xDSL cost seconds, a job
-often less); it prints `JOB k` when job k starts, `STAGE original|candidate` before each kernel runs
-and `RESULT {json}` when the job ends. When a child dies or a job passes its timeout, the parent records
+often less); it prints `JOB k` when job k starts, `STAGE original|candidate` before each kernel runs,
+`STAGE compare` before the outputs are compared, and `RESULT {json}` when the job ends. When a child dies or a job passes its timeout, the parent records
 that job's outcome from the last `STAGE` it saw and starts a fresh child for the remaining jobs.
 
 Outcomes become checks in `verdict`: the original failing is never the candidate's fault — the input
@@ -75,6 +75,7 @@ def _run_job(job: dict[str, Any], stage: Any) -> dict[str, Any]:
             if stray:
                 return {"status": f"{which}-out-of-bounds", "violations": stray}
             outs.append(args)
+        stage("compare")
         names = [a.name for a in record.args if isinstance(a, TensorArg)]
         diff = compare_outputs(outs[0], outs[1], names, tolerance, redzone=True)
         exact = diff is None and (tolerance is None or compare_outputs(outs[0], outs[1], names, redzone=True) is None)
@@ -106,9 +107,20 @@ def child_main(jobs_path: str) -> None:
     def stage(name: str) -> None:
         print(f"STAGE {name}", flush=True)
 
+    import torch
+
     for index, job in enumerate(jobs):
         print(f"JOB {index}", flush=True)
-        print("RESULT " + json.dumps(_run_job(job, stage), default=str), flush=True)
+        try:
+            result = _run_job(job, stage)
+        except torch.OutOfMemoryError as exc:  # the check's own copies, not a kernel's doing (it allocates none)
+            torch.cuda.empty_cache()
+            result = {"status": "harness-error", "error": f"the check ran out of GPU memory: {_first_line(exc)}"}
+        print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
 
 
 def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | None = None,
@@ -184,6 +196,11 @@ def verdict(name: str, level: str, iset: InputSet, outcome: Outcome, timeout: fl
         from .replay import describe_violation
 
         return "skipped", "cannot check: the original itself " + describe_violation(outcome.payload["violations"][0])
+    if status == "harness-error":
+        return "skipped", f"cannot check: {outcome.payload.get('error')} (inputs: {iset.label})"
+    if status in ("crashed", "timeout") and stage == "compare":  # both kernels had run and synchronized
+        why = f"past {timeout:g} s" if status == "timeout" else f"died: {_tail(outcome.output)}"
+        return "skipped", f"cannot check: the comparison of the outputs {why} (inputs: {iset.label})"
     if status == "original-error" or (status in ("crashed", "timeout") and stage in (None, "original")):
         why = outcome.payload.get("error") or (f"the original ran past {timeout:g} s" if status == "timeout" else
                                                f"the original's run died: {_tail(outcome.output)}")

@@ -231,10 +231,35 @@ def _ordered(bits: Any, width: int) -> Any:
     return torch.where((b >> (width - 1)) != 0, -magnitude, magnitude)
 
 
+#: Elements compared at a time: a float64 copy of a chunk and its masks are a few hundred MB, where whole
+#: storages of a published-size launch (6.4 GB of fp32, task gaps/03) took 12 GB a float64 copy and ran the
+#: differential run out of GPU memory (H100, 2026-12-07).
+COMPARE_CHUNK = 1 << 25
+
+
+def _same_chunk(x: Any, y: Any, xb: Any, yb: Any, width: int, tolerance: Tolerance | None) -> Any:
+    """Per element of one chunk: equal bits, both NaN, or within `tolerance` (finite)."""
+    import torch
+
+    same = xb == yb
+    if x.dtype.is_floating_point:
+        xf, yf = x.to(torch.float64), y.to(torch.float64)
+        same |= torch.isnan(xf) & torch.isnan(yf)
+        if tolerance is not None and not tolerance.exact:
+            finite = torch.isfinite(xf) & torch.isfinite(yf)
+            close = (xf - yf).abs() <= tolerance.atol + tolerance.rtol * yf.abs()
+            if tolerance.ulp:
+                close |= (_ordered(xb, width) - _ordered(yb, width)).abs() <= tolerance.ulp
+            same |= finite & close
+    return same
+
+
 def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
-                    tolerance: Tolerance | None = None, redzone: bool = False) -> dict[str, Any] | None:
+                    tolerance: Tolerance | None = None, redzone: bool = False,
+                    chunk: int = COMPARE_CHUNK) -> dict[str, Any] | None:
     """The first element where `a` and `b` differ among the tensors `names` (whole storages are
-    compared, so a write outside a view counts), or None."""
+    compared, so a write outside a view counts), or None. Compared `chunk` elements at a time, so the
+    comparison's own memory does not grow with the tensors."""
     import torch
 
     for name in names:
@@ -247,24 +272,20 @@ def compare_outputs(a: dict[str, Any], b: dict[str, Any], names: list[str],
         width = x.element_size() * 8
         int_view = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
         xb, yb = x.view(int_view), y.view(int_view)
-        same = xb == yb
-        if x.dtype.is_floating_point:
-            xf, yf = x.to(torch.float64), y.to(torch.float64)
-            nan_x, nan_y = torch.isnan(xf), torch.isnan(yf)
-            same |= nan_x & nan_y
-            if tolerance is not None and not tolerance.exact:
-                finite = torch.isfinite(xf) & torch.isfinite(yf)
-                close = (xf - yf).abs() <= tolerance.atol + tolerance.rtol * yf.abs()
-                if tolerance.ulp:
-                    close |= (_ordered(xb, width) - _ordered(yb, width)).abs() <= tolerance.ulp
-                same |= finite & close
-        if not bool(same.all()):
-            index = int(torch.argmax((~same).to(torch.uint8)))  # the first mismatch (argmax takes the first maximum)
-            diff: dict[str, Any] = {"argument": name, "element": index, "a": x[index].item(), "b": y[index].item()}
+        first, mismatches = -1, 0
+        for start in range(0, x.numel(), chunk):
+            end = min(start + chunk, x.numel())
+            same = _same_chunk(x[start:end], y[start:end], xb[start:end], yb[start:end], width, tolerance)
+            bad = int((~same).sum())
+            if bad and first < 0:  # argmax takes the first maximum: the chunk's first mismatch
+                first = start + int(torch.argmax((~same).to(torch.uint8)))
+            mismatches += bad
+        if first >= 0:
+            diff: dict[str, Any] = {"argument": name, "element": first, "a": x[first].item(), "b": y[first].item()}
             if x.dtype.is_floating_point:
-                diff["a_bits"], diff["b_bits"] = hex(int(xb[index]) & ((1 << width) - 1)), \
-                    hex(int(yb[index]) & ((1 << width) - 1))
-            diff["mismatches"] = int((~same).sum())
+                diff["a_bits"], diff["b_bits"] = hex(int(xb[first]) & ((1 << width) - 1)), \
+                    hex(int(yb[first]) & ((1 << width) - 1))
+            diff["mismatches"] = mismatches
             return diff
     return None
 
@@ -324,6 +345,12 @@ def differential(a: KernelBundle, b: KernelBundle, record: LaunchRecord, seed: i
             stray = redzone_violations(scratch, record, f"{which}, one of the {runs} timed launches")
             if stray:
                 return Differential(a.name, False, None, out_of_bounds=stray, out_of_bounds_by=which)
+            # at a published size each copy is gigabytes (task gaps/03: 12.9 GB of arguments): the timing's
+            # scratch goes before the next copy is made, and the inputs before the comparison
+            del scratch, once
+    del inputs
+    if on_stage is not None:
+        on_stage("compare")
     names = [t.name for t in record.args if isinstance(t, TensorArg)]
     first = compare_outputs(outputs[0], outputs[1], names, tolerance, redzone=True)
     exact = first is None and (tolerance is None or

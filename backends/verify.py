@@ -910,6 +910,8 @@ def _sanitize(report: VerifyReport, add: Any, job_base: dict[str, Any], sets: li
     name = f"compute-sanitizer {tool}"
     if outcome.status == "ran" and not outcome.payload.get("returncode"):
         add(Check(name, binary_level, "pass", "no errors reported (one launch, every buffer its own allocation)"))
+    elif outcome.status == "harness-error":  # the arguments did not fit: no verdict on the kernel
+        add(Check(name, binary_level, "skipped", f"cannot run: {outcome.payload.get('error')}"))
     else:
         errors = [ln.strip() for ln in outcome.output.splitlines() if ln.startswith("=========") and
                   ("ERROR" in ln.upper() or "Invalid" in ln or "hazard" in ln.lower() or "bytes" in ln)][:6]

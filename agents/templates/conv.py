@@ -107,8 +107,8 @@ SPACE: tuple[tuple[str, tuple[object, ...]], ...] = (
 #: ptxas issues a channel's first loads at the loop's head, where the warp waits on them. What it costs depends on
 #: how the kernel is specialized: 05's kernel for cuda:90 had 189 registers against 168 and 710 SASS a channel
 #: against 668 in one compile (2026-12-07); compiled with the tests' launch record (every i32 argument divisible
-#: by 16) the loop was the same with and without it (619 SASS, 576 FFMA; 04 at MAXNREG 168: 622). Not yet timed
-#: on a GPU, whose own compile was not inspected.
+#: by 16) the loop was the same with and without it (619 SASS, 576 FFMA; 04 at MAXNREG 168: 622). On an H100
+#: (2026-12-07) 04's conv kernel ran 858 us with it and 817 without: the last hint.
 PREFETCH_TAPS = 9
 #: `MAXNREG` (0: ptxas chooses) caps an FMA strategy's registers a thread (Triton's `maxnreg`): a 64-thread program
 #: at 255 registers leaves 4 programs an SM (2 warps a scheduler), at 168 six, at 128 eight. The loop needs about
@@ -326,8 +326,9 @@ def hints(chain: Chain) -> list[Params]:
     both conv gap tasks on 2026-12-04 (05: 256x16, 2 warps, 726 us; 04 with its GroupNorm: 256x16, 4 warps,
     1515 us), found from these hints by the tuner's descent. 256x16 with 2 warps, 05's winner in
     `templates-bench-2026-12-04-d`, is the first hint now; with a GroupNorm it is capped at 168 registers
-    (`MAXNREG`: 04's conv kernel 820 us there against 878 uncapped, H100, 2026-12-07). The second is the first
-    with `PREFETCH`, not yet timed."""
+    (`MAXNREG`: 04's conv kernel 820 us there against 878 uncapped, H100, 2026-12-07). The last is the first
+    with `PREFETCH`: on 04 (H100, 2026-12-07) its conv kernel ran 858 us against 817 without (torch.profiler, 5
+    calls), while the forward's median was 1302 us against 1320: within the noise, not a win."""
     cv = conv_of(chain)
     bn = min(64, max(16, next_pow2(cv.co)))
 
@@ -336,14 +337,14 @@ def hints(chain: Chain) -> list[Params]:
 
     first = {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
              "MAXNREG": 168 if _norm_of(chain, cv) else 0}
-    # the first with the next channel's taps loaded ahead (untimed: one trial; dropped where not valid)
-    return [first, {**first, "PREFETCH": 1},
+    return [first,
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
-            {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}]
+            {"strategy": "dot", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2},
+            {**first, "PREFETCH": 1}]  # the first with the next channel's taps loaded ahead (dropped where not valid)
 
 
 def description(chain: Chain, policy: str = "strict") -> str:

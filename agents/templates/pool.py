@@ -23,7 +23,9 @@ Two strategies:
   rows an iteration, the window's first kh - 1 rows reduced before it, the taps' columns computed once, and a
   max pooling's taps clamped into the input where the dilation is 1 (`clamps`: no masks, no pads). Compiled
   for cuda:90 the gap task's loop went from 46 to 32 SASS instructions an output (2 outputs a thread), where
-  the H200 had run it at 75% issue (2026-12-04).
+  the H200 had run it at 75% issue (2026-12-04). Fewer instructions did not make it faster: on an H100
+  (2026-12-07, BLOCK_H 32, BLOCK_W 256, 4 warps) the kernel ran 727 us at UNROLL 4 and 653 us at AHEAD 1
+  (`template-probe-2026-12-07-f.md`), so the hints try the prefetch first.
 PyTorch's max pooling also writes an int64 index per output, which this does not.
 """
 
@@ -165,9 +167,12 @@ def hints(chain: Chain) -> list[Params]:
     of the copy bandwidth; on 2026-12-04 the prefetch did not beat it (the module docstring)."""
     if not _rows_default(geometry(chain)):
         return []
-    # two outputs a thread (fewer instructions an output in the unrolled loop), then the prefetching loop
-    return [{"BLOCK_W": 256}, {"BLOCK_W": 256, "BLOCK_H": 64}, {"num_warps": 2}, {"UNROLL": 2, "BLOCK_W": 256},
-            {"AHEAD": 1, "UNROLL": 1}, {"AHEAD": 2, "UNROLL": 1}, {"num_warps": 2, "AHEAD": 1, "UNROLL": 1}]
+    # the prefetching loop first: on the gap task (H100, 2026-12-07, BLOCK_H 32, BLOCK_W 256, 4 warps) its kernel
+    # ran 653 us at AHEAD 1 against 727 for the unrolled loop at UNROLL 4 (fewer instructions, 40 registers
+    # against 39: not occupancy); then the unrolled loop at two outputs a thread, and less unrolled
+    return [{"AHEAD": 1, "UNROLL": 1, "BLOCK_W": 256}, {"BLOCK_W": 256}, {"UNROLL": 1, "BLOCK_W": 256},
+            {"UNROLL": 2, "BLOCK_W": 256}, {"AHEAD": 1, "UNROLL": 1}, {"BLOCK_W": 256, "BLOCK_H": 64},
+            {"num_warps": 2}, {"AHEAD": 2, "UNROLL": 1}, {"num_warps": 2, "AHEAD": 1, "UNROLL": 1}]
 
 
 def valid(chain: Chain, p: Params) -> bool:

@@ -315,8 +315,9 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2,
                      "MAXNREG": 168})
     assert all(m._valid(h) for h in m.hint_params()) and len(m.hint_params()) == 8
-    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot"]
-    assert m.hint_params()[1] == {**m.hint_params()[0], "PREFETCH": 1}  # the first with the taps loaded ahead
+    assert [h["strategy"] for h in m.hint_params()] == ["fmat", "fmat", "fma", "fmat", "fmat", "fma", "dot", "fmat"]
+    # last, the first with the taps loaded ahead (slower on 04's conv kernel, H100 2026-12-07)
+    assert m.hint_params()[-1] == {**m.hint_params()[0], "PREFETCH": 1}
     # the first hint: 256x16 with 2 warps (05's winner), capped at 168 registers with a GroupNorm (04)
     assert m.hint_params()[0]["MAXNREG"] == 0
     m04 = next(x for x in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if x.template == "conv")

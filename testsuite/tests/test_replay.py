@@ -88,6 +88,17 @@ def test_compare_is_bitwise_nan_agnostic_and_honours_tolerances() -> None:
     assert compare_outputs({"o": i}, {"o": j}, ["o"], Tolerance(rtol=1.0))["element"] == 2  # type: ignore[index]
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 4, 1000])
+def test_compare_in_chunks_finds_the_first_mismatch_and_counts_them_all(chunk: int) -> None:
+    a = torch.arange(10, dtype=torch.float32)
+    b = a.clone()
+    b[[4, 5, 9]] = -1.0  # in the second chunk (of 3 or 4) and the last
+    diff = compare_outputs({"o": a}, {"o": b}, ["o"], chunk=chunk)
+    assert diff is not None and diff["element"] == 4 and diff["mismatches"] == 3 and diff["a"] == 4.0
+    assert compare_outputs({"o": a}, {"o": b}, ["o"], Tolerance(atol=6.0), chunk=chunk)["element"] == 9  # type: ignore[index]
+    assert compare_outputs({"o": a}, {"o": a.clone()}, ["o"], chunk=chunk) is None
+
+
 def test_compare_sees_writes_outside_the_view() -> None:
     a, b = torch.zeros(8)[:4], torch.zeros(8)[:4]  # same layout, separate storages
     torch.empty(0).set_(b.untyped_storage())[6] = 1.0  # past the end of b's view
