@@ -35,9 +35,12 @@ Strategies (`strategy` in the schedule):
 
 `GRAPH` = 1 (`split` and `pipe` with row groups): the forward's launches are captured once into a CUDA graph and
 replayed (`agents.cuda_graphs`: keyed by the inputs' addresses, read in place, a held output never overwritten).
-A row group of LayerNorm's task is a 16 MB row: its statistics and normalization take a few microseconds each
-on the GPU, less than the host takes to launch a Triton kernel, so without a graph the row groups' L2 reuse is
-lost to launch gaps (`pipe`, 17 launches: 434 us, H200 2026-12-04). Under the interpreter the launches run
+It was built on the guess that a row group's short launches (a 16 MB row of LayerNorm's task) were bound by
+the host launching them (`pipe`, 17 launches: 434 us, H200 2026-12-04). Measured, they are not (H100,
+2026-12-07, `template-probe-2026-12-07-f.md`, one row a group, SPLIT 256, 8 warps): `pipe` 552 us without the
+graph and 533 with it, its kernels alone 485-487 us; `split` from the graph 613 us (statistics 210, normalization
+362), where `split` over all rows at once (GROUP_ROWS 0, SPLIT 128, 16 warps) ran 321 (100 + 197). The row
+groups' kernels are slow themselves, so the graphed hints come last. Under the interpreter the launches run
 directly.
 """
 
