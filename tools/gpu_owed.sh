@@ -65,7 +65,19 @@ for step in "$@"; do
   case $step in
     setup)
       run setup 300 bash -c "$PY -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && \
-        $PY -m pip install -q --no-deps --no-build-isolation -e ." ;;
+        $PY -m pip install -q --no-deps --no-build-isolation -e ."
+      # every runtime dependency imported once, so a missing one is named here and not deep in a benchmark
+      # (2026-12-07: a compiled-kernel run lost a call to pyelftools, missing from the carried wheels)
+      run imports 60 $PY -c "
+import importlib, sys
+bad = []
+for m in ('xdsl', 'elftools', 'msgpack', 'pydantic', 'ml_dtypes', 'z3', 'bm25s', 'openai', 'typer', 'rich'):
+    try:
+        importlib.import_module(m)
+    except Exception as exc:
+        bad.append(f'{m} ({type(exc).__name__}: {exc})')
+print('missing: ' + '; '.join(bad) if bad else 'every runtime dependency imports')
+sys.exit(1 if bad else 0)" ;;
     mlp)
       optimize mlp 570 9 level3/01_mlp_fp32,level3/02_deep_narrow_mlp_fp32 mlp \
         "--spaces library,compiler,graph,ir --learn-skills $PWD/testsuite/skills-gpu" \
