@@ -23,6 +23,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "dot-precision": "kstrata.passes.ttir:DotPrecision",
     "load-eviction": "kstrata.passes.ttir:LoadEviction",
     "grouped-pid": "kstrata.passes.grouped_pid:GroupedProgramIds",
+    "interleaved-pid": "kstrata.passes.interleaved_pid:InterleavedProgramIds",
     "num-warps": "kstrata.passes.ttgir:NumWarps",
     "num-stages": "kstrata.passes.ttgir:NumStages",
     "noalias-args": "kstrata.passes.llir:NoAliasArgs",

@@ -336,11 +336,14 @@ def test_run_passes_cli(small_cache: Path, tmp_path: Path) -> None:
 
 def test_every_pass_fires_on_the_suite(suite_cache: Path) -> None:
     """Each built-in pass changes at least one suite kernel's code (with the options it needs)."""
+    from kstrata.testsuite.kernels.broadcast_rows import BROADCAST_ROWS
     from kstrata.testsuite.kernels.matmul_rowmajor import ROWMAJOR_MATMULS
 
     bundles, _ = load_cache_root(suite_cache)
     # the suite's GEMMs already group their program ids; grouped-pid's input is the row-major one
     bundles.append(bundle_for(ROWMAJOR_MATMULS["matmul_rowmajor_fp16"], Target.parse("cuda:90")))
+    # interleaved-pid's: a kernel whose loads repeat with the program id (a LayerNorm's affine step)
+    bundles.append(bundle_for(BROADCAST_ROWS["norm_apply_rows"], Target.parse("cuda:90")))
     options = {"ld-nc": "{assume_noalias=true}", "noalias-args": "{assume=true}", "ptxas-options": "{opt_level=1}",
                "max-registers": "{n=64}", "num-warps": "{n=8}", "num-stages": "{n=4}"}
     for name in BUILTIN_PASSES:
