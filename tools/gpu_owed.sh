@@ -149,6 +149,7 @@ sys.exit(1 if bad else 0)" ;;
         testsuite/tests/test_templates.py::test_stream_teams_run_and_match_the_model_on_gpu \
         testsuite/tests/test_templates.py::test_a_graphed_norm_reads_new_values_and_keeps_held_outputs_on_gpu \
         testsuite/tests/test_templates.py::test_tiny_tasks_match_the_model_on_gpu \
+        testsuite/tests/test_interleaved_pid.py \
         testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
         testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
         testsuite/tests/test_conv_template.py ;;
