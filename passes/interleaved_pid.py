@@ -20,7 +20,10 @@ program id. `slices` is a constant at least 2, so nothing divides by zero, and `
 nothing overflows. Axes y and z are untouched: the permutation of x within each (y, z) is one of the whole grid.
 
 Sound when the programs are independent (their order is not observable): the rules of `grouped-pid`
-(`grouped_pid.independence`) are checked, and the pass refuses otherwise. Bit-exact: each program computes
+(`grouped_pid.independence`) are checked, and the pass refuses otherwise. Distinct pointer arguments are taken
+to be distinct buffers; the compiled-kernel search offers it only where the launch records show that no
+written buffer overlaps another argument (`agents.compiled.spaces.NEEDS_NOALIAS`), since the differential
+run's replays give each argument its own buffer and would not show an overlap. Bit-exact: each program computes
 the same ops in the same order. It is offered only where a load's address depends on the program id through a
 remainder by a value the program id does not change (`i % K`, a GEMM's `pid % tiles_n`): a kernel whose
 programs share nothing gains nothing from their order.

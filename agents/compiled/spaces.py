@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
 #: The order pipeline stages must come in.
 _LEVEL_ORDER = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
-#: Passes that are sound only when no output buffer overlaps another argument.
-NEEDS_NOALIAS = ("noalias-args", "ld-nc")
+#: Passes that are sound only when no output buffer overlaps another argument: the no-alias and read-only-load
+#: edits, and the program-order permutations (a program could read what another writes through an overlap, and
+#: the replays of the differential run give each argument its own buffer, so they would not show it).
+NEEDS_NOALIAS = ("noalias-args", "ld-nc", "grouped-pid", "interleaved-pid")
 #: Option passes, whatever level they run at.
 _OPTION_PASSES = ("num-warps", "num-stages", "max-registers", "ptxas-options")
 

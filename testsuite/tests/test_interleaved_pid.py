@@ -140,14 +140,36 @@ def test_it_is_offered_only_where_a_load_repeats_and_the_programs_are_independen
     assert outcome.records[0].status == "skipped" and "also stores to" in outcome.messages()[0]
 
 
-def test_the_compiled_search_drafts_it_first_on_a_pointwise_kernel() -> None:
+def _record_with_storage(tmp_path: Path, name: str, overlap: bool) -> str:
+    """The broadcast kernel's launch record with buffer addresses (as `kstrata record` writes them): every
+    buffer apart, or the output over the input."""
+    from kstrata.ir.launch import LaunchRecord
+
+    record = suite_launch_record(BROADCAST_ROWS["norm_apply_rows"], "cuda:90", snapshot_dir=tmp_path)
+    storage = {a.name: [(i + 1) << 30, 1 << 20] for i, a in enumerate(record.args) if hasattr(a, "dtype")}
+    if overlap:
+        storage["out_ptr"] = list(storage["x_ptr"])
+    data = {**record.to_json(), "extra": {**record.extra, "storage": storage}}
+    path = tmp_path / f"{name}.json"
+    LaunchRecord.from_json(data).save(path)
+    return str(path)
+
+
+def test_the_compiled_search_drafts_it_first_where_the_buffers_never_overlap(tmp_path: Path) -> None:
     from kstrata.agents.compiled.spaces import kernel_spaces, kind_first
 
     bundle = bundle_for(BROADCAST_ROWS["norm_apply_rows"], Target.parse("cuda:90"))
-    atoms = [a for s in kernel_spaces(bundle, []) for a in s.atoms]
+    apart = kernel_spaces(bundle, [_record_with_storage(tmp_path, "apart", overlap=False)])
+    atoms = [a for s in apart for a in s.atoms]
     assert any(a.pass_name == "interleaved-pid" for a in atoms)
     assert kind_first("pointwise", atoms)[0].spelling == "interleaved-pid{slices=16}"
     assert all(a.pass_name != "interleaved-pid" for a in kind_first("reduction", atoms)[:5])
+    # an output over an input (or no addresses at all): reordering the programs is not offered, and why is said
+    for records in ([_record_with_storage(tmp_path, "overlap", overlap=True)], []):
+        spaces = kernel_spaces(bundle, records)
+        assert not any(a.pass_name == "interleaved-pid" for s in spaces for a in s.atoms)
+        skipped = [why for s in spaces for name, why in s.skipped if name == "interleaved-pid"]
+        assert skipped and "needs buffers that never overlap" in skipped[0]
 
 
 @pytest.mark.gpu
