@@ -473,3 +473,45 @@ def test_the_backend_deploys_a_faster_config_the_recorded_program_did_not_run(
         s.choose_config(tuner)
         assert tuner.compile_results == [w4] and [lc.config for lc in tuner.launchers] == [w4.config]
         assert "restricted to the tuned config (w4: num_warps 4)" in s.records[-1].reason
+
+
+@triton.jit
+def triton_poi_bcast(x_ptr, w_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    w = tl.load(w_ptr + offs % 4096, mask=mask)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * w, mask=mask)
+
+
+def test_the_backend_deploys_a_variant_rewritten_at_ttir(tmp_path: Path) -> None:
+    """A TTIR edit (interleaved-pid, which the compiled search found on Inductor's LayerNorm affine kernel) is
+    deployed like any other: the hooked compile of the same kernel returns the variant's binary and levels."""
+    from triton import knobs
+
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit
+    from kstrata.ir.triton_layout import compile_jit
+    from kstrata.tools.torch_backend import BackendConfig, _Session
+
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+
+    def compile_to(cache: Path) -> Path:
+        return Path(str(compile_jit(triton_poi_bcast, sig, "cuda:90", {"BLOCK": 256}, cache_dir=cache).origin))
+
+    original = compile_to(tmp_path / "cache")
+    edit = "ttir(interleaved-pid{slices=16})"
+    with Engine(tmp_path / "engine") as engine:
+        built = engine.build(Candidate(engine.add_kernel(original), "ttir", PipelineEdit(edit)))
+    assert built.status == "changed" and built.entry
+    tuned_entry = Path(built.entry)
+    assert "tt.get_num_programs x" in (tuned_entry / "triton_poi_bcast.ttir").read_text()
+    record = TunedDB(tmp_path / "db").add(original, built.entry, edit=edit, tolerance=None, spaces=["ttir"],
+                                          verdict="equivalent: test", speedup=1.6, speedup_range=[1.6, 1.6],
+                                          time_before_us=350.0, time_after_us=215.0,
+                                          device="test (constructed record, not a timing)")
+    session = _Session(BackendConfig.from_options({"tuned": str(tmp_path / "db"), "cache_dir": str(tmp_path / "bk")}))
+    with knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = session.hook
+        hooked = compile_to(tmp_path / "hooked")
+    assert hashlib.sha256(_cubin(hooked)).hexdigest() == record.tuned_binary != record.original_binary
+    assert "tt.get_num_programs x" in (hooked / "triton_poi_bcast.ttir").read_text()  # the variant's levels
+    assert [(r.name, r.status) for r in session.records] == [("triton_poi_bcast", "tuned")]
