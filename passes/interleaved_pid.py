@@ -46,7 +46,7 @@ from kstrata.ir.dialects.tt import FuncOp, GetNumProgramsOp, GetProgramIdOp, Pro
 from kstrata.ir.triton_ir import TritonModule
 
 from .base import PassContext, RewritePass, Rewrites, option
-from .grouped_pid import _READS, independence
+from .grouped_pid import _READS, find_decomposition, independence
 
 _REMAINDERS = (arith.RemSIOp, arith.RemUIOp)
 
@@ -160,6 +160,11 @@ class InterleavedProgramIds(RewritePass):
         return {"slices": (16, 4, 64)}
 
     def precondition(self, ctx: PassContext) -> str | None:
+        grouped = find_decomposition(ctx.module)
+        if isinstance(grouped, str) and grouped.startswith("the kernel already groups"):
+            # a GEMM that already walks its tiles GROUP_SIZE_M rows at a time (Inductor's `triton_mm`): its own
+            # order is the one made for L2, and interleaving would undo it
+            return grouped
         return periodic_load(ctx.module) or independence(ctx.module)
 
     def patterns(self, ctx: PassContext, rewrites: Rewrites) -> Sequence[RewritePattern]:

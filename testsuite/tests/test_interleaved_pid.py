@@ -188,3 +188,20 @@ def test_the_rebuilt_binary_is_bit_exact_on_the_gpu(name: str, tmp_path: Path) -
     differential = [c for c in report.checks if c.name.startswith("differential")]
     assert differential and all(c.verdict == "pass" for c in differential), [c.__dict__ for c in report.checks]
     assert report.ok
+
+
+def test_on_inductors_corpus_it_skips_gemms_that_already_group_and_kernels_without_a_repeating_load() -> None:
+    """The kernels Inductor generated for real models (testsuite/corpus): offered on some (norms, batch norm with
+    pooling, transposes), never on the GEMM templates (their GROUP_SIZE_M order is the one made for L2) or on a
+    kernel without a `% n` index."""
+    from kstrata.ir.triton_layout import load_cache_root
+
+    loaded = load_cache_root(INPUTS.parent / "corpus" / "triton")
+    bundles = loaded[0] if isinstance(loaded, tuple) else loaded
+    cls = get_pass("interleaved-pid")
+    spaces = {b.name: cls.schedule_space(b) for b in bundles}
+    offered = {name for name, sp in spaces.items() if sp}
+    assert any("layer_norm" in name or "group_norm" in name for name in offered)
+    assert spaces["triton_mm"].reason and "already groups" in spaces["triton_mm"].reason
+    assert not any(name.startswith(("triton_mm", "triton_tem")) for name in offered)
+    assert any("no load repeats" in (sp.reason or "") for sp in spaces.values())
