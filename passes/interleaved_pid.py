@@ -89,8 +89,9 @@ def periodic_load(module: TritonModule) -> str | None:
     from_pid = _forward(funcs[0], {pids[0].result})
     # a remainder of a program-id index by a value the program id does not change: `i % K`, or a GEMM's
     # `pid % tiles_n`
-    wraps = {op.results[0] for op in funcs[0].walk()
-             if isinstance(op, _REMAINDERS) and op.operands[0] in from_pid and op.operands[1] not in from_pid}
+    wraps: set[SSAValue] = {op.results[0] for op in funcs[0].walk()
+                             if isinstance(op, _REMAINDERS) and op.operands[0] in from_pid
+                             and op.operands[1] not in from_pid}
     if not wraps:
         return "no index computed from the program id wraps around (no `% n`): no load repeats"
     repeating = _forward(funcs[0], wraps)
