@@ -4,8 +4,10 @@ A *job* runs the original and the candidate on one input set and compares what t
 child process, so that a candidate that faults, hangs or kills the process is a verdict and not a crash
 of the verifier. One child runs a list of jobs (imports of torch, Triton and xDSL cost seconds, a job
 often less); it prints `JOB k` when job k starts, `STAGE original|candidate` before each kernel runs,
-`STAGE compare` before the outputs are compared, and `RESULT {json}` when the job ends. When a child dies or a job passes its timeout, the parent records
-that job's outcome from the last `STAGE` it saw and starts a fresh child for the remaining jobs.
+`STAGE compare` before the outputs are compared, and `RESULT {json}` when the job ends. When a child dies or
+a job passes its timeout, the parent records that job's outcome from the last `STAGE` it saw and starts a
+fresh child for the remaining jobs. A job whose own copies run out of GPU memory ends with a
+`harness-error` result: no verdict on either kernel.
 
 Outcomes become checks in `verdict`: the original failing is never the candidate's fault — the input
 set does not apply (edge integers used as addresses) or the check cannot run; the candidate failing
