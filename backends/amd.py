@@ -694,7 +694,7 @@ _ACCESS_HINTS = frozenset({".actual_access"})
 def _compare_args(kernel: str, a: Sequence[KernelArg], b: Sequence[KernelArg]) -> list[MetadataDifference]:
     diffs = []
     if len(a) != len(b):
-        diffs.append(MetadataDifference(kernel, "args.count", "abi", len(a), len(b)))
+        diffs.append(MetadataDifference(kernel, "args.count", "setup" if _hidden_tail(a, b) else "abi", len(a), len(b)))
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         for name in ("offset", "size", "value_kind", "address_space", "name"):
             if getattr(x, name) != getattr(y, name):
@@ -706,11 +706,25 @@ def _compare_args(kernel: str, a: Sequence[KernelArg], b: Sequence[KernelArg]) -
                 # runtime may use it as a hint, but the launch does not depend on it.
                 kind: DifferenceKind = "setup" if key in _ACCESS_HINTS else "abi"
                 diffs.append(MetadataDifference(kernel, f"args[{i}].{key.lstrip('.')}", kind, ax.get(key), ay.get(key)))
+    # Arguments added or dropped after the others: `hidden_*` ones (grid and block counts, the implicit segment's
+    # pointers) are the runtime's, which lays them out after the explicit arguments from this metadata; the
+    # launcher passes the explicit ones only (a kernel that starts reading `tl.num_programs` gains them)
+    hidden = _hidden_tail(a, b)
     for i, extra in enumerate(a[len(b):], start=len(b)):
-        diffs.append(MetadataDifference(kernel, f"args[{i}]", "abi", f"{extra.value_kind}@{extra.offset}", None))
+        diffs.append(MetadataDifference(kernel, f"args[{i}]", "setup" if hidden else "abi",
+                                        f"{extra.value_kind}@{extra.offset}", None))
     for i, extra in enumerate(b[len(a):], start=len(a)):
-        diffs.append(MetadataDifference(kernel, f"args[{i}]", "abi", None, f"{extra.value_kind}@{extra.offset}"))
+        diffs.append(MetadataDifference(kernel, f"args[{i}]", "setup" if hidden else "abi", None,
+                                        f"{extra.value_kind}@{extra.offset}"))
     return diffs
+
+
+def _hidden_tail(a: Sequence[KernelArg], b: Sequence[KernelArg]) -> bool:
+    """Whether `a` and `b` differ only by runtime-supplied (`hidden_*`) arguments after the same explicit ones
+    (neither has a hidden argument among those they share differing)."""
+    shared = min(len(a), len(b))
+    tail = [*a[shared:], *b[shared:]]
+    return bool(tail) and a[:shared] == b[:shared] and all(x.value_kind.startswith("hidden_") for x in tail)
 
 
 def compare_metadata(before: CodeObjectMetadata, after: CodeObjectMetadata) -> list[MetadataDifference]:
@@ -732,13 +746,18 @@ def compare_metadata(before: CodeObjectMetadata, after: CodeObjectMetadata) -> l
                                             None if b is None else "present"))
             continue
         diffs.extend(_compare_args(name, a.args, b.args))
+        # the kernarg segment grows or shrinks with runtime-supplied arguments alone: the runtime sizes it
+        sized_by_runtime = _hidden_tail(a.args, b.args)
         for key in sorted((set(a.raw) | set(b.raw)) - {".args", ".name"}):
             va, vb = a.raw.get(key), b.raw.get(key)
             if va != vb:
-                diffs.append(MetadataDifference(name, key.lstrip("."), _KERNEL_KEY_KIND.get(key, "abi"), va, vb))
+                kind = "setup" if sized_by_runtime and key == ".kernarg_segment_size" else _KERNEL_KEY_KIND.get(key, "abi")
+                diffs.append(MetadataDifference(name, key.lstrip("."), kind, va, vb))
         fa, fb = _descriptor_fields(a.descriptor, before.arch), _descriptor_fields(b.descriptor, after.arch)
         for key in sorted(set(fa) | set(fb)):
             kind = (fa.get(key) or fb[key])[0]
+            if sized_by_runtime and key == "descriptor.kernarg_size":
+                kind = "setup"
             va, vb = fa.get(key, (kind, None))[1], fb.get(key, (kind, None))[1]
             if va != vb:
                 diffs.append(MetadataDifference(name, key, kind, va, vb))

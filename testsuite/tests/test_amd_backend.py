@@ -620,3 +620,20 @@ def test_rocprofv3_refuses_without_an_amd_gpu(tmp_path: Path) -> None:
     with pytest.raises(rocprof.ProfilerUnavailable, match="needs an AMD GPU with ROCm") as info:
         rocprof.run_rocprofv3(cmd)
     assert info.value.repro and "--kernel-trace" in info.value.repro
+
+
+def test_runtime_supplied_arguments_added_after_the_explicit_ones_are_not_an_abi_change() -> None:
+    """A kernel that starts reading the grid size (`tl.num_programs`, interleaved-pid) gains `hidden_*` arguments
+    after its explicit ones: the runtime lays those out from the metadata, the launcher passes the explicit ones
+    only. Any change among the explicit arguments is still an ABI change."""
+    from kstrata.backends.amd import KernelArg, _compare_args
+
+    explicit = [KernelArg(0, 8, "global_buffer", "global", "x"), KernelArg(8, 4, "by_value", None, "n")]
+    hidden = [KernelArg(16, 4, "hidden_block_count_x"), KernelArg(24, 8, "hidden_grid_dims")]
+    grown = _compare_args("k", explicit, [*explicit, *hidden])
+    assert grown and all(d.kind == "setup" for d in grown), grown
+    assert all(d.kind == "setup" for d in _compare_args("k", [*explicit, *hidden], explicit))
+    renamed = [explicit[0], KernelArg(8, 4, "by_value", None, "m")]
+    assert any(d.kind == "abi" for d in _compare_args("k", explicit, [*renamed, *hidden]))
+    another = [*explicit, KernelArg(16, 4, "by_value", None, "extra")]
+    assert all(d.kind == "abi" for d in _compare_args("k", explicit, another))

@@ -205,3 +205,19 @@ def test_on_inductors_corpus_it_skips_gemms_that_already_group_and_kernels_witho
     assert spaces["triton_mm"].reason and "already groups" in spaces["triton_mm"].reason
     assert not any(name.startswith(("triton_mm", "triton_tem")) for name in offered)
     assert any("no load repeats" in (sp.reason or "") for sp in spaces.values())
+
+
+def test_on_gfx942_the_rewrite_rebuilds_a_changed_code_object_and_is_bit_exact_in_the_interpreter(
+        tmp_path: Path) -> None:
+    """The AMD path up to execution (no AMD GPU here): the TTIR edit lowers through Triton's AMD backend to a new
+    hsaco, and its TTIR computes bit for bit what the original's does in the interpreter."""
+    kernel = BROADCAST_ROWS["norm_apply_rows"]
+    original = bundle_for(kernel, Target.parse("hip:gfx942"))
+    outcome = run_pipeline(original, parse_pipeline("ttir(interleaved-pid{slices=16})"))
+    assert outcome.changed and outcome.first_changed == "ttir"
+    assert outcome.bundle.level("hsaco") != original.level("hsaco")
+    record = suite_launch_record(kernel, "hip:gfx942", snapshot_dir=tmp_path)
+    report = verify(original, outcome.bundle, record, seeds=1, device="cpu", timeout=300)
+    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
+    assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
+    assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
