@@ -221,3 +221,26 @@ def test_on_gfx942_the_rewrite_rebuilds_a_changed_code_object_and_is_bit_exact_i
     interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
     assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
     assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+
+
+def test_the_renumbering_without_its_guard_is_caught_by_the_interpreter(tmp_path: Path) -> None:
+    """A planted miscompile of this rewrite: the guard dropped, so on 125 programs (not 16 whole slices) the
+    renumbering is no permutation (some programs' work is done twice, some never). `verify` on the CPU says
+    `different`: the interpreter's runs find the elements no program wrote."""
+    import re
+
+    from kstrata.backends.verify import Verdict
+
+    kernel = BROADCAST_ROWS["norm_apply_rows_odd"]
+    original = bundle_for(kernel, Target.parse("cuda:90"))
+    rewritten = apply_passes(_bare(original.text("ttir"), original.name), parse_pipeline("ttir(interleaved-pid)")).text
+    guard = re.search(r"(%\d+) = arith.select (%\d+), (%\d+), %offs ", rewritten)
+    assert guard is not None
+    unguarded = rewritten.replace(guard.group(0), f"{guard.group(1)} = arith.select {guard.group(2)}, "
+                                                  f"{guard.group(3)}, {guard.group(3)} ")
+    record = suite_launch_record(kernel, "cuda:90", snapshot_dir=tmp_path)
+    report = verify(original, _bare(unguarded, original.name), record, seeds=1, device="cpu", timeout=300)
+    assert report.verdict is Verdict.DIFFERENT
+    assert any(c.name.startswith("interpreter") and c.verdict == "fail" for c in report.checks)
+    # the guarded rewrite on the same launch: equivalent
+    assert verify(original, _bare(rewritten, original.name), record, seeds=1, device="cpu", timeout=300).ok
