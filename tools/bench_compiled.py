@@ -24,8 +24,8 @@ tasks, or every task with `--all-tasks`):
    wall time per call. The end-to-end figure the kernels predict (`expected_end_to_end`) comes from isolated,
    L2-flushed kernel timings; the in-program device times are its check.
 
-Writes `compiled-bench-<date>.json` and `.md` under `--results` (after every model, so a run cut short
-keeps what it measured): per kernel the space and edit that won, speedup with its range over A/B rounds,
+Writes `compiled-bench-<date>.json` and `.md` under `--results` (after every model's search, its row marked
+as waiting for its re-check and end to end, and again when those end, so a run cut short keeps what it measured): per kernel the space and edit that won, speedup with its range over A/B rounds,
 trials and verdict counts, and its %SOL before and after (the bytes of its launch record's buffers over the
 peak bandwidth: an estimate, `buffer_sol`); per model the tuned backend's speedup over Inductor, how many
 kernels it replaced, and each tuned kernel's in-program device time beside its isolated A/B; the geomean
@@ -405,6 +405,11 @@ def in_program_sol(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+#: What a model's row says when it was written after its search, before its re-check and end to end ended.
+PENDING = ("written after its search; its re-check with fresh seeds and its end to end had not ended then, and "
+           "this row is replaced when they end: a file that still says this is from a run cut short")
+
+
 def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     """The targets met or not for this call's models (lines of the results file)."""
     def met(ok: bool) -> str:
@@ -417,6 +422,9 @@ def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[st
                  else "- geomean of the changed kernels: no kernel changed (**not met**)")
     lines.append(f"- wrong results {summary['wrong_results']}, target 0: {met(summary['wrong_results'] == 0)}")
     for r in rows:
+        if r.get("pending"):
+            lines.append(f"- {r['model']}: end to end not measured ({r['pending']})")
+            continue
         sols = [k["sol"]["before"] for k in r.get("kernels", []) if (k.get("sol") or {}).get("before") is not None]
         if not sols:
             continue
@@ -707,6 +715,10 @@ def command(
                                       best.get("time_after_us") if best else None, bandwidth_source),
                     "verdicts": {st: sum(1 for t in s.get("trials", []) if t["status"] == st)
                                  for st in ("equivalent", "unproven", "different", "failed", "error")}})
+            # written now too: a run cut during the re-check or the end to end (the call's limit, 2026-12-07) keeps
+            # its searches in the results file, marked as such
+            _write(results, env, [*rows, {**row, "pending": PENDING}], final=False,
+                   seconds=time.perf_counter() - start, tag=tag)
             row["recheck"] = _recheck(report)
             row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
             row["end_to_end"]["expected"] = expected_end_to_end(row)

@@ -415,3 +415,13 @@ def test_a_models_search_leaves_room_for_its_own_end_to_end_and_the_models_after
     assert minutes(12.0, 3, 0.5, [2.0, 1.0]) == pytest.approx((12.0 - 1.5 - 4.0) / 3)
     # never less than half a minute, even when the run is already over its time
     assert minutes(1.0, 2, 1.0, [3.0]) == 0.5
+
+
+def test_a_row_written_before_its_end_to_end_says_so_instead_of_a_target_not_met() -> None:
+    row = {"model": "task:gaps/01", "pending": bench_compiled.PENDING,
+           "kernels": [{"kernel": "k", "speedup": 1.627, "sol": {"before": 0.557}}]}
+    summary = {"geomean_changed": 1.627, "wrong_results": 0, "seconds": 300.0}
+    lines = bench_compiled.target_lines([row], summary)
+    mine = [ln for ln in lines if "task:gaps/01" in ln]
+    assert mine == [f"- task:gaps/01: end to end not measured ({bench_compiled.PENDING})"]
+    assert not any("not met" in ln and "gaps/01" in ln for ln in lines)
