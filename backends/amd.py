@@ -708,7 +708,8 @@ def _compare_args(kernel: str, a: Sequence[KernelArg], b: Sequence[KernelArg]) -
                 diffs.append(MetadataDifference(kernel, f"args[{i}].{key.lstrip('.')}", kind, ax.get(key), ay.get(key)))
     # Arguments added or dropped after the others: `hidden_*` ones (grid and block counts, the implicit segment's
     # pointers) are the runtime's, which lays them out after the explicit arguments from this metadata; the
-    # launcher passes the explicit ones only (a kernel that starts reading `tl.num_programs` gains them)
+    # launcher passes the explicit ones only (a kernel that starts reading `tl.num_programs` gains them, as
+    # Triton's own kernels that read it have them). Not run here: there is no AMD GPU
     hidden = _hidden_tail(a, b)
     for i, extra in enumerate(a[len(b):], start=len(b)):
         diffs.append(MetadataDifference(kernel, f"args[{i}]", "setup" if hidden else "abi",

@@ -269,6 +269,15 @@ def _grouped_ops(pid: SSAValue, tiles_n: SSAValue, group: int) -> tuple[list[Ope
     return ops, remapped
 
 
+def renumber_program_id(rewriter: PatternRewriter, pid: SSAValue, ops: list[Operation], remapped: SSAValue,
+                        after: Operation) -> None:
+    """Insert `ops` (computing `remapped` from `pid`) after `after`, and make every other use of `pid` read
+    `remapped`: the renumbering `grouped-pid` and `interleaved-pid` share."""
+    rewriter.insert(ops, InsertPoint.after(after))
+    created = set(ops)
+    rewriter.replace_uses_with_if(pid, remapped, lambda use: use.operation not in created)
+
+
 @dataclass(frozen=True)
 class _GroupProgramIds(RewritePattern):
     target: Decomposition
@@ -282,9 +291,7 @@ class _GroupProgramIds(RewritePattern):
         pid = op.result
         users = [u.operation for u in pid.uses]
         ops, remapped = _grouped_ops(pid, self.target.tiles_n, self.group)
-        rewriter.insert(ops, InsertPoint.after(self.target.anchor))
-        created = set(ops)
-        rewriter.replace_uses_with_if(pid, remapped, lambda use: use.operation not in created)
+        renumber_program_id(rewriter, pid, ops, remapped, self.target.anchor)
         self.rewrites.add(f"tt.get_program_id x renumbered GROUP_SIZE_M={self.group} ({len(users)} uses)")
 
 

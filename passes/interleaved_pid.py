@@ -5,8 +5,9 @@ Where it pays: a kernel whose loads repeat with the program id. Inductor's point
 over (64, 256, 256) with 16 rows (`triton_poi_fused_native_layer_norm_2`, gap task 01) loads the weight and
 bias at `xindex % 4194304`: each 16 MB row of the output reads the same 32 MB of weight and bias. In program
 order the grid sweeps row after row, and by the time the next row reaches a position the weights it needs have
-left L2 (64 MB of traffic later), so they come from DRAM 16 times: about 1.05 GB moved for 570 MB of data. On an
-H100 (2026-12-07, `compiled-bench-2026-12-07-gaps`) the kernel ran at 57% of the bandwidth its buffers need.
+left L2 (64 MB of traffic later), so by this reasoning they come from DRAM 16 times, about 1.05 GB for 570 MB
+of data (the traffic was not profiled). On an H100 (2026-12-07, `compiled-bench-2026-12-07-gaps`) the kernel
+ran at 57% of the bandwidth its buffers need.
 Interleaved by 16, consecutive programs take the same 2 KB of every row, and the weights are read once: the
 compiled-kernel search timed it 1.627x faster, 350 -> 215 us, on that H100 (`compiled-search-2026-12-07-gaps01`).
 
@@ -41,14 +42,13 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import IntegerType
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
-from xdsl.rewriter import InsertPoint
 
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.dialects.tt import FuncOp, GetNumProgramsOp, GetProgramIdOp, ProgramIDDim, ProgramIDDimAttr
 from kstrata.ir.triton_ir import TritonModule
 
 from .base import PassContext, RewritePass, Rewrites, option
-from .grouped_pid import _READS, find_decomposition, independence
+from .grouped_pid import _READS, find_decomposition, independence, renumber_program_id
 
 _REMAINDERS = (arith.RemSIOp, arith.RemUIOp)
 
@@ -135,9 +135,7 @@ class _Interleave(RewritePattern):
         pid = op.result
         uses = len(list(pid.uses))
         ops, remapped = _interleaved_ops(pid, self.slices)
-        rewriter.insert(ops, InsertPoint.after(op))
-        created = set(ops)
-        rewriter.replace_uses_with_if(pid, remapped, lambda use: use.operation not in created)
+        renumber_program_id(rewriter, pid, ops, remapped, op)
         self.rewrites.add(f"tt.get_program_id x interleaved over {self.slices} slices ({uses} uses)")
 
 

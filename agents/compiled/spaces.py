@@ -219,9 +219,9 @@ def kernel_kind(name: str) -> str:
 #: edits are what is left to a memory-bound kernel (`cache-hints` 1.02x on the MLP's silu); on its LayerNorm
 #: reductions `num-warps{n=8}` won 1.23-1.33x, while `max-registers`, which the round-robin drafted first, lost
 #: (0.63x). A searched config already at a warp count has no instance of it (the precondition drops it).
-#: `interleaved-pid` comes first where it is offered at all (a load that repeats with the program id: the
-#: gap LayerNorm's affine kernel read its 32 MB of weights once a row, 57% of its bandwidth bound, H100
-#: 2026-12-07); it is not offered elsewhere.
+#: `interleaved-pid` comes first where it is offered at all (a load that repeats with the program id: on the
+#: gap LayerNorm's affine kernel, at 57% of its bandwidth bound, it won 1.627x, H100 2026-12-07); it is not
+#: offered elsewhere.
 FIRST_EDITS: dict[str, tuple[str, ...]] = {
     "pointwise": ("interleaved-pid{slices=16}", "num-warps{n=2}", "ld-nc", "cache-hints", "num-warps{n=8}",
                   "load-eviction", "num-warps{n=4}"),

@@ -154,3 +154,26 @@ def assert_schedules_match(task: Path, m: Any, tmp_path: Path, first: list[dict[
         for strided in noncontiguous:
             r = compare(task, cand, device=device, noncontiguous=strided, policy=policy)
             assert r["ok"], (params, strided, r)
+
+
+def assert_rewrite_bit_exact_in_interpreter(kernel: Any, spec: str, tmp_path: Path, target: str = "cuda:90") -> Any:
+    """`kernel` (a suite kernel) rewritten by the TTIR pipeline `spec` and rebuilt: it changes from TTIR down,
+    declares no tolerance, and `verify` on the CPU passes it with every interpreter run passing. Returns the
+    original bundle and the rewritten one."""
+    from kstrata.backends.verify import verify
+    from kstrata.passes.pipeline import parse_pipeline, run_pipeline
+    from kstrata.testsuite.kernels.build import bundle_for
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    original = bundle_for(kernel, Target.parse(target))
+    pipeline = parse_pipeline(spec)
+    outcome = run_pipeline(original, pipeline)
+    assert outcome.changed and outcome.first_changed == "ttir", [r.reason for r in outcome.records]
+    assert pipeline.tolerance() is None  # bit-exact: no tolerance declared
+    assert "tt.get_num_programs" in outcome.bundle.text("ttgir")  # the rebuilt level carries the renumbering
+    record = suite_launch_record(kernel, target, snapshot_dir=tmp_path)
+    report = verify(original, outcome.bundle, record, seeds=1, device="cpu", timeout=300)
+    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
+    assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
+    assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+    return original, outcome.bundle

@@ -22,7 +22,7 @@ from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.build import bundle_for
 from kstrata.testsuite.kernels.launch import suite_launch_record
 from kstrata.testsuite.kernels.matmul_rowmajor import ROWMAJOR_MATMULS
-from kstrata.testsuite.tests.conftest import has_cuda
+from kstrata.testsuite.tests.conftest import assert_rewrite_bit_exact_in_interpreter, has_cuda
 
 INPUTS = Path(__file__).resolve().parents[1] / "filecheck" / "ttir" / "inputs"
 
@@ -95,18 +95,8 @@ def test_grids_that_are_not_whole_tile_rows_keep_the_original_order(programs: in
 @pytest.mark.slow  # about 30 s each on an idle 2-core machine; the in-process TTIR check below is ~1 s
 @pytest.mark.parametrize("name", ["matmul_rowmajor_fp32", "matmul_rowmajor_fp16"])
 def test_rewritten_gemm_is_bit_exact_in_the_interpreter(name: str, tmp_path: Path) -> None:
-    kernel = ROWMAJOR_MATMULS[name]
-    original = bundle_for(kernel, Target.parse("cuda:90"))
-    pipeline = parse_pipeline("ttir(grouped-pid{group=2})")  # 3 x 2 tiles: groups of 2 rows, then 1
-    outcome = run_pipeline(original, pipeline)
-    assert outcome.changed and outcome.first_changed == "ttir", [r.reason for r in outcome.records]
-    assert pipeline.tolerance() is None  # bit-exact: no tolerance declared
-    assert "tt.get_num_programs" in outcome.bundle.text("ttgir")  # the rebuilt level carries it
-    record = suite_launch_record(kernel, "cuda:90", snapshot_dir=tmp_path)
-    report = verify(original, outcome.bundle, record, seeds=1, device="cpu", timeout=300)
-    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
-    assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
-    assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+    # 3 x 2 tiles: groups of 2 rows, then 1
+    assert_rewrite_bit_exact_in_interpreter(ROWMAJOR_MATMULS[name], "ttir(grouped-pid{group=2})", tmp_path)
 
 
 def test_the_ttgir_rewrite_is_bit_exact_in_the_interpreter() -> None:

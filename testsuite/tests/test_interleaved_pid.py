@@ -23,7 +23,7 @@ from kstrata.testsuite.kernels import get_kernel
 from kstrata.testsuite.kernels.broadcast_rows import BROADCAST_ROWS
 from kstrata.testsuite.kernels.build import bundle_for
 from kstrata.testsuite.kernels.launch import suite_launch_record
-from kstrata.testsuite.tests.conftest import has_cuda
+from kstrata.testsuite.tests.conftest import assert_rewrite_bit_exact_in_interpreter, has_cuda
 
 INPUTS = Path(__file__).resolve().parents[1] / "filecheck"
 
@@ -88,18 +88,7 @@ def test_grids_that_are_not_whole_slices_keep_the_original_order(programs: int, 
 @pytest.mark.parametrize("name", sorted(BROADCAST_ROWS))
 def test_the_rewritten_broadcast_kernel_is_bit_exact_in_the_interpreter(name: str, tmp_path: Path) -> None:
     """norm_apply_rows: 128 programs in 16 slices of 8 (reordered); norm_apply_rows_odd: 125 programs (kept)."""
-    kernel = BROADCAST_ROWS[name]
-    original = bundle_for(kernel, Target.parse("cuda:90"))
-    pipeline = parse_pipeline("ttir(interleaved-pid{slices=16})")
-    outcome = run_pipeline(original, pipeline)
-    assert outcome.changed and outcome.first_changed == "ttir", [r.reason for r in outcome.records]
-    assert pipeline.tolerance() is None  # bit-exact: no tolerance declared
-    assert "tt.get_num_programs" in outcome.bundle.text("ttgir")  # the rebuilt level carries it
-    record = suite_launch_record(kernel, "cuda:90", snapshot_dir=tmp_path)
-    report = verify(original, outcome.bundle, record, seeds=1, device="cpu", timeout=300)
-    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
-    assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
-    assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+    assert_rewrite_bit_exact_in_interpreter(BROADCAST_ROWS[name], "ttir(interleaved-pid{slices=16})", tmp_path)
 
 
 def test_the_ttgir_rewrite_reorders_and_is_bit_exact_in_the_interpreter() -> None:
@@ -211,16 +200,9 @@ def test_on_gfx942_the_rewrite_rebuilds_a_changed_code_object_and_is_bit_exact_i
         tmp_path: Path) -> None:
     """The AMD path up to execution (no AMD GPU here): the TTIR edit lowers through Triton's AMD backend to a new
     hsaco, and its TTIR computes bit for bit what the original's does in the interpreter."""
-    kernel = BROADCAST_ROWS["norm_apply_rows"]
-    original = bundle_for(kernel, Target.parse("hip:gfx942"))
-    outcome = run_pipeline(original, parse_pipeline("ttir(interleaved-pid{slices=16})"))
-    assert outcome.changed and outcome.first_changed == "ttir"
-    assert outcome.bundle.level("hsaco") != original.level("hsaco")
-    record = suite_launch_record(kernel, "hip:gfx942", snapshot_dir=tmp_path)
-    report = verify(original, outcome.bundle, record, seeds=1, device="cpu", timeout=300)
-    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
-    assert interpreted and all(c.verdict == "pass" for c in interpreted), [c.__dict__ for c in interpreted]
-    assert report.ok, [c.__dict__ for c in report.checks if c.verdict == "fail"]
+    original, rewritten = assert_rewrite_bit_exact_in_interpreter(
+        BROADCAST_ROWS["norm_apply_rows"], "ttir(interleaved-pid{slices=16})", tmp_path, target="hip:gfx942")
+    assert rewritten.level("hsaco") != original.level("hsaco")
 
 
 def test_the_renumbering_without_its_guard_is_caught_by_the_interpreter(tmp_path: Path) -> None:
