@@ -337,10 +337,13 @@ def uses_root(e: Expr | Leaf) -> bool:
     return any(uses_root(a) for a in e.args)
 
 
-def root_load(chain: Chain, space: tuple[int, ...], idx: str, mask: str, var: str = "x", other: str = "0.0") -> str:
-    """The kernel line loading the root (head output or input) at flat index `idx` of `space`, in fp32."""
+def root_load(chain: Chain, space: tuple[int, ...], idx: str, mask: str, var: str = "x", other: str = "0.0",
+              evict: str = "") -> str:
+    """The kernel line loading the root (head output or input) at flat index `idx` of `space`, in fp32;
+    `evict` ("evict_first", "evict_last") is the load's L2 eviction priority."""
     off = broadcast_offset(chain.root.shape, space, idx)
-    return f"{var} = tl.load(h_ptr + ({off}){masked_args(mask, other)}).to(tl.float32)"
+    hint = f", eviction_policy={evict!r}" if evict else ""
+    return f"{var} = tl.load(h_ptr + ({off}){masked_args(mask, other)}{hint}).to(tl.float32)"
 
 
 def masked_args(mask: str, other: str = "0.0") -> str:

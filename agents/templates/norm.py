@@ -42,6 +42,12 @@ graph and 533 with it, its kernels alone 485-487 us; `split` from the graph 613 
 362), where `split` over all rows at once (GROUP_ROWS 0, SPLIT 128, 16 warps) ran 321 (100 + 197). The row
 groups' kernels are slow themselves, so the graphed hints come last. Under the interpreter the launches run
 directly.
+
+`EVICT` = 1 (`resident`, and `split` over all rows at once): the input's loads and the output's stores carry
+L2 evict-first priority and the weights' loads evict-last. A resident team reads its row's weight and bias
+(32 MB on task 01) after the exchange, every row; a weight is read again after 64 MB of other traffic (the
+rest of the weights, the row's input and output), more than an H100/H200's 50 MB L2 keeps by recency, so
+without priorities the weights come from DRAM every row (reasoned from the sizes, not profiled). The hints change nothing but cache priority.
 """
 
 from __future__ import annotations
@@ -134,14 +140,18 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     # the launches replayed through a CUDA graph: row groups launch twice a group (`pipe` once), 16 to 32
     # short launches that a host launching slower than a 16 MB row streams would leave the GPU waiting on
     sp.append(("GRAPH", (0, 1) if m > 1 and not fused else (0,)))
+    # L2 eviction priorities where the input is read once a pass (`resident`, `split` over all rows): its loads
+    # and the output's stores evicted first, the weights' loads last, so the weights a row reads again stay in
+    # L2 (the resident kernel reads a row's 32 MB of weight and bias after its team's exchange, every row)
+    sp.append(("EVICT", (0,) if fused else (0, 1)))
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(d))), "BLOCK": 1024, "SPLIT": 1,
-                   "GROUP_ROWS": 0, "GRAPH": 0,
+                   "GROUP_ROWS": 0, "GRAPH": 0, "EVICT": 0,
                    "num_warps": 4 if d <= 1024 else 8}
     else:
         split = max(1, min(256, next_pow2(cdiv(4 * 132, m))))
         default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "GRAPH": 0,
-                   "num_warps": 8}
+                   "EVICT": 0, "num_warps": 8}
     return tuple(sp), tuple(default.items())
 
 
@@ -181,6 +191,8 @@ def valid(chain: Chain, p: Params) -> bool:
     m, d, _ = geometry(chain)
     if p.get("GRAPH") and not (p["strategy"] in ("split", "pipe") and p["GROUP_ROWS"] >= 1):
         return False  # a graph only where a forward launches a kernel or two a row group
+    if p.get("EVICT") and not (p["strategy"] == "resident" or (p["strategy"] == "split" and p["GROUP_ROWS"] == 0)):
+        return False  # the input evicted first only where nothing reads it again from L2
     if p["strategy"] == "fused":
         return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(d) * p["BLOCK_M"] <= 32768)
@@ -202,15 +214,16 @@ def description(chain: Chain, policy: str = "strict") -> str:
             f"{describe(chain.epilogue)}) in Triton")
 
 
-def _affine(chain: Chain, em: ExprEmitter, y: str, widx: str, mask: str) -> str:
+def _affine(chain: Chain, em: ExprEmitter, y: str, widx: str, mask: str, evict: str = "") -> str:
     core = chain.core
     assert core is not None
     w, b = core.args[1], core.args[2]
+    hint = f", eviction_policy={evict!r}" if evict else ""
     if w is not None:
-        em.lines.append(f"aw = tl.load(w_ptr + ({widx}), mask={mask}, other=0.0).to(tl.float32)")
+        em.lines.append(f"aw = tl.load(w_ptr + ({widx}), mask={mask}, other=0.0{hint}).to(tl.float32)")
         em.lines.append(f"{y} = {y} * aw")
     if b is not None:
-        em.lines.append(f"ab = tl.load(b_ptr + ({widx}), mask={mask}, other=0.0).to(tl.float32)")
+        em.lines.append(f"ab = tl.load(b_ptr + ({widx}), mask={mask}, other=0.0{hint}).to(tl.float32)")
         em.lines.append(f"{y} = {y} + ab")
     return y
 
@@ -279,6 +292,9 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
     else:
         block = params["BLOCK"]
         split = params["SPLIT"]
+        # EVICT: the input and output streamed once, evicted from L2 first, the weights kept (`valid`)
+        first, last = ("evict_first", "evict_last") if params.get("EVICT") else ("", "")
+        store_hint = f", eviction_policy={first!r}" if first else ""
         if params["strategy"] == "resident":  # the chunk is BLOCK; the two-kernel path takes it in 4096 pieces
             split, block = cdiv(d, block), min(block, 4096)
         chunk = cdiv(cdiv(d, split), block) * block
@@ -288,7 +304,7 @@ def kernel(chain: Chain, params: Params, policy: str) -> Kernel:
         shift = _shift(chain, s)
         em = ExprEmitter()
         em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
-                     root_load(chain, s, "idx", "mask")]
+                     root_load(chain, s, "idx", "mask", evict=first)]
         v = em.emit(chain.prologue, "x", "idx", s, "mask")
         # a lane is masked only past the segment's end, and then in every later step: an unmasked lane has
         # been unmasked in every step before, so its count is the step's number, one reciprocal a step for
@@ -330,12 +346,12 @@ def _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row, c, BLOCK: tl.constexpr):
         # kernel 2: combine the row's partials, normalize this chunk
         em = ExprEmitter()
         em.lines += ["cols = start + tl.arange(0, BLOCK).to(ITYPE)", f"mask = cols < {d}", "idx = base + cols",
-                     "col = cols", root_load(chain, s, "idx", "mask")]
+                     "col = cols", root_load(chain, s, "idx", "mask", evict=first)]
         v = em.emit(chain.prologue, "x", "idx", s, "mask")
         em.lines += [f"y = (({v} - x0) - tmean) * rstd"]
-        y = _affine(chain, em, "y", widx, "mask")
+        y = _affine(chain, em, "y", widx, "mask", last)
         r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
-        em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+        em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask{store_hint})")
         apply_lines = [line.replace("ITYPE", it) for line in em.lines]
         body = "\n".join("        " + line for line in apply_lines)
         apply_rest = f'''    base = row * {d}
@@ -377,7 +393,8 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
         _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row_stats + q // {split}, q % {split}, BLOCK)
 ''')
         if params["strategy"] == "resident":
-            srcs += [RESIDENT_HELPER, _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split))]
+            srcs += [RESIDENT_HELPER, _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split),
+                                                       bool(params.get("EVICT")))]
             fwd.append("if h.is_cuda:")
             fwd.append(f"    part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
             fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
@@ -453,15 +470,17 @@ def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, 
 
 
 def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str, eps: float, split: int,
-                     sp2: int) -> str:
+                     sp2: int, evict: bool = False) -> str:
     """A persistent kernel (GPU only) of teams of `split` programs, each holding its chunk of BLOCK elements of a
-    segment in registers (see the module docstring)."""
+    segment in registers (see the module docstring); `evict`: the input's loads and the output's stores are
+    evicted from L2 first and the weights' loads last (the `EVICT` schedule)."""
+    first, last = ("evict_first", "evict_last") if evict else ("", "")
     s = chain.core_shape
     out_t = tl_dtype(chain.out_dtype)
     em = ExprEmitter()
     em.lines += [f"base = row * {d}"] + [ln.strip() for ln in _shift(chain, s).splitlines()]
     em.lines += [f"cols = c * BLOCK + tl.arange(0, BLOCK).to({it})", f"mask = cols < {d}", "idx = base + cols",
-                 "col = cols", root_load(chain, s, "idx", "mask")]
+                 "col = cols", root_load(chain, s, "idx", "mask", evict=first)]
     v = em.emit(chain.prologue, "x", "idx", s, "mask")
     # the chunk's exact two-pass statistics from registers, shifted by the segment's first value (as `fused`)
     em.lines += [f"vs = tl.where(mask, {v} - x0, 0.0)", "cn = tl.sum(mask.to(tl.float32), axis=0)",
@@ -470,9 +489,10 @@ def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str,
     em.lines += team_exchange(["cn", "cmean", "cm2"], [("pn", "0.0"), ("pmean", "0.0"), ("pm2", "0.0")], split, sp2)
     em.lines += combine_lines("pn", "pmean", "pm2", "t")
     em.lines += [f"rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})", "y = (vs - tmean) * rstd"]
-    y = _affine(chain, em, "y", widx, "mask")
+    y = _affine(chain, em, "y", widx, "mask", last)
     r = em.emit(chain.epilogue, y, "idx", chain.out_shape, "mask")
-    em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask)")
+    hint = f", eviction_policy={first!r}" if first else ""
+    em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask{hint})")
     body = "\n".join("        " + line for line in em.lines)
     return _persistent("_norm_resident_kernel", sig, it, split, m) + body + "\n"
 

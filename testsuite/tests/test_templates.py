@@ -98,7 +98,8 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
 def test_schedule_space_is_enumerable_and_checked() -> None:
     m = match(load_task(GAPS / "01_layernorm_three_dims_fp32.py"))[0]
     space = m.schedule_space()
-    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps", "GRAPH"}
+    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps", "GRAPH", "EVICT"}
+    assert space["EVICT"] == (0, 1)
     # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
     assert space["strategy"] == ("split", "resident", "pipe", "stream")
     configs = m.configs()
@@ -131,7 +132,17 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     assert "class _KstrataGraphs:" in src and "def _launches(self, x):" in src
     assert "_KstrataGraphs(self._launches, self)" in src and "return self._launches(x)" in src
     assert "def _launches" not in m.render(group) and "_KstrataGraphs" not in m.render(group)
-    for bad in ({**group, "GROUP_ROWS": 0, "GRAPH": 1}, {**resident[0], "GRAPH": 1}, {**streams[0], "GRAPH": 1}):
+    # EVICT: the input's loads and the output's stores evicted from L2 first, the weights' loads last; only where
+    # nothing reads the input again from L2 (a resident team, or `split` over all rows at once)
+    for ok in ({**resident[0], "EVICT": 1}, {**group, "GROUP_ROWS": 0, "EVICT": 1}):
+        src = m.render(ok)
+        loads = [ln.strip() for ln in src.splitlines() if "tl.load(" in ln and "eviction_policy" in ln]
+        assert loads and all(("evict_first" in ln) == ln.startswith("x =") for ln in loads), loads
+        assert {ln.split(" =")[0] for ln in loads} == {"x", "aw", "ab"}, loads
+        assert all("eviction_policy='evict_first'" in ln for ln in src.splitlines() if "tl.store(out_ptr" in ln)
+    assert "eviction_policy" not in m.render(resident[0]) and "eviction_policy" not in m.render(group)
+    for bad in ({**group, "GROUP_ROWS": 0, "GRAPH": 1}, {**resident[0], "GRAPH": 1}, {**streams[0], "GRAPH": 1},
+                {**group, "EVICT": 1}, {**streams[0], "EVICT": 1}, {**group, "strategy": "pipe", "EVICT": 1}):
         with pytest.raises(ValueError, match="not valid"):
             m.render(bad)  # a graph only for a launch or two a row group
     streamed = m.render(streams[1])  # 256 programs a row, at most 2 teams: the launcher caps them
@@ -215,7 +226,8 @@ CASES: list[tuple[str, dict[str, int], str, list[dict[str, Any]]]] = [
 RESIDENT = {"strategy": "resident", "BLOCK_M": 1, "GROUP_ROWS": 0, "SPLIT": 1, "num_warps": 4}
 RESIDENT_CASES: dict[str, tuple[str, dict[str, int], str, list[dict[str, Any]]]] = {
     "resident-layernorm": ("gaps/01_layernorm_three_dims_fp32.py", {"batch": 2, "features": 2, "dim1": 97, "dim2": 89},
-                           "norm", [{**RESIDENT, "BLOCK": 4096}, {**RESIDENT, "BLOCK": 8192}]),
+                           "norm", [{**RESIDENT, "BLOCK": 4096}, {**RESIDENT, "BLOCK": 8192},
+                                    {**RESIDENT, "BLOCK": 8192, "EVICT": 1}]),  # L2 priorities (and in `split`)
     "resident-groupnorm": ("level1/22_groupnorm_fp16.py", {"batch": 2, "groups": 2, "channels": 4, "height": 97,
                                                            "width": 89}, "norm", [{**RESIDENT, "BLOCK": 4096}]),
     "resident-softmax": ("gaps/03_softmax_wide_rows_fp32.py", {"batch": 3, "dim": 20000}, "softmax",
@@ -1206,6 +1218,8 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
         m = match(load_task(GAPS / name))[0]
         hinted = [p for p in m.hint_params() if p["strategy"] == kernel.split("_")[-2]]
         assert len(hinted) >= 3, m.hint_params()
+        if kernel == "_norm_resident_kernel":  # and with L2 eviction priorities (loads and the store)
+            hinted += [{**p, "EVICT": 1} for p in hinted if not p.get("EVICT")][:2]
         for params in hinted:
             src = m.render(params)
             found = re.search(rf"def {kernel}\((.*?)\):", src, re.S)
