@@ -41,6 +41,7 @@ import json
 import math
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -173,16 +174,28 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
     from kstrata.tools.gpu_torch_backend import redrawn
 
     TunedDB(tuned).create()  # no winner: an empty database, and the backend leaves every kernel as it is
+    phases: dict[str, float] = {}  # seconds per step: at a published size the compiles and profiles take minutes
+    clock = [time.perf_counter()]
+
+    def lap(step: str) -> None:
+        now = time.perf_counter()
+        phases[step] = round(now - clock[0], 1)
+        clock[0] = now
+        print(f"  {name}: end to end: {step} {phases[step]:.1f} s", flush=True)
+
     torch.manual_seed(0)
     model, inputs = _model(name, all_tasks)
     fresh = redrawn(inputs)
+    lap("model and inputs")
     with torch.no_grad():
         torch._dynamo.reset()
         inductor: Any = torch.compile(model)
         inductor(*inputs)
+        lap("Inductor's compile")
         before = len(tb.report())
         ours: Any = torch.compile(model, backend="kstrata", options={"tuned": str(tuned), "cache_dir": str(work / "tb")})
         ours(*inputs)
+        lap("the tuned backend's compile")
         # compared on other inputs, ours first: the caching allocator hands ours the blocks Inductor's run just
         # freed, holding its (correct) values for `inputs`, so a tuned kernel that leaves elements unwritten
         # would still match there; for `fresh` those values are wrong
@@ -192,6 +205,7 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
         # falls on both (timed one after the other, identical code measured 1.33x apart on the H200)
         ab = interleaved_ab(functools.partial(_call, inductor, inputs), functools.partial(_call, ours, inputs),
                             rounds=6, runs=20, margin=1e9)
+        lap("outputs compared, A/B timed")
         # which binaries the tuned model ran: Inductor's autotuner chooses among the configs it compiled, tuned
         # or not, so a deployed variant need not be the one that runs
         with LaunchCensus(tuned) as census:
@@ -204,12 +218,14 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             for _ in range(CENSUS_CALLS):
                 inductor(*inputs)
             torch.cuda.synchronize()
+        lap("launch census")
         # the check of the prediction: each kernel's device time inside the program, as the A/B ran it (L2
         # flushed before each call); the kernel-level A/B ran each kernel alone with the L2 flushed before it
         allocate = CudaClock.cuda().scratch
         scratch = allocate(L2_FLUSH_BYTES) if allocate is not None else None
         profiles = {side: _profile(functools.partial(_call, model_, inputs), scratch)
                     for side, model_ in (("inductor", inductor), ("tuned", ours))}
+        lap("in-program profiles")
     launched = census.rows(CENSUS_CALLS)
     records = tb.report()[before:]
     kernels = [k for k in records if k["status"] != "autotune"]  # one per compiled kernel
@@ -230,7 +246,8 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
                                      {r["kernel"]: r["edit"] for r in launched if r["tuned"]},
                                      {"inductor": ab.median_a_us, "tuned": ab.median_b_us}),
             # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
-            "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup}
+            "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup,
+            "seconds": phases}
 
 
 #: Calls of the tuned model whose launches are counted (`LaunchCensus`) after its timing.
@@ -420,7 +437,8 @@ def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[st
     g = summary["geomean_changed"]
     lines.append(f"- geomean of the changed kernels {g:.3f}x, target {TARGET_CHANGED}x: {met(g >= TARGET_CHANGED)}" if g
                  else "- geomean of the changed kernels: no kernel changed (**not met**)")
-    lines.append(f"- wrong results {summary['wrong_results']}, target 0: {met(summary['wrong_results'] == 0)}")
+    if not any(r.get("recheck_skipped") for r in rows):
+        lines.append(f"- wrong results {summary['wrong_results']}, target 0: {met(summary['wrong_results'] == 0)}")
     for r in rows:
         if r.get("pending"):
             lines.append(f"- {r['model']}: end to end not measured ({r['pending']})")
@@ -532,8 +550,10 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
               f"of the configs Inductor's autotuner compiled) and {len(edited)} a code edit"
               + (f" (geomean {summary['geomean_code_edits']:.3f}x)" if edited else "")) if g
              else "- no kernel changed",
-             f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
-             + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else ""),
+             (f"- kernels and their speedups from the tuned database {env['tuned_db']}; wrong results: none "
+              f"re-checked here ({TUNED_RECHECK_NOTE}); this run measured the end to end" if env.get("tuned_db") else
+              f"- wrong results (winners re-verified with fresh seeds): {len(wrong)}"
+              + (f"; {len(undecided)} re-checks could not decide (see the JSON)" if undecided else "")),
              f"- end to end (tuned backend vs Inductor, models with a tuned kernel), geomean: "
              f"{summary['geomean_end_to_end']:.3f}x; " + _measured_line(rows) if summary["geomean_end_to_end"]
              else "- end to end: no model ran a tuned kernel", *target_lines(rows, summary), "",
@@ -587,6 +607,9 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
                          + "; ".join(base))
         if e.get("in_program"):
             lines += in_program_lines(r["model"], e["in_program"])
+        if e.get("seconds"):
+            lines.append(f"- {r['model']} end to end took: "
+                         + "; ".join(f"{k} {v:g} s" for k, v in e["seconds"].items()))
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
         for k in r.get("kernels", []):
             if k.get("configs"):
@@ -622,6 +645,10 @@ def command(
                                               "temporary directory).")] = None,
     tag: Annotated[str, typer.Option("--tag", help="Appended to the results' file names (one call per group of "
                                                    "models: a call may run 600 s).")] = "",
+    tuned: Annotated[Path | None, typer.Option("--tuned", help="A tuned database (`kstrata optimize`'s OUT/tuned) "
+                                               "to measure end to end on the one model of --models: no recording, "
+                                               "no search; its kernels' figures are those of the search that made "
+                                               "it. Copied into the work directory first, never changed.")] = None,
     child: Annotated[str | None, typer.Option("--child", hidden=True)] = None,
     rerender: Annotated[Path | None, typer.Option("--rerender", help="Write the Markdown (and JSON summary) of a "
                                                   "results JSON again with this version's report, into --results; "
@@ -638,6 +665,11 @@ def command(
     if bad:
         print(f"error: --models: {bad}", file=sys.stderr)
         return 2
+    if tuned is not None:
+        bad = _tuned_problem(tuned, [n.strip() for n in models.split(",") if n.strip()])
+        if bad:
+            print(f"error: --tuned {tuned}: {bad}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available() or torch.version.hip is not None:
         print("error: needs an NVIDIA GPU (this benchmark records, optimizes and times Inductor's CUDA kernels)",
               file=sys.stderr)
@@ -657,11 +689,26 @@ def command(
     rows: list[dict[str, Any]] = []
     overheads: list[float] = []  # minutes per model outside the search: record, re-check, end to end
     prior = SearchPrior()  # what won on one model's kernels is tried first on the next model's
+    if tuned is not None:
+        env["tuned_db"] = str(tuned)
     for i, name in enumerate(names):
         row: dict[str, Any] = {"model": name}
         safe = name.replace(":", "_").replace("/", "_")
         t_model = time.perf_counter()
         search_min = 0.0
+        if tuned is not None:  # the end to end of a database made before: no recording, no search, no re-check
+            db = root / safe / "out" / "tuned"
+            shutil.copytree(tuned, db)
+            row["kernels"] = tuned_rows(db, bytes_per_s, bandwidth_source)
+            row["recheck_skipped"] = TUNED_RECHECK_NOTE
+            try:
+                row["end_to_end"] = _end_to_end(name, all_tasks, db, root / safe)
+                row["end_to_end"]["expected"] = expected_end_to_end(row)
+                attach_isolated(row)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            break
         try:
             left = minutes - (time.perf_counter() - start) / 60
             if left <= 0:
@@ -719,7 +766,9 @@ def command(
             # its searches in the results file, marked as such
             _write(results, env, [*rows, {**row, "pending": PENDING}], final=False,
                    seconds=time.perf_counter() - start, tag=tag)
+            t_check = time.perf_counter()
             row["recheck"] = _recheck(report)
+            print(f"{name}: re-check with fresh seeds {time.perf_counter() - t_check:.1f} s", flush=True)
             row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
             row["end_to_end"]["expected"] = expected_end_to_end(row)
             attach_isolated(row)
@@ -732,6 +781,58 @@ def command(
     print(json.dumps(summary, indent=1))
     ok = summary["wrong_results"] == 0 and summary["recheck_undecided"] == 0 and all("error" not in r for r in rows)
     return 0 if ok else 1
+
+
+#: Why a `--tuned` run has no re-check (said in its results).
+TUNED_RECHECK_NOTE = ("measured from a tuned database made before (--tuned): its winners were gated and re-checked "
+                      "by the search that made it, not again in this run")
+
+
+def _tuned_problem(tuned: Path, names: list[str]) -> str | None:
+    """Why `--tuned` cannot run (None: it can): it takes one model and a readable, non-empty tuned database."""
+    from kstrata.agents.tuned import TunedDB, TunedError
+
+    if len(names) != 1:
+        return f"measures one model end to end; --models names {len(names) or 'none'}"
+    db = TunedDB(tuned)
+    try:
+        db.check()
+    except (TunedError, OSError) as exc:
+        return str(exc)
+    bad = [f"{d}: {r}" for d, r in db.records() if isinstance(r, TunedError)]
+    if bad:
+        return f"unreadable records: {'; '.join(bad)[:300]}"
+    if not any(True for _ in db.records()):
+        return "holds no tuned kernel"
+    return None
+
+
+def tuned_rows(db: Path, bytes_per_s: float | None, bandwidth_source: str) -> list[dict[str, Any]]:
+    """A tuned database's kernels as the results' kernel rows: each with the edit, speedup, range and times the
+    search that made it measured (and when), its timings against the kernel's other configs, and %SOL from the
+    launch record it was measured on where that file is still there."""
+    from kstrata.agents.tuned import TunedDB, TunedRecord
+
+    rows = []
+    for _, r in TunedDB(db).records():
+        if not isinstance(r, TunedRecord):
+            continue
+        cfg = r.config or {}
+        rows.append({
+            "kernel": r.kernel, "key": str(cfg.get("key", ""))[:12], "share": "?", "trials": 0,
+            "result": f"from the tuned database (measured {r.measured_at} on {r.device})",
+            "space": ",".join(r.spaces), "edit": r.edit, "speedup": r.speedup,
+            "range": r.speedup_range or [r.speedup, r.speedup], "verdict": r.verdict,
+            "time_before_us": r.time_before_us, "time_after_us": r.time_after_us, "baseline": cfg.get("words"),
+            "started_from": None, "speedup_vs_recorded": r.speedup_vs_recorded, "configs": [],
+            "siblings": [{"config": (t.get("config") or {}).get("words"), "status": t.get("status"),
+                          "speedup": t.get("speedup"), "range": t.get("speedup_range"), "time_us": t.get("time_us"),
+                          "winner_us": t.get("winner_us")} for t in r.siblings or ()],
+            "sibling_verdict": None,
+            "sol": buffer_sol(cfg.get("record") if cfg.get("record") and Path(cfg["record"]).is_file() else None,
+                              bytes_per_s, r.time_before_us, r.time_after_us, bandwidth_source),
+            "verdicts": {}})
+    return rows
 
 
 def _rerender(path: Path, results: Path) -> int:

@@ -28,6 +28,8 @@
 #   compiled-gap01, compiled-gap02, compiled-gap03   issue 14: one gap task alone (8 min, room for its end to end)
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
+#   e2e-tuned     issue 14: TUNED_DB (a carried tuned database) end to end on TUNED_MODEL, no search (up to 6 min)
+#   probe-evict   issue 19: the norm's L2 eviction priorities on task 01, pooling's unroll on task 02 (3 min, no ncu)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
@@ -163,12 +165,32 @@ sys.exit(1 if bad else 0)" ;;
         testsuite/tests/test_record.py testsuite/tests/test_torch_backend.py testsuite/tests/test_compiled.py \
         testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
         testsuite/tests/test_conv_template.py ;;
+    e2e-tuned)
+      # issue 14: a tuned database made by an earlier call (TUNED_DB, carried along) measured end to end on its
+      # model (TUNED_MODEL), no recording or search (bench_compiled --tuned): gap 01's search ended, and its
+      # re-check and end to end did not fit the call, twice (2026-12-07)
+      run e2e-tuned 360 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "${TUNED_TAG:-e2e}$SFX" \
+        --work "$WORK/e2e-tuned" --models "${TUNED_MODEL:?TUNED_MODEL names the model}" \
+        --tuned "${TUNED_DB:?TUNED_DB names the tuned database}" ;;
+    probe-evict)
+      # issue 19, task 01: the norm's L2 eviction priorities (EVICT) against the same schedules without them, then
+      # pooling's unrolled loop at UNROLL 1 and 2 against the prefetching loop (no ncu, about 3 min)
+      run probe-evict 300 $PY -m kstrata.tools.template_probe --no-ncu --suffix="-evict$SFX" \
+        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' \
+        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":16384,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16,"EVICT":1}' \
+        '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":1}' \
+        '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \
+        '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"AHEAD":1,"UNROLL":1}' ;;
     gpu-ir)
       # the GPU tests marked slow: the ir space end to end on a small LayerNorm (7 minutes), a model's kernel-level
       # answers joining its kernel searches
       run gpu-ir 540 $PY -m kstrata.tools.gpu_tests --marker "gpu and slow" --per-test-s 500 \
         --log "$WORK/gpu-tests-detail.log" testsuite/tests/test_optimize_ir.py ;;
-    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 gpu-tests gpu-ir)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned probe-evict gpu-tests gpu-ir)"; status=2 ;;
   esac
 done
 # What the steps wrote: today's results files and the skill library, with the logs, in one archive.

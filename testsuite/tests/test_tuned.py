@@ -515,3 +515,27 @@ def test_the_backend_deploys_a_variant_rewritten_at_ttir(tmp_path: Path) -> None
     assert hashlib.sha256(_cubin(hooked)).hexdigest() == record.tuned_binary != record.original_binary
     assert "tt.get_num_programs x" in (hooked / "triton_poi_bcast.ttir").read_text()  # the variant's levels
     assert [(r.name, r.status) for r in session.records] == [("triton_poi_bcast", "tuned")]
+
+
+def test_bench_compiled_measures_a_tuned_database_as_the_search_left_it(tuned_db: tuple[Path, Path, Any],
+                                                                       tmp_path: Path) -> None:
+    """`bench_compiled --tuned DB`: the database's kernels become the results' rows with the figures the search
+    measured (its end to end needs a GPU); a bad database or more than one model is one line, exit 2."""
+    from kstrata.tools import bench_compiled
+
+    root, _, _ = tuned_db
+    rows = bench_compiled.tuned_rows(root / "db", None, "no bandwidth")
+    assert [(r["kernel"], r["edit"], r["speedup"], r["range"], r["time_before_us"], r["time_after_us"])
+            for r in rows] == [("triton_poi_scale", "ttgir(num-warps{n=8})", 1.25, [1.2, 1.3], 10.0, 8.0)]
+    assert "from the tuned database" in rows[0]["result"] and rows[0]["sol"] == {"reason": "no launch record"}
+    assert bench_compiled._tuned_problem(root / "db", ["mlp_fp16"]) is None
+    assert "one model" in str(bench_compiled._tuned_problem(root / "db", ["mlp_fp16", "conv_block"]))
+    (tmp_path / "empty").mkdir()
+    TunedDB(tmp_path / "empty").create()
+    assert bench_compiled._tuned_problem(tmp_path / "empty", ["mlp_fp16"]) == "holds no tuned kernel"
+    assert bench_compiled._tuned_problem(tmp_path / "missing", ["mlp_fp16"])
+    out = subprocess.run([sys.executable, "-m", "kstrata.tools.bench_compiled", "--results", str(tmp_path / "r"),
+                          "--models", "mlp_fp16", "--tuned", str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--tuned" in out.stderr, out.stderr
+    assert not (tmp_path / "r").exists()
