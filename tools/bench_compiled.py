@@ -2,7 +2,7 @@
 and tasks, and the tuned torch.compile backend end to end against plain Inductor.
 
     python -m kstrata.tools.bench_compiled --results testsuite/results [--minutes 20] [--budget 16]
-                                           [--models mlp_fp16,...] [--all-tasks] [--work DIR] [--tag T]
+                                           [--models mlp_fp16,...] [--all-tasks] [--work DIR] [--tag T] [--tuned DB]
 
 Per model (the MLP, transformer block and conv block of `gpu_torch_backend`, and three of the project's
 tasks, or every task with `--all-tasks`):
@@ -23,6 +23,10 @@ tasks, or every task with `--all-tasks`):
    each kernel's device time per call inside each program, and the device-busy time per call beside the
    wall time per call. The end-to-end figure the kernels predict (`expected_end_to_end`) comes from isolated,
    L2-flushed kernel timings; the in-program device times are its check.
+
+`--tuned DB` skips steps 1-3 for the one model of `--models`: the database (a search's `OUT/tuned`, from this
+machine or another of the same target and versions) is measured end to end, its kernels' figures as the search
+that made it measured them. The end to end's steps are timed into its JSON (`seconds`).
 
 Writes `compiled-bench-<date>.json` and `.md` under `--results` (after every model's search, its row marked
 as waiting for its re-check and end to end, and again when those end, so a run cut short keeps what it measured): per kernel the space and edit that won, speedup with its range over A/B rounds,
