@@ -176,10 +176,10 @@ sys.exit(1 if bad else 0)" ;;
       # issue 19, task 01: the norm's L2 eviction priorities (EVICT) against the same schedules without them, then
       # pooling's unrolled loop at UNROLL 1 and 2 against the prefetching loop (no ncu, about 3 min)
       run probe-evict 300 $PY -m kstrata.tools.template_probe --no-ncu --suffix="-evict$SFX" \
-        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' \
-        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16,"EVICT":1}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' \
+        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16,"EVICT":1}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":16384,"num_warps":16,"EVICT":1}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16,"EVICT":1}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":1}' \

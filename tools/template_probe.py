@@ -201,6 +201,7 @@ def markdown(res: dict[str, Any]) -> str:
            f"torch {res['versions']['torch']}, Triton {res['versions']['triton']}. Times: median us (L2 flushed); "
            "kernel times from torch.profiler (mean of 5 calls); issue and stalls from Nsight Compute (one call, "
            "its kernels replayed), stalls in cycles per issued instruction.", "",
+           *([] if res.get("complete", True) else ["**Incomplete: the run stopped after the probes below.**", ""]),
            "| probe | median us | kernel | us | issue % | warps/sched | eligible | regs | top stalls |",
            "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for e in res["probes"]:
@@ -259,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"schema": "kstrata.template-probe/1", "device": torch.cuda.get_device_name(),
                            "date": dt.date.today().isoformat(), "ncu": ncu,
                            "versions": {"torch": torch.__version__, "triton": triton.__version__}, "probes": []}
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    md = ""
     for label, path, src in todo:
         _say(f"probe {label}")
         try:
@@ -267,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             res["probes"].append({"probe": label, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             _say(f"  failed: {type(e).__name__}: {str(e)[:300]}")
         torch.cuda.empty_cache()
-    md = markdown(res)
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    for d in [Path(ns.results), *([out_dir] if out_dir else [])]:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"template-probe-{res['date']}{ns.suffix}.json").write_text(json.dumps(res, indent=1) + "\n")
-        (d / f"template-probe-{res['date']}{ns.suffix}.md").write_text(md)
+        # written after every probe: a call's limit that stops the run keeps the probes measured before it
+        res["complete"] = len(res["probes"]) == len(todo)
+        md = markdown(res)
+        for d in [Path(ns.results), *([out_dir] if out_dir else [])]:
+            d.mkdir(parents=True, exist_ok=True)
+            for ext, text in (("json", json.dumps(res, indent=1) + "\n"), ("md", md)):
+                target = d / f"template-probe-{res['date']}{ns.suffix}.{ext}"
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_text(text)
+                tmp.replace(target)
     print(md)
     return 0
 

@@ -48,6 +48,9 @@ def test_the_report_has_a_row_per_kernel_and_says_why_a_probe_did_not_run() -> N
     rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
     assert len(rows) == 4 and "| 05 conv {} | 862.4 | _conv_kernel #0 | 855.8 | 57 |" in rows[1]
     assert rows[3] == "| 04 conv {} | | | | | | | | not correct under strict: error 0.1 |"
+    assert "Incomplete" not in md
+    # written after every probe: a run stopped by the call's limit says so
+    assert "**Incomplete: the run stopped after the probes below.**" in tp.markdown({**res, "complete": False})
 
 
 def test_a_bad_probe_is_one_line_and_exit_2() -> None:
