@@ -794,7 +794,7 @@ TUNED_RECHECK_NOTE = ("measured from a tuned database made before (--tuned): its
 
 def _tuned_problem(tuned: Path, names: list[str]) -> str | None:
     """Why `--tuned` cannot run (None: it can): it takes one model and a readable, non-empty tuned database."""
-    from kstrata.agents.tuned import TunedDB, TunedError
+    from kstrata.agents.tuned import TunedDB, TunedError, TunedRecord
 
     if len(names) != 1:
         return f"measures one model end to end; --models names {len(names) or 'none'}"
@@ -808,6 +808,11 @@ def _tuned_problem(tuned: Path, names: list[str]) -> str | None:
         return f"unreadable records: {'; '.join(bad)[:300]}"
     if not any(True for _ in db.records()):
         return "holds no tuned kernel"
+    # a record without its binary is never applied: the end to end would time Inductor against itself
+    damaged = [f"{d.name}: {why}" for d, r in db.records() if isinstance(r, TunedRecord)
+               and (why := db.stale_reason(d, r, r.versions_digest))]
+    if damaged:
+        return "; ".join(damaged)[:400]
     return None
 
 

@@ -166,7 +166,8 @@ sys.exit(1 if bad else 0)" ;;
         testsuite/tests/test_compiled_window.py testsuite/tests/test_bench_compiled_profile.py \
         testsuite/tests/test_conv_template.py ;;
     e2e-tuned)
-      # issue 14: a tuned database made by an earlier call (TUNED_DB, carried along) measured end to end on its
+      # issue 14: a tuned database made by an earlier call (TUNED_DB, carried along with its cubins: archives
+      # before 2026-12-07's twentieth session left them out, and such a database is refused) measured end to end on its
       # model (TUNED_MODEL), no recording or search (bench_compiled --tuned): gap 01's search ended, and its
       # re-check and end to end did not fit the call, twice (2026-12-07)
       run e2e-tuned 360 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "${TUNED_TAG:-e2e}$SFX" \
@@ -204,8 +205,11 @@ for f in $(ls -A "$OUT"); do
   dest="$WORK/out/$f"; n=1; while [ -e "$dest" ]; do dest="$WORK/out/$f.$n"; n=$((n + 1)); done
   case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$dest" ;; esac
 done
-# the compiled benchmark's work directories keep their reports and trajectories, not its caches and builds
+# the compiled benchmark's work directories keep their reports, trajectories and tuned databases (binaries
+# included: a tuned record without its cubin is never applied, and ptxas cannot remake it byte for byte on
+# another machine, its debug lines name the source file's size and time), not its caches and candidates' builds
 tar czf "$OUT/results.tgz" --exclude='triton-cache' --exclude='inductor-cache' --exclude='engine' \
-  --exclude='tb' --exclude='*.cubin' --exclude='patched-cache' --exclude='*.npy' -C "$WORK" . 2>/dev/null
+  --exclude='tb' --exclude='*/out/cuda-*/*.cubin' --exclude='*/out/hip-*/*.hsaco' --exclude='patched-cache' \
+  --exclude='*.npy' -C "$WORK" . 2>/dev/null
 echo "== packed $OUT/results.tgz in $(( $(date +%s) - T0 )) s; exit $status"
 exit $status

@@ -534,6 +534,11 @@ def test_bench_compiled_measures_a_tuned_database_as_the_search_left_it(tuned_db
     TunedDB(tmp_path / "empty").create()
     assert bench_compiled._tuned_problem(tmp_path / "empty", ["mlp_fp16"]) == "holds no tuned kernel"
     assert bench_compiled._tuned_problem(tmp_path / "missing", ["mlp_fp16"])
+    # carried without its binaries (an archive that left out *.cubin): refused, not timed as Inductor against itself
+    shutil.copytree(root / "db", tmp_path / "nobin")
+    for cubin in (tmp_path / "nobin").rglob("*.cubin"):
+        cubin.unlink()
+    assert "tuned binary is missing" in str(bench_compiled._tuned_problem(tmp_path / "nobin", ["mlp_fp16"]))
     out = subprocess.run([sys.executable, "-m", "kstrata.tools.bench_compiled", "--results", str(tmp_path / "r"),
                           "--models", "mlp_fp16", "--tuned", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=120, check=False)
