@@ -49,7 +49,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -169,7 +169,10 @@ def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
     return rows
 
 
-def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str, Any]:
+def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path,
+                on_timed: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """`on_timed(partial)`: called with the outputs' comparison and the A/B before the launch census and the
+    profiles, so a run cut during those keeps its end-to-end figure."""
     import torch
 
     import kstrata.tools.torch_backend as tb
@@ -210,6 +213,9 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
         ab = interleaved_ab(functools.partial(_call, inductor, inputs), functools.partial(_call, ours, inputs),
                             rounds=6, runs=20, margin=1e9)
         lap("outputs compared, A/B timed")
+        if on_timed is not None:
+            on_timed(_compared(tb.report()[before:], ref, out, ab, phases)
+                     | {"partial": "its launch census and in-program profiles had not ended"})
         # which binaries the tuned model ran: Inductor's autotuner chooses among the configs it compiled, tuned
         # or not, so a deployed variant need not be the one that runs
         with LaunchCensus(tuned) as census:
@@ -231,7 +237,18 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
                     for side, model_ in (("inductor", inductor), ("tuned", ours))}
         lap("in-program profiles")
     launched = census.rows(CENSUS_CALLS)
-    records = tb.report()[before:]
+    return _compared(tb.report()[before:], ref, out, ab, phases) | {
+        "launched": launched, "inductor_launched": base_census.rows(CENSUS_CALLS),
+        "in_program": in_program(profiles["inductor"], profiles["tuned"],
+                                 {r["kernel"]: r["edit"] for r in launched if r["tuned"]},
+                                 {"inductor": ab.median_a_us, "tuned": ab.median_b_us})}
+
+
+def _compared(records: list[dict[str, Any]], ref: Any, out: Any, ab: Any, phases: dict[str, float]) -> dict[str, Any]:
+    """The end to end's outputs compared and its A/B: what the tuned backend did with each kernel (`records`, its
+    report), the outputs' difference, both medians and the speedup."""
+    import torch
+
     kernels = [k for k in records if k["status"] != "autotune"]  # one per compiled kernel
     tuned_n = sum(k["status"] == "tuned" for k in kernels)
     pairs = list(zip(_flat(ref), _flat(out), strict=True))
@@ -245,13 +262,9 @@ def _end_to_end(name: str, all_tasks: bool, tuned: Path, work: Path) -> dict[str
             "autotune": [{"name": k["name"], "reason": k.get("reason", "")[:400]} for k in records
                          if k["status"] == "autotune"],
             "inductor_us": ab.median_a_us, "tuned_us": ab.median_b_us, "timing": ab.to_json(),
-            "launched": launched, "inductor_launched": base_census.rows(CENSUS_CALLS),
-            "in_program": in_program(profiles["inductor"], profiles["tuned"],
-                                     {r["kernel"]: r["edit"] for r in launched if r["tuned"]},
-                                     {"inductor": ab.median_a_us, "tuned": ab.median_b_us}),
             # with no kernel tuned the two run the same code: the ratio is the timing's own spread, no speedup
             "speedup": ab.speedup if tuned_n else None, "same_code_ratio": None if tuned_n else ab.speedup,
-            "seconds": phases}
+            "seconds": dict(phases)}
 
 
 #: Calls of the tuned model whose launches are counted (`LaunchCensus`) after its timing.
@@ -569,6 +582,8 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
             continue
         e = r.get("end_to_end", {})
         diff = '' if e.get('bitwise_equal', True) else ', max diff ' + format(e['max_abs_diff'], '.3g')
+        if e.get("partial"):  # written after its A/B, before its census and profiles
+            diff += f"; partial: {e['partial']}"
         if e.get("speedup"):
             lo, hi = e["timing"]["speedup_range"]
             e2e_cell = (f"{e['speedup']:.3f}x ({lo:.3f}-{hi:.3f}; {e['tuned_kernels']} tuned / {e['untouched_kernels']} "
@@ -706,7 +721,8 @@ def command(
             row["kernels"] = tuned_rows(db, bytes_per_s, bandwidth_source)
             row["recheck_skipped"] = TUNED_RECHECK_NOTE
             try:
-                row["end_to_end"] = _end_to_end(name, all_tasks, db, root / safe)
+                row["end_to_end"] = _end_to_end(name, all_tasks, db, root / safe,
+                                                on_timed=partial_writer(results, env, rows, row, start, tag))
                 row["end_to_end"]["expected"] = expected_end_to_end(row)
                 attach_isolated(row)
             except Exception as exc:
@@ -773,7 +789,8 @@ def command(
             t_check = time.perf_counter()
             row["recheck"] = _recheck(report)
             print(f"{name}: re-check with fresh seeds {time.perf_counter() - t_check:.1f} s", flush=True)
-            row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe)
+            row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe,
+                                            on_timed=partial_writer(results, env, rows, row, start, tag))
             row["end_to_end"]["expected"] = expected_end_to_end(row)
             attach_isolated(row)
         except Exception as exc:  # a failing model is reported, the run goes on
@@ -785,6 +802,16 @@ def command(
     print(json.dumps(summary, indent=1))
     ok = summary["wrong_results"] == 0 and summary["recheck_undecided"] == 0 and all("error" not in r for r in rows)
     return 0 if ok else 1
+
+
+def partial_writer(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], row: dict[str, Any],
+                   start: float, tag: str) -> Callable[[dict[str, Any]], None]:
+    """The results written again with `row`'s end to end as far as it went (its A/B, before the census and the
+    profiles): a run the call's limit stops there keeps its end-to-end figure, marked partial."""
+    def write(partial: dict[str, Any]) -> None:
+        _write(results, env, [*rows, {**row, "end_to_end": partial}], final=False,
+               seconds=time.perf_counter() - start, tag=tag)
+    return write
 
 
 #: Why a `--tuned` run has no re-check (said in its results).

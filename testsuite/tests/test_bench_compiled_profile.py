@@ -5,6 +5,8 @@ figures are those of the H200's `mlp_fp16` run (2026-12-04): the silu's isolated
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -428,3 +430,23 @@ def test_a_row_written_before_its_end_to_end_says_so_instead_of_a_target_not_met
     mine = [ln for ln in lines if "task:gaps/01" in ln]
     assert mine == [f"- task:gaps/01: end to end not measured ({bench_compiled.PENDING})"]
     assert not any("not met" in ln and "gaps/01" in ln for ln in lines)
+
+
+def test_an_end_to_end_cut_after_its_ab_keeps_its_figure_marked_partial(tmp_path: Path) -> None:
+    """The results written when the end to end's A/B ends (`partial_writer`), before its census and profiles: the
+    model's row has the speedup, says it is partial, and the run is marked incomplete."""
+    row = _row(58.0)
+    partial = {k: v for k, v in row["end_to_end"].items()
+               if k not in ("launched", "inductor_launched", "in_program", "expected")}
+    partial["partial"] = "its launch census and in-program profiles had not ended"
+    del row["end_to_end"]
+    env = {"date": "2026-12-07T00:00:00+00:00", "device": "NVIDIA H100", "torch": "t", "triton": "t", "cuda": "t"}
+    done = {"model": "conv_block_fp32", "kernels": [], "recheck": []}
+    bench_compiled.partial_writer(tmp_path, env, [done], row, time.perf_counter(), "gap01")(partial)
+    md = (tmp_path / "compiled-bench-2026-12-07-gap01.md").read_text()
+    data = json.loads((tmp_path / "compiled-bench-2026-12-07-gap01.json").read_text())
+    assert [r["model"] for r in data["models"]] == ["conv_block_fp32", "mlp_fp16"]
+    assert data["summary"]["complete"] is False and data["summary"]["geomean_end_to_end"] == pytest.approx(0.991)
+    assert ("0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them; partial: its launch census and in-program "
+            "profiles had not ended)") in md
+    assert "**Incomplete run" in md and "end to end ran:" not in md
