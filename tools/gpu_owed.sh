@@ -29,7 +29,8 @@
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   e2e-tuned     issue 14: TUNED_DB (a carried tuned database) end to end on TUNED_MODEL, no search (up to 6 min)
-#   probe-evict   issue 19: the norm's L2 eviction priorities on task 01, pooling's unroll on task 02 (3 min, no ncu)
+#   probe-evict   issue 19: the norm's L2 eviction priorities and prefetches on task 01, pooling's unroll on task 02
+#                 (4 min, no ncu)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
 #
 # (bench_optimize also writes into $OUT when it is set; what a run adds to OUT is moved into the archive.)
@@ -174,11 +175,15 @@ sys.exit(1 if bad else 0)" ;;
         --work "$WORK/e2e-tuned" --models "${TUNED_MODEL:?TUNED_MODEL names the model}" \
         --tuned "${TUNED_DB:?TUNED_DB names the tuned database}" ;;
     probe-evict)
-      # issue 19, task 01: the norm's L2 eviction priorities (EVICT) against the same schedules without them, then
-      # pooling's unrolled loop at UNROLL 1 and 2 against the prefetching loop (no ncu, about 3 min)
+      # issue 19, task 01: the norm's L2 eviction priorities (EVICT) and prefetches (PREFETCH) against the resident
+      # team and split without them, then
+      # pooling's unrolled loop at UNROLL 1 and 2 against the prefetching loop (no ncu, about 4 min)
       run probe-evict 300 $PY -m kstrata.tools.template_probe --no-ncu --suffix="-evict$SFX" \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"PREFETCH":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"PREFETCH":2}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":32768,"num_warps":16,"EVICT":1,"PREFETCH":1}' \
         '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' \
         '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16,"EVICT":1}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":16384,"num_warps":16,"EVICT":1}' \

@@ -346,6 +346,22 @@ def root_load(chain: Chain, space: tuple[int, ...], idx: str, mask: str, var: st
     return f"{var} = tl.load(h_ptr + ({off}){masked_args(mask, other)}{hint}).to(tl.float32)"
 
 
+#: Module-level Python of a rendered file whose kernels issue PTX prefetches: on NVIDIA only (a ROCm build of
+#: torch compiles the kernels without them; the branch is a compile-time constant).
+PTX_HELPER = """
+_KSTRATA_PTX = tl.constexpr(torch.version.hip is None)
+"""
+
+
+def l2_prefetch(ptr: str, offsets: str) -> str:
+    """A kernel line asking the L2 for the two 128-byte lines at `ptr + offsets` (a vector of fp32 element offsets,
+    one element each 64 values; every 256 bytes from it inside its tensor): `prefetch.global.L2`, no registers
+    held and nothing waited on, one address register pair an element. Inside an `if _KSTRATA_PTX:`
+    (`PTX_HELPER`)."""
+    return (f"tl.inline_asm_elementwise(\"prefetch.global.L2 [$1]; prefetch.global.L2 [$1+128];\", \"=r,l\", "
+            f"[{ptr} + ({offsets})], dtype=tl.int32, is_pure=False, pack=1)")
+
+
 def masked_args(mask: str, other: str = "0.0") -> str:
     return "" if mask == "None" else f", mask={mask}, other={other}"
 

@@ -48,21 +48,29 @@ L2 evict-first priority and the weights' loads evict-last. A resident team reads
 (32 MB on task 01) after the exchange, every row; a weight is read again after 64 MB of other traffic (the
 rest of the weights, the row's input and output), more than an H100/H200's 50 MB L2 keeps by recency, so
 without priorities the weights come from DRAM every row (reasoned from the sizes, not profiled). The hints change
-nothing but cache priority. The first resident team is hinted again with them, second (not yet timed).
+nothing but cache priority. `PREFETCH` (`resident`, NVIDIA): a member asks the L2 for its chunk of the team's
+next row and of the row's weights (PTX `prefetch.global.L2`, no registers held) before it waits for its team (1)
+or first in the row's turn (2), so the DRAM streams while the team exchanges (a team's row takes about 15 us on
+the H200, of which the loads of a 16 MB row at full bandwidth are 3.5). The first resident team is hinted again
+with EVICT, then with both, second and third (neither timed yet).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from kstrata.agents.templates.base import Params, cdiv, next_pow2
 from kstrata.agents.templates.codegen import (
+    PTX_HELPER,
     RESIDENT_HELPER,
     ExprEmitter,
     Kernel,
+    broadcast_offset,
     check_shapes,
     head_code,
     index_type,
+    l2_prefetch,
     launch,
     leaf_kernel_args,
     resident_launch,
@@ -145,14 +153,18 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
     # and the output's stores evicted first, the weights' loads last, so the weights a row reads again stay in
     # L2 (the resident kernel reads a row's 32 MB of weight and bias after its team's exchange, every row)
     sp.append(("EVICT", (0,) if fused else (0, 1)))
+    # a resident team asks the L2 for its next row's chunk and this row's weights (NVIDIA: PTX prefetches), before
+    # it waits for its team (1) or first in the row's turn (2), so the DRAM streams while the team exchanges its
+    # statistics
+    sp.append(("PREFETCH", (0,) if fused else (0, 1, 2)))
     if fused:
         default = {"strategy": "fused", "BLOCK_M": max(1, min(16, 2048 // next_pow2(d))), "BLOCK": 1024, "SPLIT": 1,
-                   "GROUP_ROWS": 0, "GRAPH": 0, "EVICT": 0,
+                   "GROUP_ROWS": 0, "GRAPH": 0, "EVICT": 0, "PREFETCH": 0,
                    "num_warps": 4 if d <= 1024 else 8}
     else:
         split = max(1, min(256, next_pow2(cdiv(4 * 132, m))))
         default = {"strategy": "split", "BLOCK_M": 1, "BLOCK": 2048, "SPLIT": split, "GROUP_ROWS": 0, "GRAPH": 0,
-                   "EVICT": 0, "num_warps": 8}
+                   "EVICT": 0, "PREFETCH": 0, "num_warps": 8}
     return tuple(sp), tuple(default.items())
 
 
@@ -168,8 +180,8 @@ def hints(chain: Chain) -> list[Params]:
         return out
     # the first team again with L2 priorities, where rows share weights (EVICT, module docstring): reasoned, not
     # yet timed (the H200 ran the resident team in 241 us: 4.4 TB/s if the weights came from DRAM every row)
-    if out:
-        out.insert(1, {**out[0], "EVICT": 1})
+    if out:  # and with L2 prefetches before the team's wait (PREFETCH, also untimed)
+        out[1:1] = [{**out[0], "EVICT": 1}, {**out[0], "EVICT": 1, "PREFETCH": 1}]
     graphed: list[Params] = []  # a row group's statistics, then its normalization, launched from a CUDA graph
     for g in (1, 2):
         if g < m and 2 * g * 4 * d <= 48 << 20:
@@ -198,6 +210,8 @@ def valid(chain: Chain, p: Params) -> bool:
         return False  # a graph only where a forward launches a kernel or two a row group
     if p.get("EVICT") and not (p["strategy"] == "resident" or (p["strategy"] == "split" and p["GROUP_ROWS"] == 0)):
         return False  # the input evicted first only where nothing reads it again from L2
+    if p.get("PREFETCH") and (p["strategy"] != "resident" or d < 64):
+        return False  # the prefetch runs while a resident team waits for its members (256 bytes at a time)
     if p["strategy"] == "fused":
         return bool(d <= FUSED_MAX and p["SPLIT"] == 1 and p["BLOCK"] == 1024 and p["GROUP_ROWS"] == 0
                     and next_pow2(d) * p["BLOCK_M"] <= 32768)
@@ -398,8 +412,9 @@ def _norm_pipe_kernel({sig}, part_ptr, row_apply, n_apply, row_stats, BLOCK: tl.
         _norm_stats_chunk(h_ptr, part_ptr, {leaf_sig}row_stats + q // {split}, q % {split}, BLOCK)
 ''')
         if params["strategy"] == "resident":
-            srcs += [RESIDENT_HELPER, _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split),
-                                                       bool(params.get("EVICT")))]
+            srcs += [RESIDENT_HELPER, *([PTX_HELPER] if params.get("PREFETCH") else []),
+                     _resident_kernel(chain, sig, it, m, d, widx, eps, split, next_pow2(split),
+                                      bool(params.get("EVICT")), int(params.get("PREFETCH", 0)))]
             fwd.append("if h.is_cuda:")
             fwd.append(f"    part = torch.empty(({m * split * 3},), device=h.device, dtype=torch.float32)")
             fwd.append(f"    cnt = torch.zeros(({m},), device=h.device, dtype=torch.int32)")
@@ -475,14 +490,18 @@ def _stream_kernel(chain: Chain, sig: str, it: str, m: int, d: int, eps: float, 
 
 
 def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str, eps: float, split: int,
-                     sp2: int, evict: bool = False) -> str:
+                     sp2: int, evict: bool = False, prefetch: int = 0) -> str:
     """A persistent kernel (GPU only) of teams of `split` programs, each holding its chunk of BLOCK elements of a
     segment in registers (see the module docstring); `evict`: the input's loads and the output's stores are
-    evicted from L2 first and the weights' loads last (the `EVICT` schedule)."""
+    evicted from L2 first and the weights' loads last (the `EVICT` schedule); `prefetch` 1 (before the team's
+    wait) or 2 (first in the row's turn): the L2 is asked for this member's chunk of the team's next row and of
+    the weights this row reads (the `PREFETCH` schedule)."""
     first, last = ("evict_first", "evict_last") if evict else ("", "")
     s = chain.core_shape
     out_t = tl_dtype(chain.out_dtype)
     em = ExprEmitter()
+    if prefetch == 2:  # first thing in the row's turn, while the registers are free
+        em.lines += _prefetch_lines(chain, s, it, m, d, widx)
     em.lines += [f"base = row * {d}"] + [ln.strip() for ln in _shift(chain, s).splitlines()]
     em.lines += [f"cols = c * BLOCK + tl.arange(0, BLOCK).to({it})", f"mask = cols < {d}", "idx = base + cols",
                  "col = cols", root_load(chain, s, "idx", "mask", evict=first)]
@@ -491,6 +510,8 @@ def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str,
     em.lines += [f"vs = tl.where(mask, {v} - x0, 0.0)", "cn = tl.sum(mask.to(tl.float32), axis=0)",
                  "cmean = tl.sum(vs, axis=0) / tl.maximum(cn, 1.0)", "dv = tl.where(mask, vs - cmean, 0.0)",
                  "cm2 = tl.sum(dv * dv, axis=0)"]
+    if prefetch == 1:  # before the team's wait
+        em.lines += _prefetch_lines(chain, s, it, m, d, widx)
     em.lines += team_exchange(["cn", "cmean", "cm2"], [("pn", "0.0"), ("pmean", "0.0"), ("pm2", "0.0")], split, sp2)
     em.lines += combine_lines("pn", "pmean", "pm2", "t")
     em.lines += [f"rstd = 1.0 / tl.sqrt_rn(tm2 / {d} + {eps!r})", "y = (vs - tmean) * rstd"]
@@ -500,6 +521,20 @@ def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str,
     em.lines.append(f"tl.store(out_ptr + idx, {r}.to({out_t}), mask=mask{hint})")
     body = "\n".join("        " + line for line in em.lines)
     return _persistent("_norm_resident_kernel", sig, it, split, m) + body + "\n"
+
+
+def _prefetch_lines(chain: Chain, s: tuple[int, ...], it: str, m: int, d: int, widx: str) -> list[str]:
+    """Kernel lines (`PREFETCH`, NVIDIA) asking the L2 for this member's chunk of the team's next row (when it has
+    one) and of the weights this row reads: one address each 256 bytes, clamped into the row."""
+    core = chain.core
+    assert core is not None
+    pcol = f"tl.minimum(c * BLOCK + tl.arange(0, BLOCK // 64).to({it}) * 64, {d - 64})"
+    lines = ["if _KSTRATA_PTX:", f"    pcol = {pcol}", f"    if row + teams < {m}:",
+             f"        pidx = (row + teams) * {d} + pcol",
+             "        " + l2_prefetch("h_ptr", broadcast_offset(chain.root.shape, s, "pidx"))]
+    pw = re.sub(r"\bcol\b", "pcol", widx)
+    return lines + [f"    {l2_prefetch(ptr, pw)}" for ptr, a in (("w_ptr", core.args[1]), ("b_ptr", core.args[2]))
+                    if a is not None]
 
 
 def _persistent(name: str, sig: str, it: str, split: int, m: int) -> str:

@@ -98,8 +98,9 @@ def test_gap_tasks_match_one_template_at_full_size(name: str) -> None:
 def test_schedule_space_is_enumerable_and_checked() -> None:
     m = match(load_task(GAPS / "01_layernorm_three_dims_fp32.py"))[0]
     space = m.schedule_space()
-    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps", "GRAPH", "EVICT"}
-    assert space["EVICT"] == (0, 1)
+    assert set(space) == {"strategy", "BLOCK_M", "BLOCK", "SPLIT", "GROUP_ROWS", "num_warps", "GRAPH", "EVICT",
+                          "PREFETCH"}
+    assert space["EVICT"] == (0, 1) and space["PREFETCH"] == (0, 1, 2)
     # a 4M-element row cannot be kept in one program's registers: split, or held by a resident team
     assert space["strategy"] == ("split", "resident", "pipe", "stream")
     configs = m.configs()
@@ -116,9 +117,10 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
     resident = [h for h in m.hint_params() if h["strategy"] == "resident"]
     # fewest programs a team first: 128 chunks of 32768 (64 values a thread at 16 warps) fit the H200's 132 SMs
     # even at one block an SM (128 registers by its ptxas)
-    # (the first again with L2 eviction priorities, second: 16 rows share the weights)
-    assert [(h["BLOCK"], h["num_warps"], h.get("EVICT", 0)) for h in resident] == [
-        (32768, 16, 0), (32768, 16, 1), (16384, 16, 0), (16384, 8, 0), (8192, 16, 0), (8192, 8, 0)]
+    # (the first again with L2 eviction priorities, second: 16 rows share the weights; then with L2 prefetches too)
+    assert [(h["BLOCK"], h["num_warps"], h.get("EVICT", 0), h.get("PREFETCH", 0)) for h in resident] == [
+        (32768, 16, 0, 0), (32768, 16, 1, 0), (32768, 16, 1, 1), (16384, 16, 0, 0), (16384, 8, 0, 0), (8192, 16, 0, 0),
+        (8192, 8, 0, 0)]
     group = {**m.default_params(), "GROUP_ROWS": 1, "SPLIT": 256, "BLOCK": 2048}
     # then a persistent team a row streaming its chunks twice (one and two rows in flight), then the row groups,
     # last a row at a time from a CUDA graph (a 16 MB row and its output fit in L2; two would not): measured
@@ -142,8 +144,22 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
         assert {ln.split(" =")[0] for ln in loads} == {"x", "aw", "ab"}, loads
         assert all("eviction_policy='evict_first'" in ln for ln in src.splitlines() if "tl.store(out_ptr" in ln)
     assert "eviction_policy" not in m.render(resident[0]) and "eviction_policy" not in m.render(group)
+    # PREFETCH: a resident member asks the L2 for its chunk of the team's next row (guarded: the last rows have
+    # none) and of the weights, before it waits for its team; PTX only, behind a compile-time constant
+    src = m.render({**resident[0], "PREFETCH": 1})
+    body = src[src.index("def _norm_resident_kernel"):]
+    prefetches = [ln.strip() for ln in body.splitlines() if "prefetch.global.L2" in ln]
+    assert len(prefetches) == 3 and [p.split("[")[3].split(" ")[0] for p in prefetches] == ["h_ptr", "w_ptr", "b_ptr"]
+    assert "_KSTRATA_PTX = tl.constexpr(torch.version.hip is None)" in src and "if _KSTRATA_PTX:" in body
+    assert "if row + teams < 16:" in body and "pidx = (row + teams) * 4194304 + pcol" in body
+    assert body.index("tl.load(h_ptr") < body.index("prefetch.global.L2") < body.index("tl.atomic_add(cnt_ptr")
+    early = m.render({**resident[0], "PREFETCH": 2})  # first in the row's turn, before the chunk's load
+    early = early[early.index("def _norm_resident_kernel"):]
+    assert early.count("prefetch.global.L2 [$1];") == 3 and early.index("prefetch.global.L2") < early.index("tl.load(h_ptr")
+    assert "prefetch" not in m.render(resident[0]) and "_KSTRATA_PTX" not in m.render(resident[0])
     for bad in ({**group, "GROUP_ROWS": 0, "GRAPH": 1}, {**resident[0], "GRAPH": 1}, {**streams[0], "GRAPH": 1},
-                {**group, "EVICT": 1}, {**streams[0], "EVICT": 1}, {**group, "strategy": "pipe", "EVICT": 1}):
+                {**group, "EVICT": 1}, {**streams[0], "EVICT": 1}, {**group, "strategy": "pipe", "EVICT": 1},
+                {**group, "GROUP_ROWS": 0, "PREFETCH": 1}, {**streams[0], "PREFETCH": 1}):
         with pytest.raises(ValueError, match="not valid"):
             m.render(bad)  # a graph only for a launch or two a row group
     streamed = m.render(streams[1])  # 256 programs a row, at most 2 teams: the launcher caps them
@@ -1221,6 +1237,7 @@ def test_every_interpreted_launch_compiles_for_the_gpu(interpreted: dict[str, An
         assert len(hinted) >= 3, m.hint_params()
         if kernel == "_norm_resident_kernel":  # and with L2 eviction priorities (loads and the store)
             hinted += [{**p, "EVICT": 1} for p in hinted if not p.get("EVICT") and {**p, "EVICT": 1} not in hinted][:1]
+            hinted += [{**hinted[0], "PREFETCH": 1}, {**hinted[0], "PREFETCH": 2}]  # and L2 prefetches
         for params in hinted:
             src = m.render(params)
             found = re.search(rf"def {kernel}\((.*?)\):", src, re.S)
