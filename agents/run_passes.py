@@ -179,7 +179,7 @@ def load_launch_records(launches: str | Path) -> tuple[dict[str, str], list[str]
         try:
             record = LaunchRecord.load(path)
         except LaunchRecordError as exc:
-            unreadable.append(f"{path}: {exc}")
+            unreadable.append(str(exc) if exc.path else f"{path}: {exc}")  # the error names the file already
             continue
         if record.cache_key:
             index.setdefault(base32_key(record.cache_key), str(path))
@@ -466,6 +466,8 @@ class RunReport:
         m = self.measure or {}
         parts = [f"launch records: {m['launches']} ({m.get('matched', 0)} kernels matched)" if m.get("launches")
                  else "launch records: none given"]
+        if m.get("unreadable"):  # skipped, not silently: as `optimize` notes them
+            parts.append(f"{len(m['unreadable'])} launch records unreadable, the first: {m['unreadable'][0]}")
         if m.get("requested"):
             env = next((k["timing"] for k in self.kernels if k.get("timing", {}).get("device")), None)
             where = f" on {env['device']} (torch {env.get('torch')}, triton {env.get('triton')})" if env else ""
@@ -528,6 +530,7 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
     engine's timing, for tests). `on_start(total)` is called once the kernels are known, `on_kernel(outcome)`
     as each one ends."""
     from kstrata.ir.candidate import CANDIDATE_FILE, CandidateInfo
+    from kstrata.ir.files import make_dir
     from kstrata.ir.triton_layout import iter_cache_entries, load_any, override_keys_from_dump, write_override
     from kstrata.passes.pipeline import parse_pipeline
 
@@ -550,14 +553,16 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
         entries = select_entries(entries, only, src)
     if kernel_filter:
         entries = [e for e in entries if any(kernel_filter in f.name for f in Path(e).iterdir())]
-    if on_start is not None:
-        on_start(len(entries))
     keys: dict[str, str | None] = {}
-    if dump_dir is not None:
+    if dump_dir is not None:  # a bad --dump-dir or --out is the one line printed, before the progress starts
         by_binary = override_keys_from_dump(dump_dir)
         for entry in entries:
             binaries = [*Path(entry).glob("*.cubin"), *Path(entry).glob("*.hsaco")]
             keys[entry] = by_binary.get(_sha(binaries[0])) if binaries else None
+    make_dir(out, "output directory")
+    (out / STATE_DIR).mkdir(exist_ok=True)
+    if on_start is not None:
+        on_start(len(entries))
     from kstrata.ir.triton_layout import read_index
 
     index = read_index(src) if is_cache else {}
@@ -573,7 +578,6 @@ def run_passes(cache_dir: str | Path, pipeline_spec: str, out_dir: str | Path, j
             from kstrata.ir.launch import LaunchRecord
 
             keys[entry] = LaunchRecord.load(record_path).override_key
-    (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
     repro_dir = out / "repro"
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}

@@ -150,12 +150,13 @@ class TunedRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], origin: str | Path) -> TunedRecord:
+        from kstrata.ir.schema import validate_dataclass
+
         if not isinstance(data, Mapping) or data.get("schema") != RECORD_SCHEMA:
             raise TunedError(f"not a {RECORD_SCHEMA} record", path=origin)
-        try:
-            return cls(**{k: v for k, v in data.items() if k != "schema"})
-        except TypeError as exc:
-            raise TunedError(f"malformed tuned record: {exc}", path=origin) from None
+        # a field of the wrong type is an unreadable record here, not a crash in whatever reads it later
+        return validate_dataclass(cls, {k: v for k, v in data.items() if k != "schema"}, path=origin,
+                                  what="tuned record", error=TunedError)
 
 
 def _kernel_files(entry: Path) -> tuple[str, str, dict[str, Any], bytes]:

@@ -2,7 +2,7 @@
 
 A path may start with `~`; it may be missing, a directory, unreadable, not UTF-8, or (JSON) invalid or
 nested deeper than the parser recurses. Each is one message naming the file, and the line where there
-is one.
+is one. The same for the output directories a user names (`make_dir`): a file in the way is one message.
 """
 
 from __future__ import annotations
@@ -26,6 +26,20 @@ MAX_IR_LINE_CHARS = 1 << 20
 def user_path(path: str | os.PathLike[str]) -> Path:
     """`path` with a leading `~` expanded, as a shell would have."""
     return Path(path).expanduser()
+
+
+def make_dir(path: str | os.PathLike[str], what: str = "output directory", *,
+             error: type[KstrataError] = KstrataError) -> Path:
+    """Create the directory `path` (and its parents) unless it is there; a file in the way, at `path` or
+    above it, or a permission problem is an `error` naming `path`."""
+    p = user_path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise error(f"the {what} is a file, not a directory (or a file is in its path)", path=p) from None
+    except OSError as exc:
+        raise error(f"cannot create the {what}: {exc.strerror or exc}", path=p) from None
+    return p
 
 
 def read_bytes(path: str | os.PathLike[str], what: str = "file", *, error: type[KstrataError] = KstrataError) -> bytes:

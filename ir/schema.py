@@ -1,6 +1,7 @@
 """The schemas of the JSON files kstrata reads, as pydantic models: launch records (`kstrata.launch/1`,
 `ir/launch.py`) and candidate descriptions (`kstrata.candidate/1`, `kstrata-candidate.json`,
-`ir/candidate.py`).
+`ir/candidate.py`). Formats whose frozen dataclass is the schema (tuned records, skills) are checked
+against the dataclass's own type hints by `validate_dataclass`, as strictly.
 
 Each model names its schema version in a `schema` field that must match exactly, forbids fields it
 does not know (a misspelt field is an error, not silently ignored) and checks types strictly (a string
@@ -14,14 +15,17 @@ The readers turn the validated model into kstrata's own frozen dataclasses; noth
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .errors import KstrataError
 
 _Model = TypeVar("_Model", bound=BaseModel)
+_Dataclass = TypeVar("_Dataclass")
 
 
 class _Strict(BaseModel):
@@ -57,7 +61,8 @@ class LaunchRecordModel(_Strict):
     args: list[Annotated[TensorArgModel | ScalarArgModel, Field(discriminator="kind")]]
     num_warps: Annotated[int, Field(ge=1)] | None = None
     num_stages: Annotated[int, Field(ge=0)] | None = None
-    cache_key: str | None = None
+    #: Triton's hash of the compiled kernel, hex: the cache entry's directory is its base32 (`base32_key`).
+    cache_key: Annotated[str, Field(pattern=r"^(?:[0-9a-fA-F]{2})+$")] | None = None
     override_key: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -94,12 +99,34 @@ def validate(model: type[_Model], data: Any, *, schema: str, path: str | Path | 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-        got = first.get("input")
-        shown = repr(got) if isinstance(got, (int, float, bool, str)) or got is None else type(got).__name__
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        detail = first["msg"] + (f", got {shown}" if first["type"] not in ("missing", "extra_forbidden") else "")
-        raise error(f"malformed {what}: field {_where(tuple(first['loc']))}: {detail}{more}", path=path) from None
+        raise error(f"malformed {what}: {_first_error(exc)}", path=path) from None
+
+
+def validate_dataclass(cls: type[_Dataclass], data: Any, *, path: str | Path | None, what: str,
+                       error: type[KstrataError] = KstrataError) -> _Dataclass:
+    """`data` (parsed JSON) as the dataclass `cls`, each field checked against its type hint as strictly as
+    the models above (JSON's arrays are tuples where the hint says so); an unknown field is an error too.
+    An `error` whose one line names `path` and the first bad field."""
+    if not isinstance(data, dict):
+        raise error(f"not a {what} (a JSON {type(data).__name__}; expected an object)", path=path)
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise error(f"malformed {what}: field {unknown[0]}: not a field of a {what}", path=path)
+    try:
+        # JSON mode: strict types, yet arrays for tuples and objects for nested dataclasses
+        return TypeAdapter(cls).validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise error(f"malformed {what}: {_first_error(exc)}", path=path) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Pydantic's report as `field F: what is wrong, got V (and N more errors)`."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    got = first.get("input")
+    shown = repr(got) if isinstance(got, (int, float, bool, str)) or got is None else type(got).__name__
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    detail = first["msg"] + (f", got {shown}" if first["type"] not in ("missing", "extra_forbidden") else "")
+    return f"field {_where(tuple(first['loc']))}: {detail}{more}"

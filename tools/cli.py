@@ -20,6 +20,7 @@ from rich.table import Table
 from kstrata import __version__
 from kstrata.backends.tools import naming_user_files
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.files import make_dir
 from kstrata.tools.cli_eval import ONE_COMMAND, bench_cmd, eval_cmd
 from kstrata.tools.cli_ir import ir_app
 from kstrata.tools.cli_llm import llm_app
@@ -114,6 +115,7 @@ def suite_build(
     all_kernels, build_suite = suite.all_kernels, suite.build_suite
 
     targets = [Target.parse(t) for t in target]
+    make_dir(cache_dir, "--cache-dir")
     kernels = all_kernels()
     if only:
         wanted = {name for o in only for name in suite_kernel_names(o)}
@@ -358,7 +360,7 @@ def asm_rebuild(
         binary, report = rebuild(bundle)
     payload = {"kernel": bundle.name, "target": str(bundle.target), **report.to_json()}
     if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(out_dir, "--out directory")
         dest = out_dir / f"{bundle.name}.{bundle.target.binary_level}"
         tmp = dest.with_name(dest.name + ".tmp")
         tmp.write_bytes(binary)
@@ -398,7 +400,7 @@ def asm_patch(
         payload["use"] = (f"TRITON_KERNEL_OVERRIDE=1 TRITON_OVERRIDE_DIR={out_dir} (with a fresh TRITON_CACHE_DIR "
                           "or TRITON_ALWAYS_COMPILE=1)")
     else:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(out_dir, "--out directory")
         for lv in levels:
             art = patched.bundle.level(lv)
             (out_dir / f"{bundle.name}.{lv}").write_bytes(art if isinstance(art, bytes) else art.encode())
@@ -544,6 +546,8 @@ def passes_apply(
     from kstrata.passes.pipeline import apply_passes, parse_pipeline
     from kstrata.passes.standalone import bundle_for_file
 
+    if output is not None and output.is_dir():
+        raise KstrataError("--output is a directory; give a file to write", path=output)
     bundle = bundle_for_file(path, target)
     with naming_user_files(bundle):
         outcome = apply_passes(bundle, parse_pipeline(pipeline))

@@ -87,9 +87,10 @@ def record_and_optimize(command: list[str], out_dir: Path, **options: Any) -> No
     """Run `command` under the launch recorder with its own Triton cache, then optimize that cache."""
 
     from kstrata.ir.errors import KstrataError
+    from kstrata.ir.files import make_dir
     from kstrata.tools.record import record_command
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir, "record directory")
     cache, records = out_dir / "triton-cache", out_dir / "records"
     env = {"TRITON_CACHE_DIR": str(cache.resolve()), "TORCHINDUCTOR_CACHE_DIR": str((out_dir / "inductor-cache").resolve())}
     try:

@@ -7,7 +7,6 @@ Exit codes: 0 done, 2 a user error (a bad skill file, an unknown id, a skill wit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -84,15 +83,9 @@ def skills_search(query: Annotated[str, typer.Argument(help="Words about the tas
 def skills_add(file: Annotated[Path, typer.Argument(help="A skill file (kstrata.skill/1 JSON).")],
                directory: DirOpt = None, as_json: JsonFlag = False) -> None:
     """Add a skill file; only one whose evidence records a reproduction (fresh process, other inputs)."""
-    from kstrata.agents.skills import Skill, SkillError
+    from kstrata.agents.skills import read_skill
 
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise SkillError("no such skill file", path=file) from None
-    except json.JSONDecodeError as exc:
-        raise SkillError(f"line {exc.lineno}: not valid JSON: {exc.msg}", path=file) from None
-    skill = Skill.from_json(data, str(file))
+    skill = read_skill(file)
     path = _library(directory).add(skill)
     if as_json:
         emit_json({"added": skill.id, "path": str(path)})

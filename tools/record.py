@@ -436,7 +436,9 @@ def record_command(command: list[str], out_dir: Path, max_per_kernel: int = 1, s
     code and the records written."""
     if not command:
         raise ValueError("no command to record")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from kstrata.ir.files import make_dir
+
+    make_dir(out_dir, "--out directory")
     # the program's processes add their counts to this file: one left by an earlier recording would be added to
     (out_dir / ".kstrata" / "launch-counts.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="kstrata-record-") as shim:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from kstrata.agents.engine import Engine, measurement_unavailable, tool_env
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.files import make_dir
 
 from .program import Program, ProgramKernel, assign_shares, load_program
 from .search import ConfigTiming, KernelSearch, SearchConfig, SearchPrior, Sibling, pipeline_spec, search_kernel
@@ -302,7 +303,7 @@ def optimize_cache(cache_dir: str | Path, launches: str | Path | None, out_dir: 
     start = time.perf_counter()
     program = load_program(src, launches, opts.only)
     device = opts.device or ("cuda" if measurement_unavailable("cuda:90") is None else "cpu")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out, "--out directory")
     report = CompiledReport(str(src), str(launches) if launches else None, str(out), device, False, "equal", "")
     with Engine(opts.engine_cache, jobs=opts.jobs, build_timeout=opts.timeout_s) as engine:
         _shares(program, engine, device)

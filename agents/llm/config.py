@@ -13,7 +13,6 @@ one is set), and `redact` scrubs it from any text that leaves this process (erro
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,14 +128,9 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LLMConfigError("no such LLM config file", path=path) from None
-    except json.JSONDecodeError as exc:
-        raise LLMConfigError(f"line {exc.lineno}: not valid JSON: {exc.msg}", path=path) from None
-    except OSError as exc:
-        raise LLMConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    from kstrata.ir.files import read_json
+
+    data = read_json(path, "LLM config file", error=LLMConfigError)
     if not isinstance(data, dict):
         raise LLMConfigError("an LLM config file is a JSON object", path=path)
     return data

@@ -63,6 +63,7 @@ from kstrata.agents.optimize.state import (
 )
 from kstrata.agents.optimize.trajectory import TRAJECTORY_SCHEMA, Trajectory, write_atomic
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.files import make_dir
 
 BASELINES = ("eager", "compile", "compile-max-autotune")
 WIDEN_C = 1.0
@@ -1243,7 +1244,7 @@ def optimize(target: Path, out: Path, opts: Options, *, parallel_tasks: int = 1)
     names = {p: (str(p.relative_to(root).with_suffix("")).replace("/", "__") if target.is_dir() else p.stem) for p in paths}
     dirs = {p: out / names[p] for p in paths}
     prepare_out(out, dirs.values(), opts.resume)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out, "--out directory", error=OptimizeError)
     evaluator = Evaluator(opts.device, opts.policy, out / ".work", timeout_s=opts.timeout_s, trials=opts.trials,
                           seed=opts.seed, lock_path=opts.lock_path, workers=opts.pool)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.files import make_dir, read_json
 
 SKILL_SCHEMA = "kstrata.skill/1"
 SKILLS_ENV = "KSTRATA_SKILLS_DIR"
@@ -136,22 +137,23 @@ class Skill:
             raise SkillError("a skill file is a JSON object", path=origin)
         if data.get("schema") != SKILL_SCHEMA:
             raise SkillError(f"schema {data.get('schema')!r} is not {SKILL_SCHEMA!r}", path=origin)
-        try:
-            applies = Applicability(**{k: tuple(v) for k, v in (data.get("applies") or {}).items()})
-            evidence = tuple(
-                Evidence(**{**e, "versions": dict(e.get("versions", {})),
-                            "reproductions": tuple(Reproduction(**r) for r in e.get("reproductions", []))})
-                for e in data.get("evidence", []))
-            skill = cls(id=str(data["id"]), title=str(data["title"]), applies=applies, how=str(data["how"]),
-                        example=dict(data.get("example") or {}), evidence=evidence,
-                        source=str(data.get("source", "user")))
-        except KeyError as exc:
-            raise SkillError(f"missing field {exc.args[0]!r}", path=origin) from None
-        except TypeError as exc:
-            raise SkillError(f"bad field: {exc}", path=origin) from None
+        from kstrata.ir.schema import validate_dataclass
+
+        missing = [k for k in ("id", "title", "how") if k not in data]
+        if missing:
+            raise SkillError(f"missing field {missing[0]!r}", path=origin)
+        # every field's type checked here: a skill of the wrong shape is this file's error, not a crash in
+        # whatever lists, renders or ranks it later
+        skill = validate_dataclass(cls, {**data, "applies": data.get("applies") or {}}, path=origin, what="skill",
+                                   error=SkillError)
         if not _SLUG.sub("-", skill.id.lower()).strip("-") == skill.id:
             raise SkillError(f"skill id {skill.id!r} must be lower-case words joined by '-'", path=origin)
         return skill
+
+
+def read_skill(path: str | Path) -> Skill:
+    """The skill in the file `path`; a file that cannot be read or is not a skill is a `SkillError` naming it."""
+    return Skill.from_json(read_json(path, "skill file", error=SkillError), str(path))
 
 
 def slug(text: str) -> str:
@@ -159,7 +161,9 @@ def slug(text: str) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise SkillError("is a directory; give a file to write", path=path)
+    make_dir(path.parent, "skill library", error=SkillError)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -194,17 +198,15 @@ class SkillLibrary:
             out += [(p, "seed") for p in sorted(self.seed_dir.glob("*.json"))]
         if self.root.is_dir():
             out += [(p, "user") for p in sorted(self.root.glob("*.json"))]
+        elif self.root.exists():
+            raise SkillError("a skill library is a directory, not a file", path=self.root)
         return out
 
     def load(self) -> list[tuple[Skill, str]]:
         """Every skill (a user skill with a seed's id replaces it); a corrupt file is a `SkillError`."""
         found: dict[str, tuple[Skill, str]] = {}
         for path, origin in self._files():
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise SkillError(f"line {exc.lineno}: not valid JSON: {exc.msg}", path=path) from None
-            skill = Skill.from_json(data, str(path))
+            skill = read_skill(path)
             found[skill.id] = (skill, origin)
         return list(found.values())
 

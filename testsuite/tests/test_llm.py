@@ -116,7 +116,7 @@ def test_config_precedence_file_env_options_and_key_secrecy(tmp_path: Path) -> N
     with pytest.raises(LLMConfigError, match=r"bad\.json: unknown field 'modle'"):
         load_config(config_file=bad, environ={})
     bad.write_text("{nope")
-    with pytest.raises(LLMConfigError, match=r"bad\.json: line 1: not valid JSON"):
+    with pytest.raises(LLMConfigError, match=r"bad\.json: corrupt JSON \(LLM config file\): .* at line 1"):
         load_config(config_file=bad, environ={})
     with pytest.raises(LLMConfigError, match="not a valid"):
         load_config({"timeout_s": "soon"}, environ={"KSTRATA_LLM_BASE_URL": "http://h/v1", "KSTRATA_LLM_MODEL": "m"})
