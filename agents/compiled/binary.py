@@ -1,4 +1,5 @@
-"""`kstrata optimize KERNEL.hsaco --launches RECORD`: a bare AMD code object, edited by in-place patches only.
+"""`kstrata optimize KERNEL.hsaco|KERNEL.cubin --launches RECORD`: a bare code object, edited by in-place patches
+only.
 
 Without the kernel's assembly the only edits allowed are same-size rewrites of instructions in the
 machine code (`backends/binpatch.py` applies them and checks them: anchors, alignment, the section layout,
@@ -17,8 +18,13 @@ instructions (the machine code has no labels, so the window is the whole functio
 not model cache policy, so it ranks these candidates equal to the original; it is reported, not used to
 pretend a gain.
 
-A bare cubin is refused: NVIDIA publishes no SASS assembler, so kstrata cannot generate in-place SASS
-patches (it applies hand-written ones).
+A bare cubin: NVIDIA publishes no SASS assembler, so the one edit generated is the one whose encoding can be
+learned from ptxas itself: the L2 evict-first policy on global loads and stores (`backends/sass_policy.py`:
+the bits `.cs` flips in a probe kernel assembled for the cubin's architecture, applied only where the
+policy bits hold the plain value). Each patched instruction must disassemble to its old text with `.EF`
+added. The patched cubin is written under `OUT/unmeasured/cuda-<arch>/<kernel>/<rank>/` with `patch.json`,
+unmeasured: kstrata launches kernels from Triton cache entries, and a bare cubin's differential run and
+timing are not built.
 """
 
 from __future__ import annotations
@@ -153,10 +159,7 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
     start = time.perf_counter()
     kind = bare_binary_kind(path)
     if kind == "cubin":
-        raise KstrataError(f"{path}: a bare cubin can only take in-place SASS patches, and kstrata cannot generate "
-                           "them (there is no SASS assembler to re-encode instructions with); optimize the Triton "
-                           "cache entry that holds the kernel's PTX instead (kstrata optimize CACHE_DIR --launches "
-                           "RECORDS)")
+        return _optimize_cubin(path, launches, out, start, write_top)
     if kind != "hsaco":
         raise KstrataError(f"{path}: not a GPU code object")
     hsaco = path.read_bytes()
@@ -211,6 +214,71 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
                 "surrogate.json": (json.dumps({"status": "unmeasured", "reason": cand["unmeasured"], "launches": records,
                                                "candidate": cand["surrogate"], "original": report.base_surrogate},
                                               indent=1) + "\n").encode()})
+            cand["written"] = str(where)
+    report.seconds = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "optimize-binary.json", json.dumps(report.to_json(), indent=1, default=str) + "\n")
+    return report
+
+
+def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_top: int) -> BinaryReport:
+    """A bare cubin: evict-first patches of its global loads, stores, or both (`backends/sass_policy.py`: the
+    policy field learned from ptxas for its architecture), each applied with the binary-patch checks and its
+    instructions disassembled back to their old text with `.EF` added; written unmeasured."""
+    from kstrata.agents.optimize.trajectory import write_atomic
+    from kstrata.agents.run_passes import _write_dir_atomically
+    from kstrata.backends.binpatch import _nvidia_listing, apply_binary_patch
+    from kstrata.backends.sass_policy import check_evict_first, cubin_arch, evict_first_patch
+
+    cubin = path.read_bytes()
+    try:
+        functions = list(_nvidia_listing(cubin))
+        arch = cubin_arch(cubin)
+    except KstrataError as exc:
+        raise KstrataError(f"{path}: not a cubin kstrata can disassemble ({exc})") from None
+    if len(functions) != 1:
+        raise KstrataError(f"{path}: holds {len(functions)} kernels; kstrata optimizes cubins of one kernel")
+    kernel = functions[0]
+    records = _records_for(launches, kernel)
+    if not records:
+        raise KstrataError(f"{launches}: no launch record of kernel {kernel} (record the program with kstrata record)")
+    capability = "".join(ch for ch in arch if ch.isdigit())  # sm_90a: cuda:90
+    report = BinaryReport(str(path), kernel, f"cuda:{capability}", records, str(out))
+    report.notes.append("in-place patches only: the kernel's PTX is not at hand; the SASS policy field is learned "
+                        f"from ptxas's own encodings for {arch}")
+    written = 0
+    for stores, loads in ((True, False), (False, True), (True, True)):
+        cand: dict[str, Any] = {"edit": f"evict-first{{stores={str(stores).lower()} loads={str(loads).lower()}}}"}
+        report.candidates.append(cand)
+        try:
+            patch, skipped = evict_first_patch(cubin, loads=loads, stores=stores, arch=arch)
+        except KstrataError as exc:
+            cand.update(status="failed", reason=str(exc))
+            continue
+        cand["skipped_instructions"] = skipped
+        if patch is None:
+            cand["status"] = "nothing to patch"
+            continue
+        try:
+            patched, edits = apply_binary_patch(cubin, patch, "nvidia", arch)
+        except KstrataError as exc:
+            cand.update(status="failed", reason=str(exc))
+            continue
+        wrong = check_evict_first(edits)
+        if wrong:
+            cand.update(status="different", reason=f"an instruction did not disassemble to its evict-first form: {wrong}")
+            continue
+        cand.update(status="unproven", edits=len(edits), patch=patch.to_json(),
+                    unmeasured="a bare cubin's differential run and timing are not built yet (kstrata launches "
+                    "kernels from Triton cache entries; the patched cubin is written for the user to run)")
+        if written < write_top:
+            written += 1
+            where = out / "unmeasured" / report.target.replace(":", "-") / kernel / str(written)
+            _write_dir_atomically(where, {
+                f"{kernel}.cubin": patched,
+                "patch.json": (json.dumps(patch.to_json(), indent=1) + "\n").encode(),
+                "status.json": (json.dumps({"status": "unmeasured", "reason": cand["unmeasured"], "launches": records,
+                                            "instructions": edits}, indent=1) + "\n").encode()})
             cand["written"] = str(where)
     report.seconds = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -401,6 +402,61 @@ def test_a_bare_hsaco_gets_in_place_nontemporal_patches(suite_cache: Path, tmp_p
         for a in changed:
             assert after[a].text == before[a].text + " nt" and after[a].mnemonic.startswith(("global_", "buffer_"))
         assert json.loads((written / "surrogate.json").read_text())["status"] == "unmeasured"
+
+
+def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_path: Path) -> None:
+    """`kstrata optimize KERNEL.cubin --launches R` (in process): the policy field learned from ptxas sets
+    evict-first on the loads, the stores or both; only those 16-byte instructions change, each disassembles to its
+    old text with `.EF`, each written cubin is reproduced by its patch.json, all unmeasured. The learned field is
+    ptxas's own: patching the plain probe gives ptxas's `.cs` build byte for byte."""
+    from kstrata.agents.compiled.binary import optimize_binary
+    from kstrata.backends.binpatch import BinaryPatch, _nvidia_listing, apply_binary_patch
+    from kstrata.backends.elf import read_elf
+    from kstrata.backends.nvidia import PtxasOptions, assemble_ptx
+    from kstrata.backends.sass_policy import _PROBE, evict_first_patch, learn_evict_first
+
+    cache, records = _program(suite_cache, tmp_path, "vector_add", "cuda:90")
+    cubin_path = next(cache.glob("*/vector_add_kernel.cubin"))
+    original = cubin_path.read_bytes()
+    report = optimize_binary(cubin_path, records, tmp_path / "out")
+    assert cubin_path.read_bytes() == original  # the input is only read
+    assert report.target == "cuda:90" and report.kernel == "vector_add_kernel"
+    by = {c["edit"]: c for c in report.candidates}
+    stores, loads = by["evict-first{stores=true loads=false}"], by["evict-first{stores=false loads=true}"]
+    both = by["evict-first{stores=true loads=true}"]
+    assert stores["edits"] >= 1 and loads["edits"] >= 2 and stores["edits"] + loads["edits"] == both["edits"]
+    before = _nvidia_listing(original)["vector_add_kernel"]
+    for cand in (stores, loads, both):
+        assert cand["status"] == "unproven" and "not built yet" in cand["unmeasured"]
+        written = Path(cand["written"])
+        patched = (written / "vector_add_kernel.cubin").read_bytes()
+        again, _ = apply_binary_patch(original, BinaryPatch.from_json(json.loads((written / "patch.json").read_text())),
+                                      "nvidia", "sm_90a")
+        assert again == patched
+        ea, eb = read_elf(original), read_elf(patched)
+        for sec in ea.sections:
+            if sec.name and sec.name != ".text.vector_add_kernel":
+                assert sec.data == eb.section(sec.name).data, sec.name
+        code_a, code_b = ea.section(".text.vector_add_kernel").data, eb.section(".text.vector_add_kernel").data
+        changed = {o for o in range(0, len(code_a), 16) if code_a[o:o + 16] != code_b[o:o + 16]}
+        after = _nvidia_listing(patched)["vector_add_kernel"]
+        assert len(changed) == cand["edits"] and set(after) == set(before)
+        for o in before:
+            if o in changed:
+                assert after[o] == before[o].replace(".E ", ".E.EF ", 1)
+                assert re.match(r"(@!?P\w+ )?(LDG|STG)\.E ", before[o]), before[o]  # predicated or not
+            else:
+                assert after[o] == before[o]
+        assert json.loads((written / "status.json").read_text())["status"] == "unmeasured"
+    # nothing left to patch the second time: every memory instruction has a policy already
+    again_patch, skipped = evict_first_patch(Path(both["written"], "vector_add_kernel.cubin").read_bytes(),
+                                             loads=True, stores=True)
+    assert again_patch is None and len(skipped) == both["edits"]
+    plain, streaming = (assemble_ptx(_PROBE.format(arch="sm_90a", lop=op, sop=op),
+                                     PtxasOptions(arch="sm_90a", lineinfo=False)).cubin for op in ("", ".cs"))
+    patch, _ = evict_first_patch(plain, loads=True, stores=True)
+    assert patch is not None and apply_binary_patch(plain, patch, "nvidia", "sm_90a")[0] == streaming
+    assert set(learn_evict_first("sm_90a")) == {"LDG", "STG"}
 
 
 @pytest.mark.slow

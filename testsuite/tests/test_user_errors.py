@@ -326,15 +326,15 @@ def test_verify_of_a_corrupt_amdgcn_candidate_quotes_a_few_diagnostics(tmp_path:
     assert "more lines of diagnostics" in proc.stderr and len(proc.stderr) < 4000, len(proc.stderr)
 
 
-def test_a_bare_cubin_says_what_is_not_supported(tmp_path: Path, entry: Path) -> None:
-    """`kstrata optimize KERNEL.cubin --launches R`: in-place binary patches are the only edits a bare binary
-    allows, and kstrata cannot generate SASS ones; one line saying so, not a misread as a task file. The
-    binary's kind is read from its ELF machine, not its file name."""
+def test_a_bare_cubin_without_its_launch_record_is_one_line(tmp_path: Path, entry: Path) -> None:
+    """`kstrata optimize KERNEL.cubin --launches R` with no record of its kernel in R: one line naming the kernel
+    and the directory, not a misread as a task file. The binary's kind is read from its ELF machine, not its
+    file name."""
     from kstrata.agents.compiled.program import bare_binary_kind
 
     cubin = next(entry.glob("*.cubin"))
     proc = kstrata("optimize", str(cubin), "--launches", str(tmp_path), "--out", str(tmp_path / "o"))
-    one_line_error(proc, cubin.name, "a bare cubin", "in-place SASS patches", "kstrata optimize CACHE_DIR")
+    one_line_error(proc, str(tmp_path), "no launch record of kernel vector_add_kernel")
     assert not (tmp_path / "o").exists()
     proc = kstrata("optimize", str(cubin), "--out", str(tmp_path / "o"))
     one_line_error(proc, cubin.name, "needs --launches")
