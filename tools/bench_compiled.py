@@ -674,7 +674,7 @@ def command(
                                                   "needs no GPU.")] = None,
 ) -> int:
     if rerender is not None:
-        return _rerender(rerender, results)
+        return _results_dir(results) or _rerender(rerender, results)
     import torch
     import triton
 
@@ -692,6 +692,8 @@ def command(
     if not torch.cuda.is_available() or torch.version.hip is not None:
         print("error: needs an NVIDIA GPU (this benchmark records, optimizes and times Inductor's CUDA kernels)",
               file=sys.stderr)
+        return 2
+    if _results_dir(results):
         return 2
     from kstrata.agents.compiled.run import CompiledOptions, optimize_cache
     from kstrata.agents.compiled.search import SearchPrior
@@ -871,18 +873,40 @@ def tuned_rows(db: Path, bytes_per_s: float | None, bandwidth_source: str) -> li
     return rows
 
 
+def _results_dir(results: Path) -> int:
+    """0 when `--results` is a directory (made if missing), else 2 with one line naming it."""
+    from kstrata.ir.errors import KstrataError
+    from kstrata.ir.files import make_dir
+
+    try:
+        make_dir(results, "--results directory")
+    except KstrataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _rerender(path: Path, results: Path) -> int:
     """The report of a results JSON written again (the measurements as they are; the report's reading of them
-    from this version): its stem is kept."""
+    from this version): its stem is kept. A file that is not one is a line naming it, exit 2."""
     try:
         data = json.loads(path.read_text())
         env, rows, summary = data["environment"], data["models"], data["summary"]
-    except (OSError, ValueError, KeyError) as e:
+        if not (isinstance(env, dict) and isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+                and isinstance(summary, dict) and isinstance(env.get("date"), str)):
+            raise TypeError("environment, models and summary are not an object with a date, a list of objects "
+                            "and an object")
+        seconds = float(summary["seconds"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: {path}: not a compiled-bench results file ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     m = re.match(r"compiled-bench-\d{4}-\d{2}-\d{2}(?:-(.+))?\.json$", path.name)
-    _write(results, env, rows, final=bool(summary.get("complete")), seconds=float(summary["seconds"]),
-           tag=(m.group(1) or "") if m else "")
+    try:
+        _write(results, env, rows, final=bool(summary.get("complete")), seconds=seconds,
+               tag=(m.group(1) or "") if m else "")
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a row of another shape than this version's
+        print(f"error: {path}: a row this version cannot read ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -450,3 +450,27 @@ def test_an_end_to_end_cut_after_its_ab_keeps_its_figure_marked_partial(tmp_path
     assert ("0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them; partial: its launch census and in-program "
             "profiles had not ended)") in md
     assert "**Incomplete run" in md and "end to end ran:" not in md
+
+
+def test_rerender_of_a_file_that_is_not_a_results_file_is_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rerender`: a JSON list, models of the wrong type, a row of another shape, or `--results` that is a file:
+    one `error:` line naming the file, exit 2 (each was a traceback)."""
+    good = {"environment": {"date": "2026-12-07T00:00:00+00:00", "device": "d", "torch": "t", "triton": "t",
+                            "cuda": "c"}, "summary": {"seconds": 1.0, "complete": True}, "models": []}
+    cases = {"list.json": [1, 2], "models.json": {**good, "models": {"a": 1}},
+             "row.json": {**good, "models": [{"model": "m", "kernels": "not a list"}]}}
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        assert bench_compiled.main(["--results", str(tmp_path / "out"), "--rerender", str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
+    ok = tmp_path / "compiled-bench-2026-12-07-x.json"
+    ok.write_text(json.dumps(good))
+    (tmp_path / "afile").write_text("")
+    assert bench_compiled.main(["--results", str(tmp_path / "afile"), "--rerender", str(ok)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'afile'}: ") and "is a file" in err and err.count("\n") == 1, err
+    assert bench_compiled.main(["--results", str(tmp_path / "out"), "--rerender", str(ok)]) == 0
+    assert (tmp_path / "out" / "compiled-bench-2026-12-07-x.md").is_file()
