@@ -499,8 +499,17 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
             ph = _Phases(args.device)
             inputs = make_inputs(module, i, args.seed, args.device)
             ph.mark("inputs")
+            # hashed before the forward, as the candidate's process hashes its own: a Model that writes its
+            # inputs (in-place ops) must not read as a get_inputs that draws other values
+            in_digest = digest(inputs)
+            ph.mark("digest")
             out = _flat_outputs(model(*inputs))
             ph.mark("forward")
+            if digest(inputs) != in_digest:  # it wrote them: the float64 reference runs on them as drawn
+                report["reference_writes_inputs"] = True
+                inputs = []
+                inputs = make_inputs(module, i, args.seed, args.device)
+                ph.mark("inputs")
             outputs64 = None
             allowance: list[Any] | None = None
             if not fp64_note:
@@ -527,8 +536,6 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 except Exception as exc:
                     fp64_note = f"the float64 reference failed: {type(exc).__name__}: {str(exc)[:200]}"
                     outputs64 = None
-            in_digest = digest(inputs)
-            ph.mark("digest")
             entry = {"input_digest": in_digest, "outputs": out, "outputs64": outputs64, "fp64_note": fp64_note,
                      "tf32_allowance": allowance if outputs64 is not None else None}
             del out

@@ -785,6 +785,27 @@ def test_eval_runs_triton_candidates_under_the_interpreter_on_cpu(tmp_path: Path
     assert v.accepted, v.reason
 
 
+@pytest.mark.slow
+def test_eval_of_a_model_that_writes_its_inputs_compares_the_inputs_as_drawn(tmp_path: Path) -> None:
+    """A reference Model with an in-place op on its input: its process hashes the inputs before its forward (as
+    the candidate's does) and runs the float64 reference on them as drawn, so a candidate computing the same
+    without writing its inputs is accepted (it was rejected as a non-deterministic get_inputs, and the float64
+    anchor came from the doubled inputs)."""
+    from kstrata.agents.evaluate import evaluate
+
+    task = tmp_path / "inplace.py"
+    task.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        x.mul_(2.0)\n        return x + 1.0\n\n\ndef get_inputs():\n    return [torch.randn(64, 300)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    cand = tmp_path / "cand.py"
+    cand.write_text("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+                    "        return x * 2.0 + 1.0\n")
+    v = evaluate(task, cand, device="cpu", timeout_s=120)
+    assert v.accepted, v.reason
+    assert v.correct_strict
+
+
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kstrata.tools.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
