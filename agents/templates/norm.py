@@ -58,7 +58,6 @@ with EVICT, then with both, second and third (neither timed yet).
 from __future__ import annotations
 
 import math
-import re
 
 from kstrata.agents.templates.base import Params, cdiv, next_pow2
 from kstrata.agents.templates.codegen import (
@@ -525,15 +524,17 @@ def _resident_kernel(chain: Chain, sig: str, it: str, m: int, d: int, widx: str,
 
 def _prefetch_lines(chain: Chain, s: tuple[int, ...], it: str, m: int, d: int, widx: str) -> list[str]:
     """Kernel lines (`PREFETCH`, NVIDIA) asking the L2 for this member's chunk of the team's next row (when it has
-    one) and of the weights this row reads: one address each 256 bytes, clamped into the row."""
+    one) and, for a LayerNorm (weights shaped like the row), of the weights this row reads: one address each 256
+    bytes, clamped into the row, so every prefetched byte is inside its tensor."""
     core = chain.core
     assert core is not None
     pcol = f"tl.minimum(c * BLOCK + tl.arange(0, BLOCK // 64).to({it}) * 64, {d - 64})"
     lines = ["if _KSTRATA_PTX:", f"    pcol = {pcol}", f"    if row + teams < {m}:",
              f"        pidx = (row + teams) * {d} + pcol",
              "        " + l2_prefetch("h_ptr", broadcast_offset(chain.root.shape, s, "pidx"))]
-    pw = re.sub(r"\bcol\b", "pcol", widx)
-    return lines + [f"    {l2_prefetch(ptr, pw)}" for ptr, a in (("w_ptr", core.args[1]), ("b_ptr", core.args[2]))
+    if widx != "col":  # GroupNorm's weights are a channel each: a few bytes, and 256 from one would overrun them
+        return lines
+    return lines + [f"    {l2_prefetch(ptr, 'pcol')}" for ptr, a in (("w_ptr", core.args[1]), ("b_ptr", core.args[2]))
                     if a is not None]
 
 

@@ -162,6 +162,11 @@ def test_schedule_space_is_enumerable_and_checked() -> None:
                 {**group, "GROUP_ROWS": 0, "PREFETCH": 1}, {**streams[0], "PREFETCH": 1}):
         with pytest.raises(ValueError, match="not valid"):
             m.render(bad)  # a graph only for a launch or two a row group
+    # a GroupNorm's weights are a channel each (task 04): only the input's next row is prefetched, never 256 bytes
+    # past a weight tensor of a few channels
+    gn = next(t for t in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if t.template == "norm")
+    src = gn.render({**next(h for h in gn.hint_params() if h["strategy"] == "resident"), "PREFETCH": 1})
+    assert [ln.split("[")[3].split(" ")[0] for ln in src.splitlines() if "prefetch.global.L2 [$1];" in ln] == ["h_ptr"]
     streamed = m.render(streams[1])  # 256 programs a row, at most 2 teams: the launcher caps them
     assert "c = pid % 256" in streamed and "teams = min(2, slots // 256)" in streamed
     assert streamed.count("for start in range(c * 16384, c * 16384 + 16384, BLOCK):") == 4  # 2 in it, 2 in split's
