@@ -53,7 +53,8 @@ def _workers_spec(workers: str, strategy_workers: int) -> tuple[str, int]:
 @optimize_app.callback(invoke_without_command=True)
 def optimize_cmd(
     targets: Annotated[list[str], typer.Argument(help="A task file (Model, get_inputs, get_init_inputs) or a directory "
-                                                      "of them; or a Triton cache directory (with --launches); or, "
+                                                      "of them; or a Triton cache directory (with --launches); or a "
+                                                      "bare cubin or hsaco (with --launches: in-place patches); or, "
                                                       "after --, a command of two or more words to record and "
                                                       "optimize (-- python prog.py).", metavar="TARGET | -- CMD ...")],
     out_dir: Annotated[Path, typer.Option("--out", help="Per task: model_new.py, report.md, trajectory.jsonl.")],
