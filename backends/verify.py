@@ -758,6 +758,13 @@ def verify(original: KernelBundle, candidate: KernelBundle, launch: LaunchRecord
         raise KstrataError(f"the bundles are for different targets: {original.target} and {candidate.target}")
     if device == "cuda" and original.target.backend == "cuda" and not _gpu_available("cuda"):
         raise KstrataError("--device cuda: no NVIDIA GPU visible to torch here")
+    if launch is not None:  # a record of another kernel is the user's mistake, said even where it is not needed
+        from kstrata.ir.launch import LaunchRecordError
+
+        if launch.kernel != original.name:
+            raise LaunchRecordError(f"the launch record is of kernel {launch.kernel}, not {original.name}",
+                                    path=launch.origin)
+        launch.check_against(original.params)
     tol = Tolerance.parse(tolerance) if isinstance(tolerance, str) else tolerance
     top = _highest_changed(original, candidate)
     try:

@@ -231,6 +231,27 @@ def test_launch_record_mismatch_names_the_record(tmp_path: Path, entry: Path) ->
     assert str(path) in str(info.value)
 
 
+def test_verify_with_a_record_of_another_kernel_names_the_record(tmp_path: Path, entry: Path) -> None:
+    """A launch record of another kernel, or of other arguments, given to `verify`: one line naming the record,
+    even where the candidate is the original's code and no run would read it (it exited 0 before)."""
+    from kstrata.testsuite.kernels import all_kernels
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    kernel = next(k for k in all_kernels() if k.name == "vector_add")
+    data = suite_launch_record(kernel, "cuda:90").to_json()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**data, "kernel": "softmax_kernel"}))
+    one_line_error(kstrata("verify", str(entry), str(entry), "--launch", str(other), "--device", "cpu"),
+                   str(other), "of kernel softmax_kernel, not vector_add_kernel")
+    fewer = tmp_path / "fewer.json"
+    fewer.write_text(json.dumps({**data, "args": data["args"][:-1]}))
+    one_line_error(kstrata("verify", str(entry), str(entry), "--launch", str(fewer), "--device", "cpu"),
+                   str(fewer), "do not match the kernel's parameters")
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps(data))
+    assert kstrata("verify", str(entry), str(entry), "--launch", str(ok), "--device", "cpu").returncode == 0
+
+
 def test_verify_parses_a_ttgir_candidate_before_triton_does(tmp_path: Path, entry: Path) -> None:
     empty = tmp_path / "c.ttgir"
     empty.write_text("")  # Triton's C++ parser segfaulted the kstrata process on it
