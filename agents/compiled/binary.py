@@ -152,7 +152,6 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
     from kstrata.agents.run_passes import _write_dir_atomically
     from kstrata.backends.amd import code_object_metadata, compare_metadata, hsaco_arch
     from kstrata.backends.amd_hazards import waitcnt_hazards
-    from kstrata.backends.binpatch import apply_binary_patch
 
     from .program import bare_binary_kind
 
@@ -184,14 +183,10 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
         cand: dict[str, Any] = {"edit": f"nontemporal{{stores={str(stores).lower()} loads={str(loads).lower()}}}",
                                 "skipped_instructions": skipped}
         report.candidates.append(cand)
-        if patch is None:
-            cand["status"] = "nothing to patch"
+        applied = _applied(hsaco, patch, "amd", arch, cand)
+        if applied is None:
             continue
-        try:
-            patched, edits = apply_binary_patch(hsaco, patch, "amd", arch)
-        except KstrataError as exc:
-            cand.update(status="failed", reason=str(exc))
-            continue
+        patched, edits = applied
         diffs = compare_metadata(meta, code_object_metadata(patched))
         if diffs:
             cand.update(status="different", reason=f"the code object's metadata changed: {diffs[0]}")
@@ -221,13 +216,29 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
     return report
 
 
+def _applied(binary: bytes, patch: Any, vendor: str, arch: str,
+             cand: dict[str, Any]) -> tuple[bytes, list[dict[str, Any]]] | None:
+    """`patch` applied to `binary` with the binary-patch checks (`backends/binpatch.py`), or None with `cand`'s
+    status saying why not (nothing to patch, or a check failed)."""
+    from kstrata.backends.binpatch import apply_binary_patch
+
+    if patch is None:
+        cand["status"] = "nothing to patch"
+        return None
+    try:
+        return apply_binary_patch(binary, patch, vendor, arch)
+    except KstrataError as exc:
+        cand.update(status="failed", reason=str(exc))
+        return None
+
+
 def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_top: int) -> BinaryReport:
     """A bare cubin: evict-first patches of its global loads, stores, or both (`backends/sass_policy.py`: the
     policy field learned from ptxas for its architecture), each applied with the binary-patch checks and its
     instructions disassembled back to their old text with `.EF` added; written unmeasured."""
     from kstrata.agents.optimize.trajectory import write_atomic
     from kstrata.agents.run_passes import _write_dir_atomically
-    from kstrata.backends.binpatch import _nvidia_listing, apply_binary_patch
+    from kstrata.backends.binpatch import _nvidia_listing
     from kstrata.backends.sass_policy import check_evict_first, cubin_arch, evict_first_patch
 
     cubin = path.read_bytes()
@@ -256,14 +267,10 @@ def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_t
             cand.update(status="failed", reason=str(exc))
             continue
         cand["skipped_instructions"] = skipped
-        if patch is None:
-            cand["status"] = "nothing to patch"
+        applied = _applied(cubin, patch, "nvidia", arch, cand)
+        if applied is None:
             continue
-        try:
-            patched, edits = apply_binary_patch(cubin, patch, "nvidia", arch)
-        except KstrataError as exc:
-            cand.update(status="failed", reason=str(exc))
-            continue
+        patched, edits = applied
         wrong = check_evict_first(edits)
         if wrong:
             cand.update(status="different", reason=f"an instruction did not disassemble to its evict-first form: {wrong}")

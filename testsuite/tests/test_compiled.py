@@ -361,13 +361,23 @@ def test_optimize_a_gfx942_kernel_ranks_a_reordering_statically(suite_cache: Pat
     assert any(Path(p).is_dir() for p in report["outputs"]["unmeasured"])
 
 
+def _reapplied(original: bytes, written: Path, name: str, vendor: str, arch: str) -> bytes:
+    """The binary written under `written`, asserted to be what its own `patch.json` makes of `original`."""
+    from kstrata.backends.binpatch import BinaryPatch, apply_binary_patch
+
+    patched = (written / name).read_bytes()
+    again, _ = apply_binary_patch(original, BinaryPatch.from_json(json.loads((written / "patch.json").read_text())),
+                                  vendor, arch)
+    assert again == patched
+    return patched
+
+
 def test_a_bare_hsaco_gets_in_place_nontemporal_patches(suite_cache: Path, tmp_path: Path) -> None:
     """`kstrata optimize KERNEL.hsaco --launches R` (in process): nt added to the memory instructions by
     same-size re-encodings, every byte outside the patched words and every non-code section unchanged, the
     code object's metadata equal, each written hsaco reproduced by its own patch.json, all unmeasured."""
     from kstrata.agents.compiled.binary import optimize_binary
     from kstrata.backends.amd import code_object_metadata, compare_metadata, disassemble_hsaco
-    from kstrata.backends.binpatch import BinaryPatch, apply_binary_patch
     from kstrata.backends.elf import read_elf
     from kstrata.backends.tools import ToolNotFound
 
@@ -387,10 +397,7 @@ def test_a_bare_hsaco_gets_in_place_nontemporal_patches(suite_cache: Path, tmp_p
     for cand in (stores, loads, both):
         assert cand["status"] == "unproven" and "no AMD GPU" in cand["unmeasured"]
         written = Path(cand["written"])
-        patched = (written / "vector_add_kernel.hsaco").read_bytes()
-        again, _ = apply_binary_patch(original, BinaryPatch.from_json(json.loads((written / "patch.json").read_text())),
-                                      "amd", "gfx942")
-        assert again == patched
+        patched = _reapplied(original, written, "vector_add_kernel.hsaco", "amd", "gfx942")
         assert not compare_metadata(code_object_metadata(original), code_object_metadata(patched))
         ea, eb = read_elf(original), read_elf(patched)
         for sec in ea.sections:
@@ -410,7 +417,7 @@ def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_p
     old text with `.EF`, each written cubin is reproduced by its patch.json, all unmeasured. The learned field is
     ptxas's own: patching the plain probe gives ptxas's `.cs` build byte for byte."""
     from kstrata.agents.compiled.binary import optimize_binary
-    from kstrata.backends.binpatch import BinaryPatch, _nvidia_listing, apply_binary_patch
+    from kstrata.backends.binpatch import _nvidia_listing, apply_binary_patch
     from kstrata.backends.elf import read_elf
     from kstrata.backends.nvidia import PtxasOptions, assemble_ptx
     from kstrata.backends.sass_policy import _PROBE, evict_first_patch, learn_evict_first
@@ -429,10 +436,7 @@ def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_p
     for cand in (stores, loads, both):
         assert cand["status"] == "unproven" and "not built yet" in cand["unmeasured"]
         written = Path(cand["written"])
-        patched = (written / "vector_add_kernel.cubin").read_bytes()
-        again, _ = apply_binary_patch(original, BinaryPatch.from_json(json.loads((written / "patch.json").read_text())),
-                                      "nvidia", "sm_90a")
-        assert again == patched
+        patched = _reapplied(original, written, "vector_add_kernel.cubin", "nvidia", "sm_90a")
         ea, eb = read_elf(original), read_elf(patched)
         for sec in ea.sections:
             if sec.name and sec.name != ".text.vector_add_kernel":
