@@ -184,7 +184,7 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
                                 "skipped_instructions": skipped}
         report.candidates.append(cand)
         applied = _applied(hsaco, patch, "amd", arch, cand)
-        if applied is None:
+        if applied is None or patch is None:
             continue
         patched, edits = applied
         diffs = compare_metadata(meta, code_object_metadata(patched))
@@ -268,7 +268,7 @@ def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_t
             continue
         cand["skipped_instructions"] = skipped
         applied = _applied(cubin, patch, "nvidia", arch, cand)
-        if applied is None:
+        if applied is None or patch is None:
             continue
         patched, edits = applied
         wrong = check_evict_first(edits)
