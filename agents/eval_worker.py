@@ -507,7 +507,7 @@ def run_reference(args: argparse.Namespace, report: dict[str, Any]) -> None:
             ph.mark("forward")
             if digest(inputs) != in_digest:  # it wrote them: the float64 reference runs on them as drawn
                 report["reference_writes_inputs"] = True
-                inputs = []
+                inputs = []  # the written copy freed before the fresh one is drawn (a published size: GBs)
                 inputs = make_inputs(module, i, args.seed, args.device)
                 ph.mark("inputs")
             outputs64 = None

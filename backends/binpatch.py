@@ -73,7 +73,7 @@ class BinaryPatch:
 
 
 # -- disassembly, per vendor ---------------------------------------------------------------------------
-def _nvidia_listing(cubin: bytes) -> dict[str, dict[int, str]]:
+def nvidia_listing(cubin: bytes) -> dict[str, dict[int, str]]:
     """SASS per function: {function: {offset: instruction text}}."""
     from .nvidia import sass
 
@@ -101,7 +101,7 @@ def _amd_listing(hsaco: bytes, arch: str) -> dict[str, dict[int, str]]:
 def _section_listing(binary: bytes, vendor: str, arch: str, section: str) -> dict[int, str]:
     if vendor == "nvidia":
         fn = section.removeprefix(".text.")
-        return _nvidia_listing(binary).get(fn, {})
+        return nvidia_listing(binary).get(fn, {})
     return _amd_listing(binary, arch).get(section, {})
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kstrata.ir.errors import KstrataError
 
-from .binpatch import BinaryEdit, BinaryPatch, _nvidia_listing
+from .binpatch import BinaryEdit, BinaryPatch, nvidia_listing
 from .elf import read_elf
 
 #: A probe kernel: scalar and 128-bit loads and stores, plain or with PTX cache operators (`{lop}`, `{sop}`).
@@ -76,7 +76,7 @@ def cubin_arch(cubin: bytes) -> str:
 def _words(cubin: bytes) -> dict[int, tuple[str, bytes]]:
     """{offset: (instruction text, its 16 bytes)} of the probe's one function."""
     elf = read_elf(cubin)
-    (name, listing), = _nvidia_listing(cubin).items()
+    (name, listing), = nvidia_listing(cubin).items()
     data = elf.section(f".text.{name}").data
     return {off: (text, bytes(data[off:off + 16])) for off, text in listing.items()}
 
@@ -135,14 +135,15 @@ def learn_evict_first(arch: str) -> dict[str, PolicyField]:
 def evict_first_patch(cubin: bytes, *, loads: bool, stores: bool,
                       arch: str | None = None) -> tuple[BinaryPatch | None, list[str]]:
     """A patch giving every plain-policy `LDG` (`loads`) and `STG` (`stores`) of `cubin` the evict-first policy,
-    and the memory instructions left alone with why (another policy already, or a form the probe did not
-    teach). None when nothing is to patch."""
+    and the memory instructions left alone with why (another cache operator or policy already). None when
+    nothing is to patch. Whether each patched instruction reads back as intended is `check_evict_first`'s
+    question, after `apply_binary_patch`."""
     arch = arch or cubin_arch(cubin)
     fields = learn_evict_first(arch)
     elf = read_elf(cubin)
     edits: list[BinaryEdit] = []
     skipped: list[str] = []
-    for fn, listing in _nvidia_listing(cubin).items():
+    for fn, listing in nvidia_listing(cubin).items():
         section = f".text.{fn}"
         data = elf.section(section).data
         for off, text in sorted(listing.items()):

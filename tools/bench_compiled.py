@@ -723,10 +723,8 @@ def command(
             row["kernels"] = tuned_rows(db, bytes_per_s, bandwidth_source)
             row["recheck_skipped"] = TUNED_RECHECK_NOTE
             try:
-                row["end_to_end"] = _end_to_end(name, all_tasks, db, root / safe,
-                                                on_timed=partial_writer(results, env, rows, row, start, tag))
-                row["end_to_end"]["expected"] = expected_end_to_end(row)
-                attach_isolated(row)
+                _measure_end_to_end(row, name, all_tasks, db, root / safe, partial_writer(results, env, rows, row,
+                                                                                           start, tag))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
@@ -791,10 +789,8 @@ def command(
             t_check = time.perf_counter()
             row["recheck"] = _recheck(report)
             print(f"{name}: re-check with fresh seeds {time.perf_counter() - t_check:.1f} s", flush=True)
-            row["end_to_end"] = _end_to_end(name, all_tasks, root / safe / "out" / "tuned", root / safe,
-                                            on_timed=partial_writer(results, env, rows, row, start, tag))
-            row["end_to_end"]["expected"] = expected_end_to_end(row)
-            attach_isolated(row)
+            _measure_end_to_end(row, name, all_tasks, root / safe / "out" / "tuned", root / safe,
+                                partial_writer(results, env, rows, row, start, tag))
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         overheads.append((time.perf_counter() - t_model) / 60 - search_min)
@@ -804,6 +800,15 @@ def command(
     print(json.dumps(summary, indent=1))
     ok = summary["wrong_results"] == 0 and summary["recheck_undecided"] == 0 and all("error" not in r for r in rows)
     return 0 if ok else 1
+
+
+def _measure_end_to_end(row: dict[str, Any], name: str, all_tasks: bool, tuned: Path, work: Path,
+                        on_timed: Callable[[dict[str, Any]], None]) -> None:
+    """`row`'s end to end through the tuned database `tuned`, with what the kernels' own A/B predicts and their
+    isolated figures beside the in-program ones."""
+    row["end_to_end"] = _end_to_end(name, all_tasks, tuned, work, on_timed=on_timed)
+    row["end_to_end"]["expected"] = expected_end_to_end(row)
+    attach_isolated(row)
 
 
 def partial_writer(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], row: dict[str, Any],
@@ -832,13 +837,14 @@ def _tuned_problem(tuned: Path, names: list[str]) -> str | None:
         db.check()
     except (TunedError, OSError) as exc:
         return str(exc)
-    bad = [f"{d}: {r}" for d, r in db.records() if isinstance(r, TunedError)]
+    records = list(db.records())
+    bad = [f"{d}: {r}" for d, r in records if isinstance(r, TunedError)]
     if bad:
         return f"unreadable records: {'; '.join(bad)[:300]}"
-    if not any(True for _ in db.records()):
+    if not records:
         return "holds no tuned kernel"
     # a record without its binary is never applied: the end to end would time Inductor against itself
-    damaged = [f"{d.name}: {why}" for d, r in db.records() if isinstance(r, TunedRecord)
+    damaged = [f"{d.name}: {why}" for d, r in records if isinstance(r, TunedRecord)
                and (why := db.stale_reason(d, r, r.versions_digest))]
     if damaged:
         return "; ".join(damaged)[:400]

@@ -187,6 +187,7 @@ sys.exit(1 if bad else 0)" ;;
         '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' \
         '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16,"EVICT":1}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":16384,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16}' \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16,"EVICT":1}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":1}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \

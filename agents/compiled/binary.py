@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kstrata.ir.errors import KstrataError
+from kstrata.ir.files import make_dir
 
 REPORT_SCHEMA = "kstrata.optimize-binary/1"
 _MEMORY = re.compile(r"^(global|buffer)_(load|store)_")
@@ -171,6 +172,7 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
     if not records:
         raise KstrataError(f"{launches}: no launch record of kernel {kernel} (record the program with kstrata record)")
     report = BinaryReport(str(path), kernel, f"hip:{arch}", records, str(out))
+    make_dir(out, "--out directory")  # once the input is known good: a refused one leaves nothing
     report.notes.append("in-place patches only: the kernel's assembly is not at hand")
     try:
         report.base_surrogate = _surrogate(hsaco, arch, meta.kernel(kernel))
@@ -211,7 +213,6 @@ def optimize_binary(path: Path, launches: Path, out: Path, *, write_top: int = 3
                                               indent=1) + "\n").encode()})
             cand["written"] = str(where)
     report.seconds = time.perf_counter() - start
-    out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "optimize-binary.json", json.dumps(report.to_json(), indent=1, default=str) + "\n")
     return report
 
@@ -238,12 +239,12 @@ def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_t
     instructions disassembled back to their old text with `.EF` added; written unmeasured."""
     from kstrata.agents.optimize.trajectory import write_atomic
     from kstrata.agents.run_passes import _write_dir_atomically
-    from kstrata.backends.binpatch import _nvidia_listing
+    from kstrata.backends.binpatch import nvidia_listing
     from kstrata.backends.sass_policy import check_evict_first, cubin_arch, evict_first_patch
 
     cubin = path.read_bytes()
     try:
-        functions = list(_nvidia_listing(cubin))
+        functions = list(nvidia_listing(cubin))
         arch = cubin_arch(cubin)
     except KstrataError as exc:
         raise KstrataError(f"{path}: not a cubin kstrata can disassemble ({exc})") from None
@@ -255,6 +256,7 @@ def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_t
         raise KstrataError(f"{launches}: no launch record of kernel {kernel} (record the program with kstrata record)")
     capability = "".join(ch for ch in arch if ch.isdigit())  # sm_90a: cuda:90
     report = BinaryReport(str(path), kernel, f"cuda:{capability}", records, str(out))
+    make_dir(out, "--out directory")  # once the input is known good: a refused one leaves nothing
     report.notes.append("in-place patches only: the kernel's PTX is not at hand; the SASS policy field is learned "
                         f"from ptxas's own encodings for {arch}")
     written = 0
@@ -288,7 +290,6 @@ def _optimize_cubin(path: Path, launches: Path, out: Path, start: float, write_t
                                             "instructions": edits}, indent=1) + "\n").encode()})
             cand["written"] = str(where)
     report.seconds = time.perf_counter() - start
-    out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "optimize-binary.json", json.dumps(report.to_json(), indent=1, default=str) + "\n")
     return report
 

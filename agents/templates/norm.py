@@ -50,8 +50,9 @@ rest of the weights, the row's input and output), more than an H100/H200's 50 MB
 without priorities the weights come from DRAM every row (reasoned from the sizes, not profiled). The hints change
 nothing but cache priority. `PREFETCH` (`resident`, NVIDIA): a member asks the L2 for its chunk of the team's
 next row and of the row's weights (PTX `prefetch.global.L2`, no registers held) before it waits for its team (1)
-or first in the row's turn (2), so the DRAM streams while the team exchanges (a team's row takes about 15 us on
-the H200, of which the loads of a 16 MB row at full bandwidth are 3.5). The first resident team is hinted again
+or first in the row's turn (2), so the DRAM streams while the team exchanges (the resident team above, one in
+flight, took 241 us for 16 rows on the H200, about 15 us a row, of which the loads of a 16 MB row at full
+bandwidth are 3.5). The first resident team is hinted again
 with EVICT, then with both, second and third (neither timed yet).
 """
 
@@ -178,7 +179,7 @@ def hints(chain: Chain) -> list[Params]:
     if m <= 1:
         return out
     # the first team again with L2 priorities, where rows share weights (EVICT, module docstring): reasoned, not
-    # yet timed (the H200 ran the resident team in 241 us: 4.4 TB/s if the weights came from DRAM every row)
+    # yet timed (the H200's resident team, BLOCK 8192, ran 241 us: 4.4 TB/s if the weights came from DRAM every row)
     if out:  # and with L2 prefetches before the team's wait (PREFETCH, also untimed)
         out[1:1] = [{**out[0], "EVICT": 1}, {**out[0], "EVICT": 1, "PREFETCH": 1}]
     graphed: list[Params] = []  # a row group's statistics, then its normalization, launched from a CUDA graph

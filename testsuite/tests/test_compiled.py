@@ -417,7 +417,7 @@ def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_p
     old text with `.EF`, each written cubin is reproduced by its patch.json, all unmeasured. The learned field is
     ptxas's own: patching the plain probe gives ptxas's `.cs` build byte for byte."""
     from kstrata.agents.compiled.binary import optimize_binary
-    from kstrata.backends.binpatch import _nvidia_listing, apply_binary_patch
+    from kstrata.backends.binpatch import apply_binary_patch, nvidia_listing
     from kstrata.backends.elf import read_elf
     from kstrata.backends.nvidia import PtxasOptions, assemble_ptx
     from kstrata.backends.sass_policy import _PROBE, evict_first_patch, learn_evict_first
@@ -432,7 +432,7 @@ def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_p
     stores, loads = by["evict-first{stores=true loads=false}"], by["evict-first{stores=false loads=true}"]
     both = by["evict-first{stores=true loads=true}"]
     assert stores["edits"] >= 1 and loads["edits"] >= 2 and stores["edits"] + loads["edits"] == both["edits"]
-    before = _nvidia_listing(original)["vector_add_kernel"]
+    before = nvidia_listing(original)["vector_add_kernel"]
     for cand in (stores, loads, both):
         assert cand["status"] == "unproven" and "not built yet" in cand["unmeasured"]
         written = Path(cand["written"])
@@ -443,7 +443,7 @@ def test_a_bare_cubin_gets_in_place_evict_first_patches(suite_cache: Path, tmp_p
                 assert sec.data == eb.section(sec.name).data, sec.name
         code_a, code_b = ea.section(".text.vector_add_kernel").data, eb.section(".text.vector_add_kernel").data
         changed = {o for o in range(0, len(code_a), 16) if code_a[o:o + 16] != code_b[o:o + 16]}
-        after = _nvidia_listing(patched)["vector_add_kernel"]
+        after = nvidia_listing(patched)["vector_add_kernel"]
         assert len(changed) == cand["edits"] and set(after) == set(before)
         for o in before:
             if o in changed:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kstrata.backends.asm import AsmCheckError, asm_report, patch_bundle, rebuild
-from kstrata.backends.binpatch import BinaryEdit, BinaryPatch, BinaryPatchError, _nvidia_listing, apply_binary_patch
+from kstrata.backends.binpatch import BinaryEdit, BinaryPatch, BinaryPatchError, apply_binary_patch, nvidia_listing
 from kstrata.backends.elf import read_elf
 from kstrata.backends.nvidia import compare_cubins, occupancy, parse_ptxas_log, rebuild_cubin
 from kstrata.backends.patch import AsmPatch, AsmPatchError, Hunk, apply_patch, make_patch
@@ -165,7 +165,7 @@ def test_patch_bundle_rebuilds_and_checks_the_abi(cuda_bundles: list[KernelBundl
     assert patched.bundle.level("cubin") != b.level("cubin")
     assert "ttgir" not in patched.bundle.levels  # levels above the edit no longer describe the binary
     assert patched.checks["ptxas"] == "accepted" and patched.resources_after["registers"] > 0
-    listing = _nvidia_listing(patched.bundle.level("cubin"))[b.name]  # type: ignore[arg-type]
+    listing = nvidia_listing(patched.bundle.level("cubin"))[b.name]  # type: ignore[arg-type]
     assert any("CONSTANT" in t for t in listing.values())  # LDG.E.CONSTANT: the read-only path
     ptx = b.text("ptx")
     abi_change = make_patch("ptx", ptx, ptx.replace(".reqntid 128", ".reqntid 256"), b.name)
@@ -196,7 +196,7 @@ def test_binary_patch_replaces_one_instruction_and_checks(cuda_bundles: list[Ker
     cubin = b.level("cubin")
     assert isinstance(cubin, bytes)
     section = f".text.{b.name}"
-    listing = _nvidia_listing(cubin)[b.name]
+    listing = nvidia_listing(cubin)[b.name]
     data = read_elf(cubin).section(section).data
     nop = next(o for o, t in listing.items() if t == "NOP")
     bra = max(o for o, t in listing.items() if t.startswith("BRA"))  # the unreachable self-loop after EXIT
