@@ -439,6 +439,8 @@ class Evidence:
     level: str
     verdict: str  # "pass", "fail", "skipped"
     detail: str
+    #: The check's own wall time, when it ran a job (verify's `Check.seconds`).
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -983,7 +985,7 @@ class Engine:
                         launch_dir=Path(launches[0]).parent if launches else None, on_check=on_check,
                         static_only=options.static_only, find_launch=options.find_launch,
                         symbolic=options.symbolic, edited=adopted[1])
-        evidence = tuple(Evidence(c.name, c.level, c.verdict, c.detail) for c in report.checks)
+        evidence = tuple(Evidence(c.name, c.level, c.verdict, c.detail, c.seconds) for c in report.checks)
         verdict = Verdict(report.verdict.value)
         failed = next((c for c in report.checks if c.verdict == "fail"), None)
         reason = (f"{failed.name} at {failed.level}: {failed.detail}" if failed is not None else

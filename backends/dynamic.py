@@ -149,17 +149,22 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
                 stage: str | None = None
                 seen: list[str] = []
                 deadline = time.monotonic() + timeout + 120.0  # start-up: torch, Triton, xDSL imports
+                began = [time.monotonic()]  # the job's start (the first job's includes the child's start-up)
+
+                def took(began: list[float] = began) -> float:
+                    return round(time.monotonic() - began[0], 3)
                 while True:
                     try:
                         line = child.next_line(deadline - time.monotonic())
                     except ChildTimeout:
                         child.kill()
-                        done(Outcome("timeout", stage, {}, "".join(seen)))
+                        done(Outcome("timeout", stage, {"seconds": took()}, "".join(seen)))
                         break
                     if line is None:  # the child exited: the job in progress (if any) died with it
                         code = child.wait()
                         if len(outcomes) < len(jobs):
-                            done(Outcome("crashed", stage, {"returncode": code}, "".join(seen) + child.stderr_tail()))
+                            done(Outcome("crashed", stage, {"returncode": code, "seconds": took()},
+                                         "".join(seen) + child.stderr_tail()))
                         elif code != 0:  # every job ended, but the child did not (compute-sanitizer's verdict)
                             outcomes[-1].payload["returncode"] = code
                             outcomes[-1].output = "".join(seen) + child.stderr_tail()
@@ -168,10 +173,13 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
                     if line.startswith("JOB "):
                         stage, seen = None, []
                         deadline = time.monotonic() + timeout
+                        if outcomes:  # a later job's time starts here; the first's with the child
+                            began[0] = time.monotonic()
                     elif line.startswith("STAGE "):
                         stage = line.split(" ", 1)[1].strip()
                     elif line.startswith("RESULT "):
                         payload = json.loads(line.split(" ", 1)[1])
+                        payload.setdefault("seconds", took())
                         done(Outcome(payload["status"], stage, payload))
     return outcomes
 

@@ -35,6 +35,7 @@ import enum
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,8 @@ class Check:
     level: str
     verdict: str  # one of CHECK_VERDICTS
     detail: str = ""
+    #: The check's own wall time (its job in the child, or the sanitizer's whole child), when it ran one.
+    seconds: float | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -883,7 +886,7 @@ def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBund
         verdict_, detail = verdict(name, level, iset, outcome, timeout, launch_name)
         if name == "determinism" and verdict_ == "pass":
             detail = "the candidate gives the same bytes twice"
-        add(Check(name, level, verdict_, detail))
+        add(Check(name, level, verdict_, detail, outcome.payload.get("seconds")))
 
     run_jobs([job for *_, job in planned], timeout, on_outcome=judged)
     if gpu_runs:
@@ -912,18 +915,21 @@ def _sanitize(report: VerifyReport, add: Any, job_base: dict[str, Any], sets: li
     tool = "memcheck" if tool == "auto" else tool
     wrapper = [binary_path, "--tool", tool, "--error-exitcode", "86", "--print-limit", "5"]
     iset = next((s for s in sets if s.mode == "random"), sets[0])
+    t0 = time.perf_counter()
     outcome = run_jobs([{**job_base, "kind": "sanitize", "input_set": iset}], timeout * 5, wrapper,
                        env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})[0]
+    seconds = round(time.perf_counter() - t0, 3)  # the whole child: its start-up under the sanitizer is most of it
     name = f"compute-sanitizer {tool}"
     if outcome.status == "ran" and not outcome.payload.get("returncode"):
-        add(Check(name, binary_level, "pass", "no errors reported (one launch, every buffer its own allocation)"))
+        add(Check(name, binary_level, "pass", "no errors reported (one launch, every buffer its own allocation)",
+                  seconds))
     elif outcome.status == "harness-error":  # the arguments did not fit: no verdict on the kernel
-        add(Check(name, binary_level, "skipped", f"cannot run: {outcome.payload.get('error')}"))
+        add(Check(name, binary_level, "skipped", f"cannot run: {outcome.payload.get('error')}", seconds))
     else:
         errors = [ln.strip() for ln in outcome.output.splitlines() if ln.startswith("=========") and
                   ("ERROR" in ln.upper() or "Invalid" in ln or "hazard" in ln.lower() or "bytes" in ln)][:6]
         add(Check(name, binary_level, "fail", f"{outcome.status} (exit {outcome.payload.get('returncode')}): "
-                  + (" | ".join(errors) or outcome.output.strip()[-600:])))
+                  + (" | ".join(errors) or outcome.output.strip()[-600:]), seconds))
 
 
 def declared_tolerance(candidate: str | Path) -> str | None:

@@ -146,8 +146,11 @@ def _record(name: str, work: Path, all_tasks: bool) -> tuple[Path, Path]:
 
 
 def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
-    """Every winner verified again on the GPU with fresh seeds; a failure is a wrong result."""
-    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, tool_env
+    """Every winner verified again on the GPU with fresh seeds (redzones, the differential run, determinism);
+    a failure is a wrong result. compute-sanitizer and the CPU interpreter ran on each winner when the search
+    accepted it: at a published size they are minutes (gap task 01's acceptance check took 194 s on an H100,
+    2026-12-07), and three seeds of them here did not fit the call."""
+    from kstrata.agents.engine import Candidate, Engine, PipelineEdit, VerifyOptions, tool_env
 
     rows = []
     with Engine(tempfile.mkdtemp(prefix="kstrata-recheck-")) as engine:
@@ -163,9 +166,11 @@ def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
             # the ptxas the recorded program used (Inductor points Triton at torch's own): as the search built it
             built = engine.build(Candidate(base, t["level"], PipelineEdit(t["pipeline"]), t["tolerance"]),
                                  env=tool_env(record))
-            v = engine.check(base, built, [record], device="cuda", seeds=seeds, tolerance=t["tolerance"])
+            v = engine.check(base, built, [record], device="cuda", seeds=seeds, tolerance=t["tolerance"],
+                             verify=VerifyOptions(seeds=seeds, device="cuda", sanitizer="none", interpreter=False))
             rows.append({"kernel": k["name"], "key": k["key"], "pipeline": t["pipeline"], "verdict": v.verdict.value,
-                         "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"]})
+                         "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"],
+                         "seconds": round(v.seconds, 1)})
     return rows
 
 

@@ -598,6 +598,8 @@ def test_ir_evidence_does_not_cover_an_assembly_edit_below_it(entry: Path, tmp_p
     report = verify(original, new, record, device="cpu", seeds=1, edited=pipeline_levels(spec))  # as the CLI does
     assert report.truth_level == "ptx", report.to_json()
     assert any(c.name.startswith("interpreter") and c.verdict == "pass" for c in report.checks), report.checks
+    # each dynamic check carries its own wall time (where an acceptance check's minutes go, at a published size)
+    assert all(c.seconds is not None and c.seconds > 0 for c in report.checks if c.name.startswith("interpreter"))
     assert report.verdict is Verdict.UNPROVEN, report.to_json()
     assert any("does not cover the candidate's own ptx edit" in r for r in report.unproven_reasons())
     # the same TTIR edit alone: the interpreter's evidence is complete
