@@ -52,8 +52,11 @@ nothing but cache priority. `PREFETCH` (`resident`, NVIDIA): a member asks the L
 next row and of the row's weights (PTX `prefetch.global.L2`, no registers held) before it waits for its team (1)
 or first in the row's turn (2), so the DRAM streams while the team exchanges (the resident team above, one in
 flight, took 241 us for 16 rows on the H200, about 15 us a row, of which the loads of a 16 MB row at full
-bandwidth are 3.5). The first resident team is hinted again
-with EVICT, then with both, second and third (neither timed yet).
+bandwidth are 3.5). Timed on task 01 (H100, 2026-12-07, `template-probe-2026-12-07-evict*.md`): EVICT made
+the team of 8192-value chunks faster (355.5 us against 469.9 in one call; 432.7 in the next) and the team of
+32768 slower (606.0 against 560.9); PREFETCH was slower in every form timed. The 16-warp teams of chunks up to
+16384 are hinted with EVICT first; PREFETCH stays in the space, unhinted. `split` over all rows (382-395 us
+in those calls) stayed as fast as the best team on the H100.
 """
 
 from __future__ import annotations
@@ -178,10 +181,12 @@ def hints(chain: Chain) -> list[Params]:
                          for b, w in resident_schedules(d, MAX_TEAM)]
     if m <= 1:
         return out
-    # the first team again with L2 priorities, where rows share weights (EVICT, module docstring): reasoned, not
-    # yet timed (the H200's resident team, BLOCK 8192, ran 241 us: 4.4 TB/s if the weights came from DRAM every row)
-    if out:  # and with L2 prefetches before the team's wait (PREFETCH, also untimed)
-        out[1:1] = [{**out[0], "EVICT": 1}, {**out[0], "EVICT": 1, "PREFETCH": 1}]
+    # first, the teams of smaller chunks with L2 priorities, where rows share weights (EVICT, module docstring):
+    # on task 01 (H100, 2026-12-07, `template-probe-2026-12-07-evict*.md`) BLOCK 8192 at 16 warps ran 355.5 us
+    # with EVICT against 469.9 without in one call (432.7 in the next), 16384 466.3; at 32768 EVICT was slower
+    # (606.0 against 560.9). PREFETCH (L2 prefetches of the next row) was slower at every size it was timed
+    # (32768: 659-719 us; 8192 with EVICT: 435.6-516.0 against 432.7) and is left to the space, not hinted.
+    out[:0] = [{**p, "EVICT": 1} for p in out if p["BLOCK"] <= 16384 and p["num_warps"] == 16][::-1]
     graphed: list[Params] = []  # a row group's statistics, then its normalization, launched from a CUDA graph
     for g in (1, 2):
         if g < m and 2 * g * 4 * d <= 48 << 20:
