@@ -46,7 +46,7 @@ from kstrata.ir.errors import KstrataError
 
 from .amd_hazards import check_waitcnt_hazards
 from .checks import amd_metadata_changes, binary, llir_accepted, mlir_accepted, ptx_entry_changes
-from .dynamic import Outcome, run_jobs, verdict
+from .dynamic import Outcome, interpreter_workers, run_jobs, run_jobs_parallel, verdict
 from .replay import REDZONE_BYTES, InputSet, input_sets
 
 if TYPE_CHECKING:
@@ -888,7 +888,15 @@ def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBund
             detail = "the candidate gives the same bytes twice"
         add(Check(name, level, verdict_, detail, outcome.payload.get("seconds")))
 
-    run_jobs([job for *_, job in planned], timeout, on_outcome=judged)
+    # the interpreter's jobs first, in parallel children when the launch is large (`interpreter_workers`), judged
+    # in their planned order; then the GPU's, one child in a row
+    interp = [i for i, (*_, job) in enumerate(planned) if job["kind"] == "interp"]
+    if interp:
+        outs = run_jobs_parallel([planned[i][3] for i in interp], timeout, interpreter_workers(launch, len(interp)))
+        for i, outcome in zip(interp, outs, strict=True):
+            judged(i, outcome)
+    rest = [i for i in range(len(planned)) if i not in interp]
+    run_jobs([planned[i][3] for i in rest], timeout, on_outcome=lambda k, outcome: judged(rest[k], outcome))
     if gpu_runs:
         report.notes.append(f"every buffer of the differential runs has {REDZONE_BYTES}-byte redzones before and "
                             "after it, checked after each launch")

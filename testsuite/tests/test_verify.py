@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -638,3 +639,52 @@ def test_a_report_round_trips_through_json() -> None:
     assert {f.name for f in dataclasses.fields(VerifyReport)} <= set(data)
     again = VerifyReport.from_json(data)
     assert again == report and again.to_json() == report.to_json()
+
+
+def test_a_large_launchs_interpreter_jobs_run_in_parallel_children(entry: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a published size one interpreter run is tens of seconds (gap task 01: 35 s a level and input set on
+    this machine's CPU, 140 s for the four of a TTIR edit's check in a row): a launch of at least
+    `PARALLEL_INTERP_BYTES` runs its interpreter jobs in as many children as the CPUs and the memory allow, and
+    the report is the same, in the same order, each check with its own seconds."""
+    import kstrata.backends.dynamic as dynamic
+    from kstrata.backends.dynamic import interpreter_workers
+    from kstrata.backends.verify import verify
+    from kstrata.ir.launch import LaunchRecord
+    from kstrata.ir.triton_layout import load_any
+    from kstrata.testsuite.kernels.launch import suite_launch_record
+
+    original = load_any(entry)[0][0]
+    record = LaunchRecord.load(suite_launch_record(get_kernel("softmax_online"), "cuda:90").save(tmp_path / "l.json"))
+    assert interpreter_workers(record, 4, cpus=16, available=1 << 40) == 1  # small: one child's start-up is cheaper
+    monkeypatch.setattr(dynamic, "PARALLEL_INTERP_BYTES", 0)
+    assert interpreter_workers(record, 4, cpus=16, available=1 << 40) == 4
+    assert interpreter_workers(record, 4, cpus=2, available=1 << 40) == 2
+    assert interpreter_workers(record, 4, cpus=16, available=0) == 1  # memory unknown: one at a time
+    assert interpreter_workers(record, 1, cpus=16, available=1 << 40) == 1
+    new = run_pipeline(original, parse_pipeline("ttir(load-eviction)")).bundle
+    children: list[int] = []
+    real = dynamic.run_jobs
+
+    def counted(jobs: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        children.append(len(jobs))
+        return real(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(dynamic, "run_jobs", counted)
+    monkeypatch.setattr(dynamic, "_available_memory", lambda: 1 << 40)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _p: {0, 1})
+    report = verify(original, new, record, device="cpu", seeds=1)
+    interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
+    assert children == [len(interpreted) // 2 + len(interpreted) % 2, len(interpreted) // 2], children
+    # the planned order: each level's input sets, TTIR first
+    assert [c.level for c in interpreted] == sorted((c.level for c in interpreted), key=["ttir", "ttgir"].index)
+    assert all(c.verdict == "pass" and c.seconds for c in interpreted) and report.verdict is Verdict.EQUIVALENT
+    # a miscompile (the online max turned into a min) is still caught when its jobs run apart
+    from kstrata.backends.rebuild import rebuild_from
+
+    wrong_ttir = original.text("ttir").replace("arith.maxnumf", "arith.minnumf")
+    assert wrong_ttir != original.text("ttir")
+    children.clear()
+    caught = verify(original, rebuild_from(original, "ttir", wrong_ttir), record, device="cpu", seeds=1)
+    assert caught.verdict is Verdict.DIFFERENT and len(children) == 2
+    assert any(c.name.startswith("interpreter") and c.verdict == "fail" for c in caught.checks)
