@@ -65,6 +65,28 @@ optimize() {  # optimize NAME LIMIT_S MINUTES TASKS TAG EXTRA [BENCH-ARGS...]
   run "$name" "$limit" $PY -m kstrata.tools.bench_optimize --tasks "$tasks" --total-minutes "$(lim "$minutes")" \
     --workers 3 --tag "$tag$SFX" --out "$WORK/$name" --extra "$extra" "$@"
 }
+# What the steps wrote: today's results files and the skill library, with the logs, in one archive; packed again
+# after every step, so a call cut by its own limit (or the session's device time) still brings back what the steps
+# before the cut wrote (2026-12-07: a call's limit killed the script before it packed anything).
+pack() {
+  today=$(date -u +%Y-%m-%d)
+  cp testsuite/results/*"$today"* "$WORK/results/" 2>/dev/null
+  [ -d testsuite/skills-gpu ] && cp -r testsuite/skills-gpu "$WORK/results/"
+  # bench_optimize also copies its results into $OUT when that is set: what this run added to OUT goes into
+  # the archive too, so OUT ends with one file (the device tool brings back only a few)
+  for f in $(ls -A "$OUT"); do
+    # (a second optimizer step in the same call writes the same name: kept beside the first, numbered)
+    dest="$WORK/out/$f"; n=1; while [ -e "$dest" ]; do dest="$WORK/out/$f.$n"; n=$((n + 1)); done
+    case "$f" in results.tgz|results.tgz.part) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$dest" ;; esac
+  done
+  # the compiled benchmark's work directories keep their reports, trajectories and tuned databases (binaries
+  # included: a tuned record without its cubin is never applied, and ptxas cannot remake it byte for byte on
+  # another machine, its debug lines name the source file's size and time), not its caches and candidates' builds
+  # (written beside and moved over: a cut during the tar leaves the last whole archive)
+  tar czf "$OUT/results.tgz.part" --exclude='triton-cache' --exclude='inductor-cache' --exclude='engine' \
+    --exclude='tb' --exclude='*/out/cuda-*/*.cubin' --exclude='*/out/hip-*/*.hsaco' --exclude='patched-cache' \
+    --exclude='*.npy' -C "$WORK" . 2>/dev/null && mv -f "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
 for step in "$@"; do
   case $step in
     setup)
@@ -199,23 +221,7 @@ sys.exit(1 if bad else 0)" ;;
         --log "$WORK/gpu-tests-detail.log" testsuite/tests/test_optimize_ir.py ;;
     *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned probe-evict gpu-tests gpu-ir)"; status=2 ;;
   esac
+  pack
 done
-# What the steps wrote: today's results files and the skill library, with the logs, in one archive.
-today=$(date -u +%Y-%m-%d)
-cp testsuite/results/*"$today"* "$WORK/results/" 2>/dev/null
-[ -d testsuite/skills-gpu ] && cp -r testsuite/skills-gpu "$WORK/results/"
-# bench_optimize also copies its results into $OUT when that is set: what this run added to OUT goes into
-# the archive too, so OUT ends with one file (the device tool brings back only a few)
-for f in $(ls -A "$OUT"); do
-  # (a second optimizer step in the same call writes the same name: kept beside the first, numbered)
-  dest="$WORK/out/$f"; n=1; while [ -e "$dest" ]; do dest="$WORK/out/$f.$n"; n=$((n + 1)); done
-  case "$f" in results.tgz) ;; *) grep -qx -- "$f" <<<"$before" || mv "$OUT/$f" "$dest" ;; esac
-done
-# the compiled benchmark's work directories keep their reports, trajectories and tuned databases (binaries
-# included: a tuned record without its cubin is never applied, and ptxas cannot remake it byte for byte on
-# another machine, its debug lines name the source file's size and time), not its caches and candidates' builds
-tar czf "$OUT/results.tgz" --exclude='triton-cache' --exclude='inductor-cache' --exclude='engine' \
-  --exclude='tb' --exclude='*/out/cuda-*/*.cubin' --exclude='*/out/hip-*/*.hsaco' --exclude='patched-cache' \
-  --exclude='*.npy' -C "$WORK" . 2>/dev/null
 echo "== packed $OUT/results.tgz in $(( $(date +%s) - T0 )) s; exit $status"
 exit $status
