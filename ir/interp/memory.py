@@ -90,8 +90,9 @@ class GlobalMemory:
             where = f"byte {address - best.base} of"
         return f"{where} {best.describe()}"
 
-    def locate(self, addr: Arr, itemsize: int) -> tuple[list[tuple[GlobalBuffer, Arr, Arr]], AccessFault | None]:
-        """Split flat addresses into per-buffer groups (buffer, lane indices, element indices), or the first fault."""
+    def locate(self, addr: Arr, itemsize: int) -> tuple[list[tuple[GlobalBuffer, Arr | None, Arr]], AccessFault | None]:
+        """Split flat addresses into per-buffer groups (buffer, lane indices, element indices), or the first fault.
+        Lane indices None: every lane, in order (one buffer holds them all)."""
         if addr.size == 0:
             return [], None
         lo, hi = int(addr.min()), int(addr.max())
@@ -100,8 +101,11 @@ class GlobalMemory:
             buf = self.buffers[k]
             if buf.base <= lo and hi + itemsize <= buf.end:
                 rel = addr - buf.base
-                if itemsize == 1 or not (rel % itemsize).any():
-                    return [(buf, np.arange(addr.size), rel // itemsize)], None
+                if itemsize & (itemsize - 1) == 0:  # a power of two: masks and shifts (int64 % and // are slow)
+                    if itemsize == 1 or not (rel & (itemsize - 1)).any():
+                        return [(buf, None, rel >> (itemsize.bit_length() - 1))], None
+                elif not (rel % itemsize).any():
+                    return [(buf, None, rel // itemsize)], None
         # Slow path: several buffers, or a fault somewhere.
         ks = np.searchsorted(self._bases, addr, side="right") - 1
         ok = ks >= 0
@@ -127,9 +131,11 @@ class GlobalMemory:
         groups, bad = self.locate(addr, dt.itemsize)
         if bad is not None:
             raise fault(bad)
+        if len(groups) == 1 and groups[0][1] is None:
+            return groups[0][0].view(dt)[groups[0][2]]
         out = np.empty(addr.size, dtype=dt)
         for buf, lanes, idx in groups:
-            out[lanes] = buf.view(dt)[idx]
+            out[slice(None) if lanes is None else lanes] = buf.view(dt)[idx]
         return out
 
     def store(self, addr: Arr, values: Arr, fault: Callable[[AccessFault], Exception]) -> None:
@@ -139,7 +145,7 @@ class GlobalMemory:
         for buf, lanes, idx in groups:
             # Fancy assignment writes in index order, so of two lanes storing to one address the later
             # program (and the later element) wins, as the program order says.
-            buf.view(values.dtype)[idx] = values[lanes]
+            buf.view(values.dtype)[idx] = values if lanes is None else values[lanes]
 
 
 @dataclass

@@ -167,6 +167,10 @@ class TritonFunctions(InterpreterFunctions):
         dt = memory_dtype(t)
         lanes = m.active_lanes(shape, mask)
         full = (m.num, *shape)
+        if lanes.all():  # every lane: no zero fill and no scatter of the values (a published-size launch)
+            vals = m.memory.load(np.broadcast_to(addr, full).reshape(-1), dt, m.fault(op, lanes, shape))
+            out = vals.reshape(full)
+            return out != 0 if dtype_of(t) == np.bool_ else out
         if other is not None:
             out = np.array(np.broadcast_to(other, full), dtype=dt)
         else:
@@ -183,10 +187,12 @@ class TritonFunctions(InterpreterFunctions):
         if not lanes.any():
             return
         full = (m.num, *shape)
-        vals = np.broadcast_to(value, full)[lanes]
+        every = lanes.all()
+        vals = np.broadcast_to(value, full).reshape(-1) if every else np.broadcast_to(value, full)[lanes]
         if vals.dtype == np.bool_:
             vals = vals.astype(np.uint8)
-        m.memory.store(np.broadcast_to(addr, full)[lanes], vals, m.fault(op, lanes, shape))
+        m.memory.store(np.broadcast_to(addr, full).reshape(-1) if every else np.broadcast_to(addr, full)[lanes], vals,
+                       m.fault(op, lanes, shape))
 
     def load(self, interp: Interpreter, op: Operation, args: PythonValues) -> PythonValues:
         if op.properties.get("boundaryCheck") is not None and len(op.properties["boundaryCheck"]) > 0:  # type: ignore[arg-type]
@@ -233,7 +239,8 @@ class TritonFunctions(InterpreterFunctions):
             raise m.fault(op, lanes, shape)(bad)
         width = dt.itemsize * 8
         old_all = np.zeros(a.size, dtype=dt)
-        for buf, lane_idx, idx in groups:
+        for buf, lanes_of, idx in groups:
+            lane_idx = slice(None) if lanes_of is None else lanes_of  # None: every lane
             vv = v[lane_idx]
             view = buf.view(dt)
             if kind in ("umax", "umin"):
@@ -286,7 +293,8 @@ class TritonFunctions(InterpreterFunctions):
         if bad is not None:
             raise m.fault(op, lanes, shape)(bad)
         old_all = np.zeros(a.size, dtype=bits)
-        for buf, lane_idx, idx in groups:
+        for buf, lanes_of, idx in groups:
+            lane_idx = slice(None) if lanes_of is None else lanes_of  # None: every lane
             view = buf.view(bits)
             cc, vv = c[lane_idx], v[lane_idx]
             if np.unique(idx).size == idx.size:
