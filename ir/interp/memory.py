@@ -120,7 +120,7 @@ class GlobalMemory:
             a = int(addr[lane])
             reason = "misaligned" if ok[lane] else "outside every buffer"
             return [], AccessFault(lane, a, reason, self._nearest(a))
-        groups = []
+        groups: list[tuple[GlobalBuffer, Arr | None, Arr]] = []
         for kk in np.unique(ks):
             lanes = np.flatnonzero(ks == kk)
             buf = self.buffers[int(kk)]
