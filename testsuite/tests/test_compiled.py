@@ -1177,12 +1177,19 @@ def test_the_gate_leaves_interpreter_runs_to_the_winners_check_only_when_the_gpu
     from types import SimpleNamespace
 
     import kstrata.backends.verify as verify_module
+    from kstrata.backends.dynamic import Outcome
     from kstrata.backends.verify import VerifyReport, _dynamic
     from kstrata.ir.target import Target
 
     kinds: list[str] = []
     monkeypatch.setattr(verify_module, "_gpu_available", lambda backend: gpu)
     monkeypatch.setattr(verify_module, "run_jobs", lambda jobs, timeout, **kw: kinds.extend(j["kind"] for j in jobs))
+
+    def parallel(jobs: list[dict[str, Any]], timeout: float, workers: int) -> list[Outcome]:
+        kinds.extend(j["kind"] for j in jobs)  # the interpreter's jobs (in parallel children when large)
+        return [Outcome("timeout", None, {}) for _ in jobs]
+
+    monkeypatch.setattr(verify_module, "run_jobs_parallel", parallel)
     record = LaunchRecord.load(_record(tmp_path, "k", None))
     bundle = SimpleNamespace(params=(SimpleNamespace(name="x", is_pointer=True, type="*fp32"),
                                      SimpleNamespace(name="y", is_pointer=True, type="*fp32"),
