@@ -634,6 +634,17 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
         if e.get("seconds"):
             lines.append(f"- {r['model']} end to end took: "
                          + "; ".join(f"{k} {v:g} s" for k, v in e["seconds"].items()))
+    for r in rows:  # where each search's time went, and the re-check's
+        for k in r.get("kernels", []):
+            if k.get("acceptance_seconds"):
+                parts = {n.removeprefix("sanitize/"): v for n, v in k["acceptance_seconds"].items() if "/" in n}
+                lines.append(f"- {r['model']} `{k['kernel']}`: its search took {k.get('search_seconds')} s, of which "
+                             f"the winner's acceptance check {k['acceptance_seconds'].get('sanitize', 0):g} s"
+                             + (" (" + ", ".join(f"{n} {v:g} s" for n, v in parts.items()) + ")" if parts else ""))
+        for c in r.get("recheck", []):
+            if c.get("seconds") is not None:
+                lines.append(f"- {r['model']} `{c['kernel']}`: re-check with fresh seeds (GPU differential) "
+                             f"{c['seconds']:g} s, {c['verdict']}")
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
         for k in r.get("kernels", []):
             if k.get("configs"):
@@ -782,6 +793,11 @@ def command(
                                   "range": t["speedup_range"], "time_us": t["time_us"], "winner_us": t["winner_us"]}
                                  for t in sibling_timings or ()],
                     "sibling_verdict": s.get("sibling_verdict"),
+                    # the winner's acceptance check (compute-sanitizer, the interpreter) by kind, and the search's
+                    # whole time: at a published size the check is minutes (gap 01, H100: 194 s)
+                    "acceptance_seconds": {k: v for k, v in (best.get("phase_seconds") or {}).items()
+                                           if k.startswith("sanitize")} if best else {},
+                    "search_seconds": round(s["seconds"], 1) if s.get("seconds") is not None else None,
                     "sol": buffer_sol(k.get("record") or s.get("record"), bytes_per_s,
                                       best.get("time_before_us") if best else k.get("time_us"),
                                       best.get("time_after_us") if best else None, bandwidth_source),

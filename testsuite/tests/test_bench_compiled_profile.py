@@ -258,6 +258,17 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     assert "- mlp_fp16 end to end ran: " in md_alone and "ran no binary" not in md_alone
     assert "plain Inductor's build ran" not in md_alone
     assert "device busy per call of the wall time per call: Inductor 190.0 us of 262.2 us (72%)" in md
+    # where the search's time went: the winner's acceptance check by kind, and the re-check's
+    timed = _row(58.0)
+    timed["kernels"][0].update({"search_seconds": 205.0, "acceptance_seconds": {
+        "sanitize": 193.9, "sanitize/interpreter": 140.1, "sanitize/compute-sanitizer": 38.2}})
+    timed["recheck"] = [{"kernel": SILU, "verdict": "equivalent", "seconds": 21.5}]
+    bench_compiled._write(tmp_path / "timed", env, [timed], final=True, seconds=60.0)
+    md_timed = (tmp_path / "timed" / "compiled-bench-2026-12-04.md").read_text()
+    assert (f"- mlp_fp16 `{SILU}`: its search took 205.0 s, of which the winner's acceptance check 193.9 s "
+            "(interpreter 140.1 s, compute-sanitizer 38.2 s)") in md_timed
+    assert f"- mlp_fp16 `{SILU}`: re-check with fresh seeds (GPU differential) 21.5 s, equivalent" in md_timed
+    assert "acceptance check" not in md  # a row without the figures says nothing of them
     assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md
     # the targets for this call's models: the silu at 25% of its memory bound gives the MLP headroom
