@@ -184,29 +184,42 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float, wrapper: list[str] | No
     return outcomes
 
 
-def run_jobs_parallel(jobs: list[dict[str, Any]], timeout: float, workers: int) -> list[Outcome]:
+def run_jobs_parallel(jobs: list[dict[str, Any]], timeout: float, workers: int,
+                      on_outcome: Any = None) -> list[Outcome]:
     """`run_jobs` split over `workers` children running at once (round robin), the outcomes in `jobs`'
-    order. For CPU-bound jobs (the interpreter's) at a published size: on gap task 01 (16 x 64 x 256 x 256
-    fp32) one interpreter run of one level took 18 s, and an acceptance check ran eight of them in a row."""
+    order; `on_outcome(index, outcome)` as each ends (one call at a time; `index` into `jobs`). For CPU-bound
+    jobs (the interpreter's) at a published size: on gap task 01 (16 x 64 x 256 x 256 fp32) one interpreter run
+    of one level took 18 s, and an acceptance check ran eight of them in a row."""
     import threading
 
     workers = max(1, min(workers, len(jobs)))
     if workers == 1:
-        return run_jobs(jobs, timeout)
+        return run_jobs(jobs, timeout, on_outcome=on_outcome)
     parts = [list(range(w, len(jobs), workers)) for w in range(workers)]
     found: dict[int, Outcome] = {}
     lock = threading.Lock()
 
+    failed: list[BaseException] = []
+
     def run(part: list[int]) -> None:
-        outs = run_jobs([jobs[i] for i in part], timeout)
-        with lock:
-            found.update(zip(part, outs, strict=True))
+        def ended(j: int, outcome: Outcome) -> None:
+            with lock:
+                found[part[j]] = outcome
+                if on_outcome is not None:
+                    on_outcome(part[j], outcome)
+
+        try:
+            run_jobs([jobs[i] for i in part], timeout, on_outcome=ended)
+        except BaseException as exc:  # raised again in the caller's thread, not lost with this one
+            failed.append(exc)
 
     threads = [threading.Thread(target=run, args=(part,), daemon=True) for part in parts]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
     return [found[i] for i in range(len(jobs))]
 
 

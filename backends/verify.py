@@ -881,20 +881,30 @@ def _dynamic(report: VerifyReport, original: KernelBundle, candidate: KernelBund
             planned.append(("determinism", binary_level, again,
                             {**job_base, "original": candidate, "kind": "gpu", "runs": 0, "input_set": again}))
 
-    def judged(index: int, outcome: Outcome) -> None:
+    def checked(index: int, outcome: Outcome) -> Check:
         name, level, iset, _ = planned[index]
         verdict_, detail = verdict(name, level, iset, outcome, timeout, launch_name)
         if name == "determinism" and verdict_ == "pass":
             detail = "the candidate gives the same bytes twice"
-        add(Check(name, level, verdict_, detail, outcome.payload.get("seconds")))
+        return Check(name, level, verdict_, detail, outcome.payload.get("seconds"))
 
-    # the interpreter's jobs first, in parallel children when the launch is large (`interpreter_workers`), judged
-    # in their planned order; then the GPU's, one child in a row
+    def judged(index: int, outcome: Outcome) -> None:
+        add(checked(index, outcome))
+
+    # the interpreter's jobs first, in parallel children when the launch is large (`interpreter_workers`): each
+    # check is told as it ends (`on_check`), and the report keeps the planned order; then the GPU's, one child
     interp = [i for i, (*_, job) in enumerate(planned) if job["kind"] == "interp"]
     if interp:
-        outs = run_jobs_parallel([planned[i][3] for i in interp], timeout, interpreter_workers(launch, len(interp)))
-        for i, outcome in zip(interp, outs, strict=True):
-            judged(i, outcome)
+        done: dict[int, Check] = {}
+
+        def told(k: int, outcome: Outcome) -> None:  # from the runner's threads, one at a time
+            done[interp[k]] = check = checked(interp[k], outcome)
+            if on_check is not None:
+                on_check(check)
+
+        run_jobs_parallel([planned[i][3] for i in interp], timeout, interpreter_workers(launch, len(interp)),
+                          on_outcome=told)
+        report.checks.extend(done[i] for i in interp)
     rest = [i for i in range(len(planned)) if i not in interp]
     run_jobs([planned[i][3] for i in rest], timeout, on_outcome=lambda k, outcome: judged(rest[k], outcome))
     if gpu_runs:

@@ -1185,9 +1185,12 @@ def test_the_gate_leaves_interpreter_runs_to_the_winners_check_only_when_the_gpu
     monkeypatch.setattr(verify_module, "_gpu_available", lambda backend: gpu)
     monkeypatch.setattr(verify_module, "run_jobs", lambda jobs, timeout, **kw: kinds.extend(j["kind"] for j in jobs))
 
-    def parallel(jobs: list[dict[str, Any]], timeout: float, workers: int) -> list[Outcome]:
+    def parallel(jobs: list[dict[str, Any]], timeout: float, workers: int, on_outcome: Any = None) -> list[Outcome]:
         kinds.extend(j["kind"] for j in jobs)  # the interpreter's jobs (in parallel children when large)
-        return [Outcome("timeout", None, {}) for _ in jobs]
+        outs = [Outcome("timeout", None, {}) for _ in jobs]
+        for k, outcome in enumerate(outs):
+            on_outcome(k, outcome)
+        return outs
 
     monkeypatch.setattr(verify_module, "run_jobs_parallel", parallel)
     record = LaunchRecord.load(_record(tmp_path, "k", None))

@@ -673,9 +673,11 @@ def test_a_large_launchs_interpreter_jobs_run_in_parallel_children(entry: Path, 
     monkeypatch.setattr(dynamic, "run_jobs", counted)
     monkeypatch.setattr(dynamic, "_available_memory", lambda: 1 << 40)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _p: {0, 1})
-    report = verify(original, new, record, device="cpu", seeds=1)
+    told: list[str] = []  # progress: each check as it ends, from the runner's threads
+    report = verify(original, new, record, device="cpu", seeds=1, on_check=lambda c: told.append(c.name + c.level))
     interpreted = [c for c in report.checks if c.name.startswith("interpreter")]
     assert children == [len(interpreted) // 2 + len(interpreted) % 2, len(interpreted) // 2], children
+    assert sorted(t for t in told if t.startswith("interpreter")) == sorted(c.name + c.level for c in interpreted)
     # the planned order: each level's input sets, TTIR first
     assert [c.level for c in interpreted] == sorted((c.level for c in interpreted), key=["ttir", "ttgir"].index)
     assert all(c.verdict == "pass" and c.seconds for c in interpreted) and report.verdict is Verdict.EQUIVALENT
