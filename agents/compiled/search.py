@@ -654,16 +654,17 @@ def _accepted(engine: Engine, base: str, result: KernelSearch, builds: Mapping[s
     checked_late = False
     while (w := _winner(result.trials, skip=late)) is not None:
         trial, built = result.trials[w], builds[result.trials[w].pipeline]
+        unchecked = "deferred" in (trial.sanitizer, trial.interpreter) and record is not None
+        if unchecked and checked_late and cfg.out_of_time():
+            # one acceptance check may run past the deadline (the time kept back for it); a second would take
+            # the caller's time: a trial accepted already (the first best, `accept_first`) wins
+            trial.reason = (f"{trial.reason}; not accepted: its acceptance check (compute-sanitizer, the "
+                            "interpreter) did not fit the kernel's time")
+            late.append(w)
+            continue
         if siblings and record and not _against_siblings(engine, result, w, built, record, siblings):
             return None  # the fastest candidate lost to another config: a slower one would too
-        if "deferred" in (trial.sanitizer, trial.interpreter) and record:
-            if checked_late and cfg.out_of_time():
-                # one acceptance check may run past the deadline (the time kept back for it); a second would
-                # take the caller's time: a trial accepted already (the first best, `accept_first`) wins
-                trial.reason = (f"{trial.reason}; not accepted: its acceptance check (compute-sanitizer, the "
-                                "interpreter) did not fit the kernel's time")
-                late.append(w)
-                continue
+        if unchecked and record:
             checked_late = checked_late or cfg.out_of_time()
             if not _sanitized(engine, base, built, record, trial, cfg):
                 continue
