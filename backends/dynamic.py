@@ -233,7 +233,8 @@ def interpreter_workers(record: Any, jobs: int, cpus: int | None = None, availab
     size = sum(a.nbytes for a in record.args if getattr(a, "kind", "") == "tensor")
     if jobs <= 1 or size < PARALLEL_INTERP_BYTES:
         return 1
-    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     available = available if available is not None else _available_memory()
     by_memory = int(available // 2 // max(1, INTERP_MEMORY_FACTOR * size))
     return max(1, min(jobs, cpus, by_memory))
