@@ -29,6 +29,7 @@
 #   gpu-tests     the GPU twins still owed (issues 13, 14, 15, 19) but the slow ones, each test in its own pytest
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   e2e-tuned     issue 14: TUNED_DB (a carried tuned database) end to end on TUNED_MODEL, no search (up to 6 min)
+#   templates-01  issue 19: task 01 alone against its baselines, the EVICT teams hinted first (about 4 min)
 #   probe-evict   issue 19: the norm's L2 eviction priorities and prefetches on task 01, pooling's unroll on task 02
 #                 (4 min, no ncu)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
@@ -196,6 +197,11 @@ sys.exit(1 if bad else 0)" ;;
       run e2e-tuned 360 $PY -m kstrata.tools.bench_compiled --results testsuite/results --tag "${TUNED_TAG:-e2e}$SFX" \
         --work "$WORK/e2e-tuned" --models "${TUNED_MODEL:?TUNED_MODEL names the model}" \
         --tuned "${TUNED_DB:?TUNED_DB names the tuned database}" ;;
+    templates-01)
+      # issue 19, task 01 alone against its baselines with the EVICT teams hinted first (on the H100 the 8192 team
+      # ran 355.5 us with EVICT against 469.9 without, 2026-12-07; about 4 min)
+      run templates-01 300 $PY -m kstrata.tools.bench_templates --tasks 01 --tune-s 60 --runs 30 \
+        --total-s "$(lim 250)" --suffix="-evict$SFX" ;;
     probe-evict)
       # issue 19, task 01: the norm's L2 eviction priorities (EVICT) and prefetches (PREFETCH) against the resident
       # team and split without them, then
@@ -219,7 +225,7 @@ sys.exit(1 if bad else 0)" ;;
       # answers joining its kernel searches
       run gpu-ir 540 $PY -m kstrata.tools.gpu_tests --marker "gpu and slow" --per-test-s 500 \
         --log "$WORK/gpu-tests-detail.log" testsuite/tests/test_optimize_ir.py ;;
-    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned probe-evict gpu-tests gpu-ir)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned templates-01 probe-evict gpu-tests gpu-ir)"; status=2 ;;
   esac
   pack
 done
