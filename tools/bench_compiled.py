@@ -810,6 +810,9 @@ def command(
             t_check = time.perf_counter()
             row["recheck"] = _recheck(report)
             print(f"{name}: re-check with fresh seeds {time.perf_counter() - t_check:.1f} s", flush=True)
+            # and again with the re-check: a run cut during the end to end keeps its wrong-result count
+            _write(results, env, [*rows, {**row, "pending": PENDING}], final=False,
+                   seconds=time.perf_counter() - start, tag=tag)
             _measure_end_to_end(row, name, all_tasks, root / safe / "out" / "tuned", root / safe,
                                 partial_writer(results, env, rows, row, start, tag))
         except Exception as exc:  # a failing model is reported, the run goes on
