@@ -447,6 +447,9 @@ def in_program_sol(row: dict[str, Any]) -> dict[str, float]:
 #: What a model's row says when it was written after its search, before its re-check and end to end ended.
 PENDING = ("written after its search; its re-check with fresh seeds and its end to end had not ended then, and "
            "this row is replaced when they end: a file that still says this is from a run cut short")
+#: The same after its re-check, before its end to end ended.
+PENDING_END_TO_END = ("written after its re-check; its end to end had not ended then, and this row is replaced "
+                      "when it ends: a file that still says this is from a run cut short")
 
 
 def target_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
@@ -811,7 +814,7 @@ def command(
             row["recheck"] = _recheck(report)
             print(f"{name}: re-check with fresh seeds {time.perf_counter() - t_check:.1f} s", flush=True)
             # and again with the re-check: a run cut during the end to end keeps its wrong-result count
-            _write(results, env, [*rows, {**row, "pending": PENDING}], final=False,
+            _write(results, env, [*rows, {**row, "pending": PENDING_END_TO_END}], final=False,
                    seconds=time.perf_counter() - start, tag=tag)
             _measure_end_to_end(row, name, all_tasks, root / safe / "out" / "tuned", root / safe,
                                 partial_writer(results, env, rows, row, start, tag))
