@@ -443,6 +443,20 @@ def test_a_row_written_before_its_end_to_end_says_so_instead_of_a_target_not_met
     assert not any("not met" in ln and "gaps/01" in ln for ln in lines)
 
 
+def test_a_row_written_after_its_recheck_counts_its_wrong_results(tmp_path: Path) -> None:
+    """Written again once its re-check ends (a call cut during the end to end keeps the re-check): the row says
+    the end to end is what is missing, and a `different` re-check is a wrong result in the summary."""
+    row = {**_row(58.0), "pending": bench_compiled.PENDING_END_TO_END,
+           "recheck": [{"kernel": SILU, "verdict": "different", "seconds": 12.0}]}
+    del row["end_to_end"]
+    env = {"date": "2026-12-07T00:00:00+00:00", "device": "NVIDIA H100", "torch": "t", "triton": "t", "cuda": "t"}
+    summary = bench_compiled._write(tmp_path, env, [row], final=False, seconds=400.0)
+    assert summary["wrong_results"] == 1 and summary["complete"] is False
+    md = (tmp_path / "compiled-bench-2026-12-07.md").read_text()
+    assert f"- {row['model']}: end to end not measured ({bench_compiled.PENDING_END_TO_END})" in md
+    assert "written after its re-check" in bench_compiled.PENDING_END_TO_END
+
+
 def test_an_end_to_end_cut_after_its_ab_keeps_its_figure_marked_partial(tmp_path: Path) -> None:
     """The results written when the end to end's A/B ends (`partial_writer`), before its census and profiles: the
     model's row has the speedup, says it is partial, and the run is marked incomplete."""
