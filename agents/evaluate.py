@@ -93,7 +93,7 @@ from typing import Any
 
 import torch
 
-from kstrata.backends.child import kill_tree, spawn
+from kstrata.backends.child import host_available_memory, kill_tree, spawn
 from kstrata.backends.timing import Timing
 from kstrata.ir.errors import KstrataError
 
@@ -602,16 +602,6 @@ def run_worker(role: str, task: Path, candidate: Path | None, *, device: str, tr
 # ---------------------------------------------------------------------------------------------------
 # Memory: a plan made before anything runs
 # ---------------------------------------------------------------------------------------------------
-def _host_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -650,7 +640,7 @@ def memory_plan(spec: Any, device: str, trials: int) -> MemoryPlan:
     f64 = bytes64(tensors_in) + out64 + 2 * spec.parameters.bytes
     dev_need = in_b + out_b + f64 + spec.parameters.bytes
     per_trial = out_b + out64
-    avail = _host_available()
+    avail = host_available_memory()
     total: int | None = None
     if device == "cuda" and torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)

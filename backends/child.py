@@ -78,6 +78,17 @@ class ChildResult:
         return f"exit code {self.returncode}" + _last_lines(self.stderr)
 
 
+def host_available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (0 when unknown): what the children started here may use."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _last_lines(text: str, n: int = 3) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return (": " + " | ".join(ln.strip()[:300] for ln in lines[-n:])) if lines else ""

@@ -28,7 +28,7 @@ from typing import Any
 from kstrata.ir.bundle import KernelBundle
 from kstrata.ir.launch import LaunchRecord, TensorArg
 
-from .child import ChildStream, ChildTimeout
+from .child import ChildStream, ChildTimeout, host_available_memory
 from .replay import InputSet
 
 
@@ -235,7 +235,7 @@ def interpreter_workers(record: Any, jobs: int, cpus: int | None = None, availab
         return 1
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    available = available if available is not None else _available_memory()
+    available = available if available is not None else host_available_memory()  # 0: one at a time
     by_memory = int(available // 2 // max(1, INTERP_MEMORY_FACTOR * size))
     return max(1, min(jobs, cpus, by_memory))
 
@@ -244,17 +244,6 @@ def interpreter_workers(record: Any, jobs: int, cpus: int | None = None, availab
 PARALLEL_INTERP_BYTES = 64 << 20
 #: A job's memory as a multiple of its arguments' bytes: the inputs, the original's and the candidate's copies.
 INTERP_MEMORY_FACTOR = 4
-
-
-def _available_memory() -> int:
-    """MemAvailable from /proc/meminfo, in bytes (0 when unknown: then no job runs beside another)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _tail(text: str, lines: int = 4) -> str:

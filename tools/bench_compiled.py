@@ -146,10 +146,11 @@ def _record(name: str, work: Path, all_tasks: bool) -> tuple[Path, Path]:
 
 
 def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
-    """Every winner verified again on the GPU with fresh seeds (redzones, the differential run, determinism);
-    a failure is a wrong result. compute-sanitizer and the CPU interpreter ran on each winner when the search
-    accepted it: at a published size they are minutes (gap task 01's acceptance check took 194 s on an H100,
-    2026-12-07), and three seeds of them here did not fit the call."""
+    """Every winner verified again on the GPU on `seeds` random seeds, 0 to seeds - 1 (the gate ran seed 0; the
+    others are new to it), and the edge inputs (redzones, the differential run, determinism); a failure is a
+    wrong result. compute-sanitizer and the CPU interpreter ran on each winner when the search accepted it: at a
+    published size that check took 194 s on gap task 01 (H100, 2026-12-07), and three seeds of it would be
+    minutes more."""
     from kstrata.agents.engine import Candidate, Engine, PipelineEdit, VerifyOptions, tool_env
 
     rows = []
@@ -170,7 +171,7 @@ def _recheck(report: Any, seeds: int = 3) -> list[dict[str, Any]]:
                              verify=VerifyOptions(seeds=seeds, device="cuda", sanitizer="none", interpreter=False))
             rows.append({"kernel": k["name"], "key": k["key"], "pipeline": t["pipeline"], "verdict": v.verdict.value,
                          "reason": v.reason, "build": built.status, "same_binary": built.binary_digest == t["binary_digest"],
-                         "seconds": round(v.seconds, 1)})
+                         "seconds": round(v.seconds, 1), "seeds": seeds})
     return rows
 
 
@@ -646,8 +647,9 @@ def _write(results: Path, env: dict[str, Any], rows: list[dict[str, Any]], final
                              + (" (" + ", ".join(f"{n} {v:g} s" for n, v in parts.items()) + ")" if parts else ""))
         for c in r.get("recheck", []):
             if c.get("seconds") is not None:
-                lines.append(f"- {r['model']} `{c['kernel']}`: re-check with fresh seeds (GPU differential) "
-                             f"{c['seconds']:g} s, {c['verdict']}")
+                n = c.get("seeds", 3)
+                lines.append(f"- {r['model']} `{c['kernel']}`: re-check on {n} random seeds, {n - 1} new to the gate "
+                             f"(GPU differential) {c['seconds']:g} s, {c['verdict']}")
     for r in rows:  # which config each searched kernel was timed against, and its best against the other configs
         for k in r.get("kernels", []):
             if k.get("configs"):

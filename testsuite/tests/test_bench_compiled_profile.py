@@ -267,7 +267,8 @@ def test_the_markdown_shows_sol_in_the_kernel_table_and_the_in_program_check_und
     md_timed = (tmp_path / "timed" / "compiled-bench-2026-12-04.md").read_text()
     assert (f"- mlp_fp16 `{SILU}`: its search took 205.0 s, of which the winner's acceptance check 193.9 s "
             "(interpreter 140.1 s, compute-sanitizer 38.2 s)") in md_timed
-    assert f"- mlp_fp16 `{SILU}`: re-check with fresh seeds (GPU differential) 21.5 s, equivalent" in md_timed
+    assert (f"- mlp_fp16 `{SILU}`: re-check on 3 random seeds, 2 new to the gate (GPU differential) 21.5 s, "
+            "equivalent") in md_timed
     assert "acceptance check" not in md  # a row without the figures says nothing of them
     assert "0.991x (0.978-1.036; 1 tuned / 2 as Inductor made them)" in md  # the existing end-to-end cell
     assert "| conv_block_fp32 | error: RuntimeError: boom |" in md

@@ -341,13 +341,13 @@ def test_a_task_too_large_for_the_machine_says_so_up_front(monkeypatch: pytest.M
 
     spec = load_task(TASKS_DIR.parent / "tasks_published" / "level1" / "19_ReLU.py").spec
     assert spec.inputs[0].shape == (4096, 393216) and spec.outputs[0].bytes == 4096 * 393216 * 4
-    monkeypatch.setattr(ev, "_host_available", lambda: 32 << 30)
+    monkeypatch.setattr(ev, "host_available_memory", lambda: 32 << 30)
     with pytest.raises(EvalError, match=r"too large for the CPU: .*6\.0 GiB.*32\.0 GiB available"):
         ev.memory_plan(spec, "cpu", 6)
     # on a GPU host with 128 GB: every trial's outputs and float64 copies (2 x 6 x 18 GiB) do not fit, one does
-    monkeypatch.setattr(ev, "_host_available", lambda: 128 << 30)
+    monkeypatch.setattr(ev, "host_available_memory", lambda: 128 << 30)
     assert ev.memory_plan(spec, "cuda", 6).mode == "lockstep"
-    monkeypatch.setattr(ev, "_host_available", lambda: 40 << 30)
+    monkeypatch.setattr(ev, "host_available_memory", lambda: 40 << 30)
     with pytest.raises(EvalError, match="does not fit in host memory"):
         ev.memory_plan(spec, "cuda", 6)
 

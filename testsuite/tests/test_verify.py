@@ -671,7 +671,7 @@ def test_a_large_launchs_interpreter_jobs_run_in_parallel_children(entry: Path, 
         return real(jobs, *args, **kwargs)
 
     monkeypatch.setattr(dynamic, "run_jobs", counted)
-    monkeypatch.setattr(dynamic, "_available_memory", lambda: 1 << 40)
+    monkeypatch.setattr(dynamic, "host_available_memory", lambda: 1 << 40)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _p: {0, 1})
     told: list[str] = []  # progress: each check as it ends, from the runner's threads
     report = verify(original, new, record, device="cpu", seeds=1, on_check=lambda c: told.append(c.name + c.level))
