@@ -30,6 +30,7 @@
 #                 process under its own limit (PER_TEST_S), quick files first, outcome and short traceback logged as each ends (9.5 min)
 #   e2e-tuned     issue 14: TUNED_DB (a carried tuned database) end to end on TUNED_MODEL, no search (up to 6 min)
 #   templates-01  issue 19: task 01 alone against its baselines, the EVICT teams hinted first (about 4 min)
+#   probe-ncu01   issue 19: Nsight Compute on task 01's resident teams and split (about 2 min)
 #   probe-evict   issue 19: the norm's L2 eviction priorities and prefetches on task 01, pooling's unroll on task 02
 #                 (4 min, no ncu)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
@@ -220,12 +221,20 @@ sys.exit(1 if bad else 0)" ;;
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":1}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"AHEAD":1,"UNROLL":1}' ;;
+    probe-ncu01)
+      # issue 19, task 01: why the resident team with EVICT (355-433 us on the H100, 2026-12-07) is not the 2-pass
+      # bound it reads for (about 200 us there): Nsight Compute's speed-of-light, occupancy and warp states of it,
+      # of the team without EVICT and of split's two kernels (about 2 min)
+      run probe-ncu01 240 $PY -m kstrata.tools.template_probe --suffix="-ncu01$SFX" \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16,"EVICT":1}' \
+        '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16}' \
+        '01:norm:{"strategy":"split","GROUP_ROWS":0,"SPLIT":128,"BLOCK":2048,"num_warps":16}' ;;
     gpu-ir)
       # the GPU tests marked slow: the ir space end to end on a small LayerNorm (7 minutes), a model's kernel-level
       # answers joining its kernel searches
       run gpu-ir 540 $PY -m kstrata.tools.gpu_tests --marker "gpu and slow" --per-test-s 500 \
         --log "$WORK/gpu-tests-detail.log" testsuite/tests/test_optimize_ir.py ;;
-    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned templates-01 probe-evict gpu-tests gpu-ir)"; status=2 ;;
+    *) echo "unknown step $step (setup mlp mlp02 groupnorm skills templates templates-ma templates-full ir conv compiled-smoke compiled-models compiled-tasks compiled-gaps compiled-gap01 compiled-gap02 compiled-gap03 e2e-tuned templates-01 probe-evict probe-ncu01 gpu-tests gpu-ir)"; status=2 ;;
   esac
   pack
 done
