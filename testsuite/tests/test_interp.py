@@ -169,6 +169,31 @@ def test_integer_ops_wrap() -> None:
     assert elementwise("arith.addi", "i8", c, c).tolist() == [0, -2, -56, -2]
 
 
+def test_division_by_one_power_of_two_truncates_as_the_general_path() -> None:
+    """A divisor that is the same power of two in every lane (Inductor's `x // 4194304`, `x % 512`) is a shift and
+    a mask; toward zero and with the dividend's sign like any other divisor, on every width's extremes."""
+    def trunc(x: int, y: int) -> int:
+        q = abs(x) // abs(y)
+        return q if (x >= 0) == (y > 0) else -q
+
+    rng = np.random.default_rng(0)
+    for ty, dt in (("i32", np.int32), ("i64", np.int64)):
+        info = np.iinfo(dt)
+        a = np.concatenate([np.array([info.min, info.min + 1, info.max, -1, 0, 1, -4097, 4097], dtype=dt),
+                            rng.integers(info.min, info.max, 56, dtype=dt)])
+        for k in (0, 1, 9, 22, info.bits - 2):
+            b = np.full(a.shape, 1 << k, dtype=dt)
+            q = [trunc(x, 1 << k) for x in a.tolist()]
+            assert elementwise("arith.divsi", ty, a, b).tolist() == q, (ty, k)
+            assert elementwise("arith.remsi", ty, a, b).tolist() == [x - y * (1 << k) for x, y in zip(a.tolist(), q, strict=True)]
+            u = a.astype(dt).view(np.uint32 if dt == np.int32 else np.uint64)
+            assert elementwise("arith.divui", ty, a, b).view(u.dtype).tolist() == (u >> k).tolist(), (ty, k)
+            assert elementwise("arith.remui", ty, a, b).view(u.dtype).tolist() == (u & ((1 << k) - 1)).tolist()
+    # a lane with another divisor: the general path, the same answers
+    a = np.array([-7, 7, -8, 9], dtype=np.int32)
+    assert elementwise("arith.divsi", "i32", a, np.array([4, 4, 4, 3], dtype=np.int32)).tolist() == [-1, 1, -2, 3]
+
+
 def test_unsigned_integer_ops() -> None:
     a = np.array([-1, -8, 7, 2**31], dtype=np.int64).astype(np.int32)
     b = np.array([2, 3, 2, 2], dtype=np.int32)
