@@ -222,8 +222,9 @@ sys.exit(1 if bad else 0)" ;;
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"AHEAD":1,"UNROLL":1}' ;;
     probe-ncu01)
-      # issue 19, task 01: why the resident team with EVICT (355-433 us on the H100, 2026-12-07) is not the 2-pass
-      # bound it reads for (about 200 us there): Nsight Compute's speed-of-light, occupancy and warp states of it,
+      # issue 19, task 01: why the resident team with EVICT (355-433 us on the H100, 2026-12-07) is far from its
+      # estimate for one read and one write (about 570 MB at the H100's measured 2.85 TB/s copy bandwidth: about
+      # 200 us, not measured): Nsight Compute's speed-of-light, occupancy and warp states of it,
       # of the team without EVICT and of split's two kernels (about 2 min)
       run probe-ncu01 240 $PY -m kstrata.tools.template_probe --suffix="-ncu01$SFX" \
         '01:norm:{"strategy":"resident","SPLIT":1,"BLOCK":8192,"num_warps":16,"EVICT":1}' \
