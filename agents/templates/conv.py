@@ -55,6 +55,19 @@ It ran 1438-1762 us against 1423-1541 us for the three launches: the conv tiles'
 The second computed the epilogue in `fmat`'s channels x pixels orientation, with no transposition, and was 5-6%
 slower on both conv tasks (05: 722 against 681 us).
 
+Overlapping the GroupNorm's passes with the convolution (`OVERLAP`, a schedule parameter of the instances with
+a GroupNorm): the conv kernel is compute-bound under strict (04's at 820 us on an H100, the FMA work), the apply
+pass memory-bound (y read and the output written: 1.06 GB on 04, about 275 us at the H200's copy bandwidth), and in
+sequence their times add. With OVERLAP = C the batch runs in C chunks of images: each chunk's conv kernel on the
+caller's stream, then its statistics and apply kernels on a side stream of higher priority, which waits for that
+chunk's convolution only, so they run while the next chunk's convolution does (the SMs take the side stream's
+programs first as conv programs retire); the caller's stream waits for the side stream before the forward
+returns (what the evaluator's timer records includes every pass). Each chunk's kernels take views from the
+chunk's first image (every offset inside them is relative). It needs the pointwise operands not to vary along the
+batch (`_overlap_refusal`). On the CPU the chunks run one after another, and the results are the same bits as
+OVERLAP 1. Not yet timed on a GPU: whether the apply programs find room beside the conv programs (at 168 registers
+six 64-thread conv programs fill an SM's register file) is what the next GPU run decides.
+
 Does not apply (the reason is reported): 1-D / 3-D and transposed convolutions, groups > 1 (a grouped
 convolution is `groups` block-diagonal GEMMs, each K = C_in / groups deep: another grid axis and weight
 indexing this kernel does not have), an asymmetric `padding='same'`, a batch above a grid axis' 65535,
@@ -127,6 +140,39 @@ FMA_STRATEGIES = ("fma", "fmat")
 #: kernel takes the smallest.
 NORM_BLOCKS = (1024, 2048, 4096)
 NORM_BLOCK = NORM_BLOCKS[0]
+#: `OVERLAP` (instances with a GroupNorm; 1: off) splits the batch into that many chunks of images: the conv kernel
+#: runs chunk after chunk on the caller's stream, and each chunk's statistics and apply kernels run on a side
+#: stream of higher priority once its convolution is done, beside the next chunk's (the module docstring).
+OVERLAPS = (1, 2, 4, 8)
+
+OVERLAP_HELPER = '''
+import contextlib
+
+_KSTRATA_SIDE = {}
+
+
+def _kstrata_side(t):
+    """The side stream a chunk's GroupNorm passes run on while the next chunk's convolution runs: of higher
+    priority than the caller's, so that the SMs take its programs as the convolution's retire. None on the CPU,
+    where the chunks run one after another."""
+    if not t.is_cuda:
+        return None
+    s = _KSTRATA_SIDE.get(t.device)
+    if s is None:
+        s = _KSTRATA_SIDE[t.device] = torch.cuda.Stream(t.device, priority=-1)
+    return s
+
+
+@contextlib.contextmanager
+def _kstrata_after(side):
+    """Launch on `side`, after everything the caller's stream has queued so far (nothing changes on the CPU)."""
+    if side is None:
+        yield
+        return
+    side.wait_stream(torch.cuda.current_stream(side.device))
+    with torch.cuda.stream(side):
+        yield
+'''
 
 
 @dataclass(frozen=True)
@@ -258,6 +304,19 @@ def _norm_of(chain: Chain, cv: Conv) -> int | None:
     return g
 
 
+def _overlap_refusal(chain: Chain) -> str | None:
+    """Why the batch cannot be split into chunks of images (`OVERLAP`), None when it can: a GroupNorm to overlap,
+    and no operand of the pointwise ops that varies along the batch (a chunk's kernels index its operands from
+    the chunk's first image)."""
+    if chain.core is None:
+        return "no GroupNorm: nothing to overlap the convolution with"
+    rank = len(chain.out_shape)
+    for leaf in chain.leaves:
+        if len(leaf.shape) == rank and leaf.shape[0] != 1:
+            return f"{leaf.name} varies along the batch"
+    return None
+
+
 def _dot_precision(dtype: str, policy: str, strategy: str = "dot") -> str:
     if dtype != "float32":
         return ""
@@ -290,7 +349,8 @@ def space(chain: Chain) -> tuple[tuple[tuple[str, tuple[object, ...]], ...], tup
                                                ("MAXNREG", 0), ("PREFETCH", 0))
     if _norm_of(chain, cv) is None:
         return SPACE, default
-    return (*SPACE, ("NORM_BLOCK", NORM_BLOCKS)), (*default, ("NORM_BLOCK", NORM_BLOCK))
+    return ((*SPACE, ("NORM_BLOCK", NORM_BLOCKS), ("OVERLAP", OVERLAPS)),
+            (*default, ("NORM_BLOCK", NORM_BLOCK), ("OVERLAP", 1)))
 
 
 def valid(chain: Chain, p: Params) -> bool:
@@ -304,6 +364,8 @@ def valid(chain: Chain, p: Params) -> bool:
     if bm * bn > ACC_PER_THREAD * 32 * p["num_warps"]:
         return False
     if p.get("NORM_BLOCK", NORM_BLOCK) > max(NORM_BLOCK, next_pow2(cv.hw)):  # a block past the plane's power of two
+        return False
+    if p.get("OVERLAP", 1) > 1 and (p["OVERLAP"] > cv.n or _overlap_refusal(chain) is not None):
         return False
     if p["strategy"] in SPLIT_STRATEGIES and cv.dtype != "float32":
         return False  # a split of fp32 operands; fp16/bf16 ones go to the tensor cores as they are (`dot`)
@@ -337,7 +399,10 @@ def hints(chain: Chain) -> list[Params]:
 
     first = {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
              "MAXNREG": 168 if _norm_of(chain, cv) else 0}
-    return [first,
+    # with a GroupNorm, the first again with the batch in 8 chunks, each chunk's passes beside the next one's
+    # convolution (`OVERLAP`; not yet timed); dropped where not valid
+    overlap = [{**first, "OVERLAP": 8}] if _norm_of(chain, cv) else []
+    return [first, *overlap,
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},
@@ -592,18 +657,41 @@ def _conv_kernel(x_ptr, w_ptr, out_ptr, {bias_sig}{part_sig}{lsig}sxn: tl.conste
              "UPCAST=x_in.device.type == 'cpu'" if params["strategy"] in SPLIT_STRATEGIES else upcast("x_in", cv.dtype)]
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": params["BLOCK_K"], "num_warps": params["num_warps"],
             "num_stages": params["num_stages"], **({"maxnreg": params["MAXNREG"]} if params["MAXNREG"] else {})}
-    fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))
+    chunks = params.get("OVERLAP", 1)
+    if not groups or chunks == 1:
+        fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {cv.n})", args, meta))
     if groups:
         src += _norm_kernels(chain, cv, gt, params["NORM_BLOCK"], lsig, out_t, it)
         core = chain.core
         assert core is not None
         affine = [f"self.{a.target}" for a in core.args[1:3] if a is not None]
-        fwd.append(f"stats = torch.empty(({cv.n * groups * 2},), device=x_in.device, dtype=torch.float32)")
-        fwd.append(launch("_conv_gn_stats_kernel", f"({cv.n * groups},)", ["part", "stats"],
-                          {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * gt.spans)), "num_warps": 4}))
         nblock = params["NORM_BLOCK"]
-        fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co * cdiv(hw, nblock)},)",
-                          ["out", "stats", *affine, *leaf_vals], {"BLOCK": nblock, "num_warps": nblock // 256}))
+        stats_meta = {"BLOCK": min(NORM_BLOCK, next_pow2(tiles_m * gt.spans)), "num_warps": 4}
+        apply_meta = {"BLOCK": nblock, "num_warps": nblock // 256}
+        fwd.append(f"stats = torch.empty(({cv.n * groups * 2},), device=x_in.device, dtype=torch.float32)")
+        if chunks == 1:
+            fwd.append(launch("_conv_gn_stats_kernel", f"({cv.n * groups},)", ["part", "stats"], stats_meta))
+            fwd.append(launch("_conv_gn_apply_kernel", f"({cv.n * co * cdiv(hw, nblock)},)",
+                              ["out", "stats", *affine, *leaf_vals], apply_meta))
+        else:
+            # a chunk's kernels see its images only: views from the chunk's first image (every offset in the
+            # kernels is relative to their bases; `part`'s statistic stride stays the whole batch's). Unrolled, so
+            # that every launch has a literal grid.
+            src.append(OVERLAP_HELPER)
+            fwd.append("side = _kstrata_side(x_in)")
+            for i in range(chunks):
+                i0, i1 = i * cv.n // chunks, (i + 1) * cv.n // chunks
+                view = {"x_in": f"x_in[{i0}:{i1}]", "out": f"out[{i0}:{i1}]", "part": f"part[:, {i0}:{i1}]"}
+                st = f"stats[{i0 * 2 * groups}:{i1 * 2 * groups}]"
+                fwd.append(launch("_conv_kernel", f"({tiles_m * tiles_n}, {i1 - i0})", [view.get(a, a) for a in args],
+                                  meta))
+                fwd.append("with _kstrata_after(side):  # this chunk's passes, beside the next chunk's convolution")
+                fwd.append("    " + launch("_conv_gn_stats_kernel", f"({(i1 - i0) * groups},)", [view["part"], st],
+                                           stats_meta))
+                fwd.append("    " + launch("_conv_gn_apply_kernel", f"({(i1 - i0) * co * cdiv(hw, nblock)},)",
+                                           [view["out"], st, *affine, *leaf_vals], apply_meta))
+            fwd.append("if side is not None:  # the caller's stream waits for the last chunk's passes")
+            fwd.append("    torch.cuda.current_stream(x_in.device).wait_stream(side)")
     fwd.append("return out")
     return Kernel(NAME, policy, description(chain), params, src, fwd)
 

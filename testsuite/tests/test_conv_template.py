@@ -128,7 +128,9 @@ GN_VARIANTS: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
                              body="self.gn(torch.sigmoid(self.conv(x) * 0.5))"),
      [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16},
       {"strategy": "fma", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
-      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}]),
+      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1},
+      # the batch of 3 in chunks of 1 and 2 images (`OVERLAP`)
+      {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "OVERLAP": 2}]),
     ("c36-g1-spans3", dict(ci=2, co=36, groups=1, padding=0, affine=False, n=2, h=7, w=9, dtype="float32",
                            body="self.gn(self.conv(x) + 1.0)"), [{"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16}]),
     ("plane1156-normblock", dict(ci=1, co=8, groups=2, padding=0, affine=True, n=2, h=36, w=36, dtype="float32",
@@ -148,7 +150,9 @@ GAP_CASES: list[tuple[str, dict[str, int], list[dict[str, Any]]]] = [
       {"strategy": "fmat", "BLOCK_M": 128, "num_warps": 4, "num_stages": 1},
       {"strategy": "tf32x3", "BLOCK_M": 64, "BLOCK_K": 32},
       {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "MAXNREG": 168,
-       "PREFETCH": 1}]),
+       "PREFETCH": 1},
+      {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "MAXNREG": 168,
+       "OVERLAP": 2}]),
     ("05_conv_relu_hardswish_fp32.py", {"batch": 2, "height": 9, "width": 11},
      [{}, {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64}, {"strategy": "fma", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
       {"strategy": "fmat", "BLOCK_M": 64, "num_warps": 2, "num_stages": 1},
@@ -217,6 +221,7 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
         gn = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][1]
         fmat = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][3]
         straddle = jobs["gn-c48-g2-straddle"][0]
+        overlap = jobs["gap-04_conv_add_scale_sigmoid_groupnorm_fp32.py"][6]
         planted = [
             (dot, "ih = ih0[:, None] + ((r // 3) * 1)[None, :]", "ih = ih0[:, None] + (tl.minimum(r // 3, 1) * 1)[None, :]"),
             (fma, "for t in tl.static_range(9):", "for t in tl.static_range(8):"),
@@ -229,6 +234,8 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict
             (fmat, "d3 = tl.where(mask3, v3 - gm0[:, None, None], 0.0)", "d3 = v3 - gm0[:, None, None]"),
             # a group's statistics from its first channel tile only (24 channels a group over tiles of 16)
             (straddle, "(t <= ((g + 1) * 24 - 1) // 16)", "(t <= g * 24 // 16)"),
+            # the second chunk of images normalized with the first one's statistics
+            (overlap, "](out[1:2], stats[16:32]", "](out[1:2], stats[0:16]"),
         ]
         bad = []
         for job, old, new in planted:
@@ -262,7 +269,7 @@ def test_gap_tasks_match_conv_beside_the_templates_that_leave_it_to_cudnn() -> N
     assert "prologue sigmoid(mul(add(x, bias), scale)) and group_norm (8 groups) partial statistics" in m.description
     assert m.default_params() == {"strategy": "dot", "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
                                   "num_stages": 2, "MAXNREG": 0, "PREFETCH": 0,
-                                  "NORM_BLOCK": 1024}  # K = 72: 16-deep steps pad it to 80
+                                  "NORM_BLOCK": 1024, "OVERLAP": 1}  # K = 72: 16-deep steps pad it to 80
     assert m.schedule_space()["NORM_BLOCK"] == (1024, 2048, 4096)
     src = m.render()
     assert 'tl.dot(a, b, acc, input_precision="ieee")' in src and "allow_tf32 = False" in src
@@ -322,10 +329,40 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert m.hint_params()[0]["MAXNREG"] == 0
     m04 = next(x for x in match(load_task(GAPS / "04_conv_add_scale_sigmoid_groupnorm_fp32.py")) if x.template == "conv")
     assert m04.hint_params()[0]["MAXNREG"] == 168 and "maxnreg=168" in m04.render(m04.hint_params()[0])
+    # with a GroupNorm: the batch in chunks whose passes run beside the next chunk's convolution (`OVERLAP`)
+    assert "OVERLAP" not in m.schedule_space() and m04.schedule_space()["OVERLAP"] == (1, 2, 4, 8)
+    assert m04.default_params()["OVERLAP"] == 1 and m04.hint_params()[1] == {**m04.hint_params()[0], "OVERLAP": 8}
+    d04 = m04.default_params()
+    assert m04._valid({**d04, "OVERLAP": 8})
+    src = m04.render({**d04, "OVERLAP": 8})
+    assert [g for k, g in re.findall(r"(_conv_kernel)\[(\([0-9, ]*\))\]", src)] == ["(505, 8)"] * 8  # 505 tiles of 128 pixels
+    assert "_conv_gn_apply_kernel[(16384,)](out[56:64], stats[896:1024]" in src  # 8 images x 32 planes x 64 blocks
+    assert "torch.cuda.current_stream(x_in.device).wait_stream(side)" in src
     assert not m._valid({**d, "strategy": "fmat", "num_stages": 1, "BLOCK_M": 64})  # the fma rules hold for fmat
     configs = m.configs()
     assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) > 50
     assert all(m._valid(c) for c in configs)
+
+
+def test_overlap_needs_images_to_chunk_and_operands_that_do_not_vary_along_the_batch(tmp_path: Path) -> None:
+    from kstrata.agents.templates.conv import _overlap_refusal
+
+    fields = dict(ci=2, co=8, groups=2, padding=1, affine=True, n=3, h=6, w=5, dtype="float32",
+                  body="self.gn(self.conv(x)) * self.pos")
+
+    def conv_match(batch_of_pos: int) -> Any:
+        path = _gn_task(tmp_path, f"pos{batch_of_pos}", fields)
+        path.write_text(path.read_text().replace(
+            "        self.gn =", f"        self.pos = nn.Parameter(torch.rand({batch_of_pos}, 8, 6, 5))\n        self.gn =", 1))
+        return _conv_match(path)
+
+    shared = conv_match(1)
+    d = shared.default_params()
+    assert shared._valid({**d, "OVERLAP": 2}) and not shared._valid({**d, "OVERLAP": 4})  # 3 images: at most 3 chunks
+    per_image = conv_match(3)
+    assert not per_image._valid({**d, "OVERLAP": 2}) and per_image._valid({**d, "OVERLAP": 1})
+    assert _overlap_refusal(per_image.chain) == "pos varies along the batch"
+    assert _overlap_refusal(shared.chain) is None
 
 
 def test_rejections_say_why(tmp_path: Path) -> None:
@@ -448,6 +485,11 @@ def test_prefetch_is_for_the_fma_strategies_and_few_taps(tmp_path: Path) -> None
 @pytest.mark.parametrize("name", [v[0] for v in GN_VARIANTS])
 def test_conv_with_fused_groupnorm_statistics(interpreted: dict[str, Any], name: str) -> None:
     _assert_all_pass(interpreted["gn-" + name])
+    if name == "c48-g2-straddle":  # in chunks of images (`OVERLAP`): the same kernels, the same bits
+        whole, chunked = interpreted["gn-" + name][0], interpreted["gn-" + name][3]
+        assert (chunked["max_abs"], chunked["rel_l2"]) == (whole["max_abs"], whole["rel_l2"])
+        assert [x["kernel"] for x in chunked["launches"]] == ["_conv_kernel", "_conv_gn_stats_kernel",
+                                                              "_conv_gn_apply_kernel"] * 2
 
 
 @pytest.mark.slow
@@ -459,7 +501,7 @@ def test_gap_tasks_at_reduced_sizes(interpreted: dict[str, Any], name: str) -> N
 
 @pytest.mark.slow
 def test_the_check_rejects_a_wrong_convolution(interpreted: dict[str, Any]) -> None:
-    assert [r["ok"] for r in interpreted["planted"]] == [False] * 8, interpreted["planted"]
+    assert [r["ok"] for r in interpreted["planted"]] == [False] * 9, interpreted["planted"]
 
 
 @pytest.mark.slow
@@ -555,7 +597,7 @@ def test_gap_tasks_at_medium_size_on_gpu(tmp_path: Path, name: str) -> None:
 def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     """Gap task 04 at a quarter of its batch: two runs of the fused conv + GroupNorm give the same bits (no
     atomics; the partials combined in a fixed order), for the default, the first three hints (the first with and
-    without PREFETCH, channels x pixels) and the widest NORM_BLOCK."""
+    without PREFETCH, channels x pixels), the widest NORM_BLOCK and the batch in chunks (`OVERLAP`)."""
     import torch
 
     from kstrata.agents.tasks import import_task_module
@@ -563,7 +605,8 @@ def test_conv_groupnorm_is_deterministic_on_gpu(tmp_path: Path) -> None:
     task = _shrunk(tmp_path, "04_conv_add_scale_sigmoid_groupnorm_fp32.py", {"batch": 4})
     m = _conv_match(task)
     mod = import_task_module(task)
-    for i, params in enumerate([{}, *m.hint_params()[:3], {"NORM_BLOCK": 4096}]):
+    # and the first hint with the batch in 4 chunks on two streams (`OVERLAP`: the 8 of the hints needs 8 images)
+    for i, params in enumerate([{}, *m.hint_params()[:3], {"NORM_BLOCK": 4096}, {**m.hint_params()[0], "OVERLAP": 4}]):
         cand = tmp_path / f"model_new_det_{i}.py"
         cand.write_text(m.render(params))
         torch.manual_seed(0)
