@@ -116,7 +116,8 @@ def _broadcast(r: Arr, a: Arr, b: Arr) -> Arr:
 def _shifted_quotient(a: Arr, k: int) -> Arr:
     """a / 2**k toward zero: a negative dividend is biased by 2**k - 1 before the arithmetic shift."""
     bias = (a >> (a.dtype.itemsize * 8 - 1)) & a.dtype.type((1 << k) - 1) if a.dtype.kind == "i" else 0
-    return (a + bias) >> a.dtype.type(k)
+    q: Arr = (a + bias) >> a.dtype.type(k)
+    return q
 
 
 def _divsi(a: Arr, b: Arr) -> Arr:
