@@ -31,6 +31,8 @@
 #   e2e-tuned     issue 14: TUNED_DB (a carried tuned database) end to end on TUNED_MODEL, no search (up to 6 min)
 #   templates-01  issue 19: task 01 alone against its baselines, the EVICT teams hinted first (about 4 min)
 #   probe-ncu01   issue 19: Nsight Compute on task 01's resident teams and split (about 2 min)
+#   probe-overlap issue 19: task 04's conv + GroupNorm with its passes beside the next chunk's convolution (OVERLAP
+#                 2, 4, 8) against the same schedule in sequence (about 3 min, no ncu)
 #   probe-evict   issue 19: the norm's L2 eviction priorities and prefetches on task 01, pooling's unroll on task 02
 #                 (4 min, no ncu)
 #   gpu-ir        the slow GPU tests: the ir space end to end with a model's kernel answers (issues 13, 15; 9 min)
@@ -221,6 +223,15 @@ sys.exit(1 if bad else 0)" ;;
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":1}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"AHEAD":1,"UNROLL":1}' ;;
+    probe-overlap)
+      # issue 19, task 04: the conv template's GroupNorm passes beside the next chunk's convolution (OVERLAP, built
+      # 2026-12-07 and not yet timed) against the same schedule in sequence; the first hint (fmat 256x16, 2 warps,
+      # 168 registers), forward medians with L2 flushed, no ncu (about 3 min)
+      run probe-overlap 240 $PY -m kstrata.tools.template_probe --no-ncu --suffix="-overlap$SFX" \
+        '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168}' \
+        '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168,"OVERLAP":2}' \
+        '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168,"OVERLAP":4}' \
+        '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168,"OVERLAP":8}' ;;
     probe-ncu01)
       # issue 19, task 01: why the resident team with EVICT (355-433 us on the H100, 2026-12-07) is far from its
       # estimate for one read and one write (about 570 MB at the H100's measured 2.85 TB/s copy bandwidth: about
