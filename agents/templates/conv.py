@@ -57,16 +57,19 @@ slower on both conv tasks (05: 722 against 681 us).
 
 Overlapping the GroupNorm's passes with the convolution (`OVERLAP`, a schedule parameter of the instances with
 a GroupNorm): the conv kernel is compute-bound under strict (04's at 820 us on an H100, the FMA work), the apply
-pass memory-bound (y read and the output written: 1.06 GB on 04, about 275 us at the H200's copy bandwidth), and in
-sequence their times add. With OVERLAP = C the batch runs in C chunks of images: each chunk's conv kernel on the
-caller's stream, then its statistics and apply kernels on a side stream of higher priority, which waits for that
-chunk's convolution only, so they run while the next chunk's convolution does (the SMs take the side stream's
-programs first as conv programs retire); the caller's stream waits for the side stream before the forward
-returns (what the evaluator's timer records includes every pass). Each chunk's kernels take views from the
-chunk's first image (every offset inside them is relative). It needs the pointwise operands not to vary along the
-batch (`_overlap_refusal`). On the CPU the chunks run one after another, and the results are the same bits as
-OVERLAP 1. Not yet timed on a GPU: whether the apply programs find room beside the conv programs (at 168 registers
-six 64-thread conv programs fill an SM's register file) is what the next GPU run decides.
+pass memory-bound (y read and the output written: 1.06 GB on 04, about 275 us at the H200's copy bandwidth, an
+estimate from sizes), and in sequence their times add. With OVERLAP = C the batch runs in C chunks of images: each
+chunk's conv kernel on the caller's stream, then its statistics and apply kernels on a side stream of higher
+priority, which waits for that chunk's convolution only, so that they can run while the next chunk's convolution
+does (the priority asks the block scheduler to start the side stream's programs first as conv programs retire).
+The caller's stream waits for the side stream before the forward returns, so what the evaluator's timer records
+includes every pass, and the buffers the side stream uses (`out`, the partials, the statistics, all allocated on
+the caller's stream) are freed only after it. Each chunk's kernels take views from the chunk's first image (every
+offset inside them is relative). It needs the pointwise operands not to vary along the batch (`_overlap_refusal`).
+On the CPU the chunks run one after another, and the results are the same bits as OVERLAP 1 (tested). Not yet timed
+on a GPU: whether the apply programs find room beside the conv programs (at 168 registers six 64-thread conv
+programs fill an SM's register file) and whether the chunks' tails cost more than the overlap gives is what the
+next GPU run (`gpu_owed.sh probe-overlap`) decides.
 
 Does not apply (the reason is reported): 1-D / 3-D and transposed convolutions, groups > 1 (a grouped
 convolution is `groups` block-diagonal GEMMs, each K = C_in / groups deep: another grid axis and weight
