@@ -400,11 +400,12 @@ def hints(chain: Chain) -> list[Params]:
     def warps(bm: int, acc: int) -> int:
         return max([w for w in (2, 4, 8) if bm * bn >= acc * 32 * w], default=2)
 
+    groups = _norm_of(chain, cv)
     first = {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
-             "MAXNREG": 168 if _norm_of(chain, cv) else 0}
+             "MAXNREG": 168 if groups else 0}
     # with a GroupNorm, the first again with the batch in 8 chunks, each chunk's passes beside the next one's
     # convolution (`OVERLAP`; not yet timed); dropped where not valid
-    overlap = [{**first, "OVERLAP": 8}] if _norm_of(chain, cv) else []
+    overlap = [{**first, "OVERLAP": 8}] if groups else []
     return [first, *overlap,
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
