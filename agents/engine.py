@@ -85,7 +85,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -1109,22 +1109,28 @@ class Engine:
 
     # -- measure ----------------------------------------------------------------------------------
     def measure(self, original: str, built: BuildResult, launches: Sequence[str | Path] = (),
-                budget: Budget | None = None, *, original_launches: Sequence[str | Path] = ()) -> Measurement:
+                budget: Budget | None = None, *, original_launches: Sequence[str | Path] = (),
+                declared_tolerance: str | None = None) -> Measurement:
         """Time `built` against `original` on the GPU (see the module docstring). `original_launches`: the
         original's own launch record, when it is another config of the kernel (other block sizes and grid,
         Inductor's autotuning): each binary then runs on its own record, and outputs need not be identical
         (the candidate's equivalence to its own original is the gate's business); by default both run on
-        `launches[0]`."""
+        `launches[0]`. `declared_tolerance`: the tolerance the candidate's passes declare (`Candidate.tolerance`,
+        which its gate judged it under): different bytes on the same replay are then expected, not a suspicion
+        (a `num-warps` rewrite of a reduction sums in another order)."""
         budget = budget or Budget()
         if built.status != "changed":
             return Measurement("skipped", f"nothing to time: the build is {built.status}")
         memo = (original, built.binary_digest or "", tuple(str(Path(p).resolve()) for p in launches),
                 tuple(str(Path(p).resolve()) for p in original_launches))
-        if memo in self._timings:
-            return self._timings[memo]
-        result = self._measure(original, built, launches, budget, original_launches)
-        if result.status == "timed":
-            self._timings[memo] = result
+        result = self._timings.get(memo)
+        if result is None:
+            result = self._measure(original, built, launches, budget, original_launches)
+            if result.status == "timed":
+                self._timings[memo] = result
+        if declared_tolerance and result.status == "timed":  # per call: the memo is the binary's, not the pipeline's
+            detail = {**result.detail, "declared_tolerance": declared_tolerance}
+            result = replace(result, detail=detail, suspicious=tuple(suspicious_reasons(detail)))
         return result
 
     def _measure(self, original: str, built: BuildResult, launches: Sequence[str | Path], budget: Budget,

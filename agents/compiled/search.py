@@ -457,7 +457,8 @@ def search_kernel(engine: Engine, base: str, kernel_name: str, entry: str, targe
             if trial.status in ("equivalent", "unproven"):
                 if result.mode == "measured" and trial.status == "equivalent" and record:
                     t_measure = time.perf_counter()
-                    m = engine.measure(base, built, [record], Budget(best_us=best_us))
+                    m = engine.measure(base, built, [record], Budget(best_us=best_us),
+                                       declared_tolerance=trial.tolerance)
                     trial.phase_seconds["measure"] = round(time.perf_counter() - t_measure, 3)
                     if m.status == "timed" and m.speedup:
                         trial.measured = True
