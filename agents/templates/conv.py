@@ -66,10 +66,11 @@ The caller's stream waits for the side stream before the forward returns, so wha
 includes every pass, and the buffers the side stream uses (`out`, the partials, the statistics, all allocated on
 the caller's stream) are freed only after it. Each chunk's kernels take views from the chunk's first image (every
 offset inside them is relative). It needs the pointwise operands not to vary along the batch (`_overlap_refusal`).
-On the CPU the chunks run one after another, and the results are the same bits as OVERLAP 1 (tested). Not yet timed
-on a GPU: whether the apply programs find room beside the conv programs (at 168 registers six 64-thread conv
-programs fill an SM's register file) and whether the chunks' tails cost more than the overlap gives is what the
-next GPU run (`gpu_owed.sh probe-overlap`) decides.
+On the CPU the chunks run one after another, and the results are the same bits as OVERLAP 1 (tested). Timed on
+04 (H100, 2026-12-08, `template-probe-2026-12-08-overlap.md`, the first hint, forward medians with L2 flushed):
+in sequence 1311 us (conv kernel 814, apply 378), in 2 chunks 1389, 4 chunks 1456, 8 chunks 1846. The apply
+pass is not hidden: its kernels took as long (383-393 us) and the conv kernels more (1031-1141 us summed over the
+chunks, their smaller grids ending in tails), so it stays in the space, unhinted.
 
 Does not apply (the reason is reported): 1-D / 3-D and transposed convolutions, groups > 1 (a grouped
 convolution is `groups` block-diagonal GEMMs, each K = C_in / groups deep: another grid axis and weight
@@ -403,10 +404,9 @@ def hints(chain: Chain) -> list[Params]:
     groups = _norm_of(chain, cv)
     first = {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1,
              "MAXNREG": 168 if groups else 0}
-    # with a GroupNorm, the first again with the batch in 8 chunks, each chunk's passes beside the next one's
-    # convolution (`OVERLAP`; not yet timed); dropped where not valid
-    overlap = [{**first, "OVERLAP": 8}] if groups else []
-    return [first, *overlap,
+    # (`OVERLAP`, the batch in chunks whose passes run beside the next chunk's convolution, is not hinted: slower
+    # at 2, 4 and 8 chunks on 04, H100 2026-12-08)
+    return [first,
             {"strategy": "fmat", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 64), "num_stages": 1},
             {"strategy": "fma", "BLOCK_M": 256, "BLOCK_N": bn, "num_warps": warps(256, 128), "num_stages": 1},
             {"strategy": "fmat", "BLOCK_M": 128, "BLOCK_N": bn, "num_warps": warps(128, FMA_MIN_ACC), "num_stages": 1},

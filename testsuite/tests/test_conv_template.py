@@ -331,7 +331,8 @@ def test_schedule_space_rules_out_what_cannot_run() -> None:
     assert m04.hint_params()[0]["MAXNREG"] == 168 and "maxnreg=168" in m04.render(m04.hint_params()[0])
     # with a GroupNorm: the batch in chunks whose passes run beside the next chunk's convolution (`OVERLAP`)
     assert "OVERLAP" not in m.schedule_space() and m04.schedule_space()["OVERLAP"] == (1, 2, 4, 8)
-    assert m04.default_params()["OVERLAP"] == 1 and m04.hint_params()[1] == {**m04.hint_params()[0], "OVERLAP": 8}
+    # in the space, unhinted: slower in 2, 4 and 8 chunks than in sequence on 04 (H100, 2026-12-08)
+    assert m04.default_params()["OVERLAP"] == 1 and all(h.get("OVERLAP", 1) == 1 for h in m04.hint_params())
     d04 = m04.default_params()
     assert m04._valid({**d04, "OVERLAP": 8})
     src = m04.render({**d04, "OVERLAP": 8})
