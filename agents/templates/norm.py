@@ -21,7 +21,13 @@ Strategies (`strategy` in the schedule):
   exact two-pass (count, mean, M2) published, the team's combined by Chan's formula in a fixed order (the
   same result every run), the chunk normalized from registers and stored. The input is read once and written
   once; teams are as many as the compiled kernel's occupancy keeps resident (`codegen.RESIDENT_HELPER`).
-  Where not even one team fits (and on the CPU) the `split` kernels run with the same chunks.
+  Where not even one team fits (and on the CPU) the `split` kernels run with the same chunks. On LayerNorm's
+  4M-element rows (gap task 01) no team fits an H100 or H200: ptxas gives the kernel 128 registers a thread at
+  8192 values a program (16 or 8 warps; 16384 at 16 warps too), one or two programs an SM, 132-264 resident
+  against teams of 256-512 (compiled for cuda:90 on the CPU, 2026-12-08), and Nsight Compute's run on an H100
+  (2026-12-08, `template-probe-2026-12-08-ncu01.md`) shows `split`'s two kernels where the resident schedules
+  were asked for. The `resident` figures on that task in this docstring and the results are `split`'s at the
+  resident schedule's chunk.
 - `stream` (GPU only): one persistent kernel; teams of SPLIT programs take a segment at a time, at most
   GROUP_ROWS teams (rows in flight; 0: as many as stay resident). A member streams its chunk (any size, in
   BLOCK pieces) for `split`'s lane-wise partials, the team exchanges them as `resident` does, and the member
