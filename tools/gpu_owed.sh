@@ -224,9 +224,9 @@ sys.exit(1 if bad else 0)" ;;
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"UNROLL":2}' \
         '02:pool2d:{"BLOCK_H":32,"BLOCK_W":256,"num_warps":4,"AHEAD":1,"UNROLL":1}' ;;
     probe-overlap)
-      # issue 19, task 04: the conv template's GroupNorm passes beside the next chunk's convolution (OVERLAP, built
-      # 2026-12-07 and not yet timed) against the same schedule in sequence; the first hint (fmat 256x16, 2 warps,
-      # 168 registers), forward medians with L2 flushed, no ncu (about 3 min)
+      # issue 19, task 04: the conv template's GroupNorm passes beside the next chunk's convolution (OVERLAP)
+      # against the same schedule in sequence; the first hint (fmat 256x16, 2 warps, 168 registers), forward
+      # medians with L2 flushed, no ncu (about 3 min; H100 2026-12-08: 1311 us in sequence, 1389-1846 in chunks)
       run probe-overlap 240 $PY -m kstrata.tools.template_probe --no-ncu --suffix="-overlap$SFX" \
         '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168}' \
         '04:conv:{"strategy":"fmat","BLOCK_M":256,"BLOCK_N":16,"num_warps":2,"num_stages":1,"MAXNREG":168,"OVERLAP":2}' \
