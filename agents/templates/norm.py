@@ -27,7 +27,7 @@ Strategies (`strategy` in the schedule):
   against teams of 256-512 (compiled for cuda:90 on the CPU, 2026-12-08), and Nsight Compute's run on an H100
   (2026-12-08, `template-probe-2026-12-08-ncu01.md`) shows `split`'s two kernels where the resident schedules
   were asked for. The `resident` figures on that task in this docstring and the results are `split`'s at the
-  resident schedule's chunk.
+  resident schedule's chunk (on the H200 by inference: the same cubin, SM count and register file).
 - `stream` (GPU only): one persistent kernel; teams of SPLIT programs take a segment at a time, at most
   GROUP_ROWS teams (rows in flight; 0: as many as stay resident). A member streams its chunk (any size, in
   BLOCK pieces) for `split`'s lane-wise partials, the team exchanges them as `resident` does, and the member
