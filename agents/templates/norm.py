@@ -33,7 +33,7 @@ Strategies (`strategy` in the schedule):
   BLOCK pieces) for `split`'s lane-wise partials, the team exchanges them as `resident` does, and the member
   streams its chunk again to normalize it, from L2 where it was just read: one launch, DRAM read about once,
   where `resident` is limited to 64 values a thread in registers (on the H200, 2026-12-04, LayerNorm's 4M-element
-  rows: resident 241 us, 59% of SOL, one team of 512 programs in flight; pipe 434 us with 17 launches, which
+  rows: `resident` 241 us, 59% of SOL, where no team fitted and `split`'s kernels ran (above); pipe 434 us with 17 launches, which
   a host launching slower than a 16 MB row streams would bound; not measured). Measured on that task (H200,
   2026-12-04, `templates-bench-2026-12-04-c`): 316-442 us against `split`'s 241 us (SPLIT 256), so it loses
   there. Whether the second read missed L2 or the teams waited on their exchange was not profiled.
@@ -56,9 +56,8 @@ rest of the weights, the row's input and output), more than an H100/H200's 50 MB
 without priorities the weights come from DRAM every row (reasoned from the sizes, not profiled). The hints change
 nothing but cache priority. `PREFETCH` (`resident`, NVIDIA): a member asks the L2 for its chunk of the team's
 next row and of the row's weights (PTX `prefetch.global.L2`, no registers held) before it waits for its team (1)
-or first in the row's turn (2), so the DRAM streams while the team exchanges (the resident team above, one in
-flight, took 241 us for 16 rows on the H200, about 15 us a row, of which the loads of a 16 MB row at full
-bandwidth are 3.5). Timed on task 01 (H100, 2026-12-07, `template-probe-2026-12-07-evict*.md`): EVICT made
+or first in the row's turn (2), so the DRAM streams while the team exchanges (built on the reading that a team
+of 512 was in flight on task 01 at 241 us on the H200; no team fitted there, see `resident` above). Timed on task 01 (H100, 2026-12-07, `template-probe-2026-12-07-evict*.md`): EVICT made
 the team of 8192-value chunks faster (355.5 us against 469.9 in one call; 432.7 in the next) and the team of
 32768 slower (606.0 against 560.9); PREFETCH was slower in every form timed. The 16-warp teams of chunks up to
 16384 are hinted with EVICT first; PREFETCH stays in the space, unhinted. `split` over all rows (382-395 us
