@@ -875,7 +875,7 @@ def command(
         except Exception as exc:  # a failing model is reported, the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
         overheads.append((time.perf_counter() - t_model) / 60 - search_min)
-        if tuned is None and record_min is not None:  # where the model's time went: the next runs' estimates
+        if record_min is not None:  # where the model's time went: the next runs' estimates
             row["minutes"] = {"record": round(record_min, 2), "search_slice": round(slice_min, 2),
                               "search": round(search_min, 2), "outside_search": round(overheads[-1], 2)}
         rows.append(row)

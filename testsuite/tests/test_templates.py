@@ -1284,17 +1284,21 @@ def _launch_of(source: str, kernel: str, pointers: str, params: dict[str, Any], 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
-def _grids(source: str) -> dict[str, tuple[int, ...]]:
-    """The literal launch grid of each kernel the rendered forward launches (`kernel[(a, b)](...)`)."""
-    found = {k: ast.literal_eval(g) for k, g in re.findall(r"(_\w+)\[(\([0-9, ]*\))\]\(", source)}
+def _launch_grids(source: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(kernel, literal grid) of every launch the rendered forward makes (`kernel[(a, b)](...)`), in order."""
+    found = [(k, ast.literal_eval(g)) for k, g in re.findall(r"(_\w+)\[(\([0-9, ]*\))\]\(", source)]
     assert found, "no literal launch grid in the source"
     return found
 
 
+def _grids(source: str) -> dict[str, tuple[int, ...]]:
+    """The literal launch grid of each kernel the rendered forward launches (its last launch's)."""
+    return dict(_launch_grids(source))
+
+
 def _assert_legal_grids(source: str) -> None:
-    _grids(source)  # at least one literal grid
-    for kernel, grid in re.findall(r"(_\w+)\[(\([0-9, ]*\))\]\(", source):  # every launch, a kernel's repeats too
-        assert all(1 <= g <= lim for g, lim in zip(ast.literal_eval(grid), GRID_LIMITS, strict=False)), (kernel, grid)
+    for kernel, grid in _launch_grids(source):  # every launch, a kernel's repeats too
+        assert all(1 <= g <= lim for g, lim in zip(grid, GRID_LIMITS, strict=False)), (kernel, grid)
 
 
 def _ttir_of(source: str, launch: dict[str, Any], tmp_path: Path) -> str:
